@@ -1,0 +1,434 @@
+//! Opening a dataset directory: topology, features, labels and splits, all memory-mapped.
+//!
+//! [`Dataset::open`] reads `meta.txt`, checks every file's size against it and maps the files:
+//! O(1) time and memory whatever the graph's size. It does not scan contents; `verify` does.
+
+use crate::array::{Array, Pod};
+use crate::error::{Error, Result};
+use crate::meta::{FeatDtype, Layout, Meta};
+use half::f16;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// File names of the native dataset directory (GUIDE section 1).
+pub mod files {
+    pub const META: &str = "meta.txt";
+    pub const INDPTR: &str = "indptr.bin";
+    pub const INDPTR64: &str = "indptr64.bin";
+    pub const INDICES: &str = "indices.bin";
+    pub const INDICES64: &str = "indices64.bin";
+    pub const FEAT: &str = "feat.bin";
+    pub const LABEL: &str = "label.bin";
+    pub const TRAIN: &str = "train_set.bin";
+    pub const VALID: &str = "valid_set.bin";
+    pub const TEST: &str = "test_set.bin";
+}
+
+/// An edge-offset element type (`indptr`): u32 or u64.
+pub trait Offset: Pod + Into<u64> + Ord {
+    /// The value as an index.
+    fn idx(self) -> usize;
+}
+impl Offset for u32 {
+    #[inline]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+impl Offset for u64 {
+    #[inline]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+/// A vertex-id element type (`indices`): u32 or u64.
+pub trait VertexId: Pod + Into<u64> + Ord + std::hash::Hash + Default + std::fmt::Debug {
+    /// Narrows a u64 known to fit.
+    fn from_u64(v: u64) -> Self;
+    /// The value as an index.
+    fn idx(self) -> usize;
+}
+impl VertexId for u32 {
+    #[inline]
+    fn from_u64(v: u64) -> Self {
+        debug_assert!(v <= u32::MAX as u64);
+        v as u32
+    }
+    #[inline]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+impl VertexId for u64 {
+    #[inline]
+    fn from_u64(v: u64) -> Self {
+        v
+    }
+    #[inline]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+/// `indptr`, in the width the dataset stores.
+#[derive(Debug)]
+pub enum Offsets {
+    U32(Array<u32>),
+    U64(Array<u64>),
+}
+
+/// `indices`, in the width the dataset stores.
+#[derive(Debug)]
+pub enum Ids {
+    U32(Array<u32>),
+    U64(Array<u64>),
+}
+
+/// Code that runs on the compressed topology with its concrete element types, so hot loops are
+/// monomorphised once per width instead of branching per edge. See [`Topology::visit`].
+pub trait CsrVisitor {
+    type Output;
+    fn visit<O: Offset, I: VertexId>(self, indptr: &[O], indices: &[I]) -> Self::Output;
+}
+
+/// One vertex's neighbour list, borrowed from the topology.
+#[derive(Clone, Copy, Debug)]
+pub enum Row<'a> {
+    U32(&'a [u32]),
+    U64(&'a [u64]),
+}
+
+impl Row<'_> {
+    /// Number of neighbours.
+    pub fn len(&self) -> usize {
+        match self {
+            Row::U32(r) => r.len(),
+            Row::U64(r) => r.len(),
+        }
+    }
+    /// True when there are no neighbours.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The `i`-th neighbour.
+    pub fn get(&self, i: usize) -> u64 {
+        match self {
+            Row::U32(r) => r[i] as u64,
+            Row::U64(r) => r[i],
+        }
+    }
+    /// The neighbours as u64 ids.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len()).map(move |i| self.get(i))
+    }
+}
+
+/// The compressed topology: `indptr` (N+1 offsets) and `indices` (one id per arc). In CSC layout
+/// row `v` lists the sources of arcs into `v`; in CSR layout the targets of arcs out of `v`.
+/// Guarantees after `Dataset::open`: lengths match meta (N+1 and NUM_EDGE). Monotonicity and id
+/// bounds are checked by `verify`, not on open.
+#[derive(Debug)]
+pub struct Topology {
+    pub layout: Layout,
+    pub indptr: Offsets,
+    pub indices: Ids,
+}
+
+impl Topology {
+    /// Number of vertices.
+    pub fn num_nodes(&self) -> u64 {
+        (match &self.indptr {
+            Offsets::U32(a) => a.len(),
+            Offsets::U64(a) => a.len(),
+        } as u64)
+            .saturating_sub(1)
+    }
+
+    /// Number of stored arcs.
+    pub fn num_arcs(&self) -> u64 {
+        match &self.indices {
+            Ids::U32(a) => a.len() as u64,
+            Ids::U64(a) => a.len() as u64,
+        }
+    }
+
+    /// Runs `v` on the concrete arrays.
+    pub fn visit<V: CsrVisitor>(&self, v: V) -> V::Output {
+        match (&self.indptr, &self.indices) {
+            (Offsets::U32(p), Ids::U32(i)) => v.visit(&p[..], &i[..]),
+            (Offsets::U32(p), Ids::U64(i)) => v.visit(&p[..], &i[..]),
+            (Offsets::U64(p), Ids::U32(i)) => v.visit(&p[..], &i[..]),
+            (Offsets::U64(p), Ids::U64(i)) => v.visit(&p[..], &i[..]),
+        }
+    }
+
+    /// Start and end offsets of row `v`.
+    pub fn row_range(&self, v: u64) -> (u64, u64) {
+        let v = v as usize;
+        match &self.indptr {
+            Offsets::U32(p) => (p[v] as u64, p[v + 1] as u64),
+            Offsets::U64(p) => (p[v], p[v + 1]),
+        }
+    }
+
+    /// The stored neighbour list of `v` (in-neighbours for CSC, out-neighbours for CSR).
+    /// Panics if `v` is out of range or the offsets are damaged (run `verify` first on untrusted
+    /// data).
+    pub fn row(&self, v: u64) -> Row<'_> {
+        let (a, b) = self.row_range(v);
+        let (a, b) = (a as usize, b as usize);
+        match &self.indices {
+            Ids::U32(i) => Row::U32(&i[a..b]),
+            Ids::U64(i) => Row::U64(&i[a..b]),
+        }
+    }
+
+    /// Length of every stored row (in-degree for CSC, out-degree for CSR).
+    pub fn row_lengths(&self) -> Vec<u64> {
+        struct V;
+        impl CsrVisitor for V {
+            type Output = Vec<u64>;
+            fn visit<O: Offset, I: VertexId>(self, p: &[O], _: &[I]) -> Vec<u64> {
+                p.par_windows(2)
+                    .map(|w| w[1].into() - w[0].into())
+                    .collect()
+            }
+        }
+        self.visit(V)
+    }
+
+    /// How often each vertex appears in `indices` (out-degree for CSC, in-degree for CSR).
+    /// Ids out of range are ignored (verify reports them).
+    pub fn column_counts(&self) -> Vec<u64> {
+        struct V(usize);
+        impl CsrVisitor for V {
+            type Output = Vec<u64>;
+            fn visit<O: Offset, I: VertexId>(self, _: &[O], idx: &[I]) -> Vec<u64> {
+                let n = self.0;
+                idx.par_chunks(1 << 22)
+                    .fold(
+                        || vec![0u64; n],
+                        |mut acc, chunk| {
+                            for &v in chunk {
+                                if let Some(c) = acc.get_mut(v.idx()) {
+                                    *c += 1;
+                                }
+                            }
+                            acc
+                        },
+                    )
+                    .reduce_with(|mut a, b| {
+                        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                        a
+                    })
+                    .unwrap_or_else(|| vec![0u64; n])
+            }
+        }
+        self.visit(V(self.num_nodes() as usize))
+    }
+
+    /// In-degree of every vertex (number of arcs into it), whatever the layout.
+    pub fn in_degrees(&self) -> Vec<u64> {
+        match self.layout {
+            Layout::Csc => self.row_lengths(),
+            Layout::Csr => self.column_counts(),
+        }
+    }
+
+    /// Out-degree of every vertex (number of arcs out of it), whatever the layout.
+    pub fn out_degrees(&self) -> Vec<u64> {
+        match self.layout {
+            Layout::Csc => self.column_counts(),
+            Layout::Csr => self.row_lengths(),
+        }
+    }
+}
+
+/// `feat.bin`, in the stored element type.
+#[derive(Debug)]
+pub enum FeatData {
+    F32(Array<f32>),
+    F16(Array<f16>),
+}
+
+/// Vertex features: `num_rows` rows of `dim` values, row-major.
+#[derive(Debug)]
+pub struct Features {
+    pub dim: usize,
+    pub data: FeatData,
+}
+
+impl Features {
+    /// Number of rows.
+    pub fn num_rows(&self) -> usize {
+        if self.dim == 0 {
+            return 0;
+        }
+        match &self.data {
+            FeatData::F32(a) => a.len() / self.dim,
+            FeatData::F16(a) => a.len() / self.dim,
+        }
+    }
+
+    /// Stored element type.
+    pub fn dtype(&self) -> FeatDtype {
+        match self.data {
+            FeatData::F32(_) => FeatDtype::F32,
+            FeatData::F16(_) => FeatDtype::F16,
+        }
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        self.dim * self.dtype().size()
+    }
+
+    /// Copies row `v` into `out` (length `dim`), converting to f32.
+    pub fn copy_row(&self, v: usize, out: &mut [f32]) {
+        let d = self.dim;
+        match &self.data {
+            FeatData::F32(a) => out.copy_from_slice(&a[v * d..(v + 1) * d]),
+            FeatData::F16(a) => {
+                for (o, x) in out.iter_mut().zip(&a[v * d..(v + 1) * d]) {
+                    *o = x.to_f32();
+                }
+            }
+        }
+    }
+
+    /// Gathers the rows `ids` into `out` (`ids.len() * dim` values), in parallel.
+    pub fn gather(&self, ids: &[u32], out: &mut [f32]) {
+        assert_eq!(out.len(), ids.len() * self.dim, "gather: output size");
+        if self.dim == 0 {
+            return;
+        }
+        out.par_chunks_mut(self.dim)
+            .zip(ids.par_iter())
+            .for_each(|(o, &v)| self.copy_row(v as usize, o));
+    }
+}
+
+/// An opened dataset. Fields are public for read access; the struct is immutable after open.
+#[derive(Debug)]
+pub struct Dataset {
+    /// Where it was opened from.
+    pub dir: PathBuf,
+    pub meta: Meta,
+    pub topology: Topology,
+    /// `None` when `feat.bin` is absent (GNNLab datasets without features) or FEAT_DIM is 0.
+    pub features: Option<Features>,
+    /// `None` when `label.bin` is absent. -1 marks an unlabelled vertex.
+    pub labels: Option<Array<i64>>,
+    pub train: Array<u32>,
+    pub valid: Array<u32>,
+    pub test: Array<u32>,
+    /// Keeps a temporary directory alive for datasets created with `DatasetWriter::temporary`.
+    pub(crate) _keep: Option<Arc<tempfile::TempDir>>,
+}
+
+fn exists(p: &Path) -> bool {
+    p.try_exists().unwrap_or(false)
+}
+
+impl Dataset {
+    /// Opens the dataset in `dir`. Errors name the file and say what was expected.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(Error::Invalid(format!(
+                "{}: not a dataset directory (expected a folder holding meta.txt, indptr.bin, indices.bin, ...)",
+                dir.display()
+            )));
+        }
+        let meta = Meta::read(&dir.join(files::META))?;
+        let n = meta.num_node;
+        let e = meta.num_edge;
+
+        let p64 = dir.join(files::INDPTR64);
+        let indptr = if exists(&p64) {
+            Offsets::U64(Array::map(&p64, n + 1, "NUM_NODE + 1")?)
+        } else if meta.wide_offsets() {
+            return Err(Error::format(
+                &p64,
+                format!("missing: NUM_EDGE = {e} >= 2^32 needs 64-bit offsets"),
+            ));
+        } else {
+            Offsets::U32(Array::map(&dir.join(files::INDPTR), n + 1, "NUM_NODE + 1")?)
+        };
+        let i64p = dir.join(files::INDICES64);
+        let indices = if exists(&i64p) {
+            Ids::U64(Array::map(&i64p, e, "NUM_EDGE")?)
+        } else if meta.wide_ids() {
+            return Err(Error::format(
+                &i64p,
+                format!("missing: NUM_NODE = {n} >= 2^32 needs 64-bit ids"),
+            ));
+        } else {
+            Ids::U32(Array::map(&dir.join(files::INDICES), e, "NUM_EDGE")?)
+        };
+
+        let fp = dir.join(files::FEAT);
+        let features = if meta.feat_dim > 0 && exists(&fp) {
+            let len = n.checked_mul(meta.feat_dim).ok_or_else(|| {
+                Error::format(dir.join(files::META), "NUM_NODE x FEAT_DIM overflows")
+            })?;
+            let what = "NUM_NODE x FEAT_DIM";
+            let data = match meta.feat_dtype {
+                FeatDtype::F32 => FeatData::F32(Array::map(&fp, len, what)?),
+                FeatDtype::F16 => FeatData::F16(Array::map(&fp, len, what)?),
+            };
+            Some(Features {
+                dim: meta.feat_dim as usize,
+                data,
+            })
+        } else {
+            None
+        };
+
+        let lp = dir.join(files::LABEL);
+        let labels = if exists(&lp) {
+            Some(Array::map(&lp, n, "NUM_NODE")?)
+        } else {
+            None
+        };
+
+        let split = |file: &str, count: u64, key: &str| -> Result<Array<u32>> {
+            let p = dir.join(file);
+            if count == 0 && !exists(&p) {
+                return Ok(Array::from_vec(Vec::new()));
+            }
+            Array::map(&p, count, key)
+        };
+        let train = split(files::TRAIN, meta.num_train_set, "NUM_TRAIN_SET")?;
+        let valid = split(files::VALID, meta.num_valid_set, "NUM_VALID_SET")?;
+        let test = split(files::TEST, meta.num_test_set, "NUM_TEST_SET")?;
+
+        Ok(Dataset {
+            dir: dir.to_path_buf(),
+            topology: Topology {
+                layout: meta.layout,
+                indptr,
+                indices,
+            },
+            features,
+            labels,
+            train,
+            valid,
+            test,
+            meta,
+            _keep: None,
+        })
+    }
+
+    /// Number of vertices.
+    pub fn num_nodes(&self) -> u64 {
+        self.meta.num_node
+    }
+
+    /// Number of stored arcs.
+    pub fn num_arcs(&self) -> u64 {
+        self.meta.num_edge
+    }
+}

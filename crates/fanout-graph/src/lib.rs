@@ -1,0 +1,31 @@
+//! fanout's graph and feature store.
+//!
+//! A dataset is a directory of flat little-endian arrays described by `meta.txt` (GUIDE section
+//! 1, compatible with GNNLab's converters). [`Dataset::open`] memory-maps it in O(1) time and
+//! memory; [`DatasetWriter`] writes one atomically (temporary directory, checksums, rename);
+//! [`build_topology`] turns a re-readable arc stream into CSC or CSR without holding the input;
+//! [`verify()`] scans every entry; [`DatasetInfo`] summarises.
+
+pub mod array;
+pub mod build;
+pub mod checksum;
+pub mod dataset;
+pub mod error;
+pub mod info;
+pub mod meta;
+pub mod progress;
+pub mod verify;
+pub mod writer;
+
+pub use array::{Array, ArrayMut, Pod};
+pub use build::{build_topology, ArcSource, BuildOptions, BuildStats, SliceArcs};
+pub use dataset::{
+    files, CsrVisitor, Dataset, FeatData, Features, Ids, Offset, Offsets, Row, Topology, VertexId,
+};
+pub use error::{Error, Result};
+pub use half::f16;
+pub use info::{DatasetInfo, DegreeStats};
+pub use meta::{FeatDtype, Layout, Meta};
+pub use progress::{NoProgress, Progress};
+pub use verify::{verify, VerifyReport};
+pub use writer::DatasetWriter;
