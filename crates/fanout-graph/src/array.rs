@@ -42,14 +42,20 @@ unsafe impl Pod for half::f16 {
 /// Reinterprets a byte slice as a slice of `T`. The caller guarantees alignment and length.
 fn cast<T: Pod>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0 && bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0);
+    assert!(
+        bytes.len().is_multiple_of(size)
+            && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+    );
     // SAFETY: T is Pod (any bit pattern valid), the pointer is aligned and the length exact.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, bytes.len() / size) }
 }
 
 fn cast_mut<T: Pod>(bytes: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0 && bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0);
+    assert!(
+        bytes.len().is_multiple_of(size)
+            && (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+    );
     // SAFETY: as in `cast`, and the borrow is unique.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut T, bytes.len() / size) }
 }

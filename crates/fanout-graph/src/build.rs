@@ -41,16 +41,15 @@ pub struct BuildStats {
     pub num_arcs: u64,
 }
 
+/// Receives one batch of arcs `(src, dst)`; an error stops the scan.
+pub type ArcSink<'a> = dyn FnMut(&[(u64, u64)]) -> Result<()> + 'a;
+
 /// A re-readable stream of arcs `(src, dst)`.
 pub trait ArcSource {
     /// Sends every arc to `sink` in batches, reporting progress. Called once per pass; every call
     /// must yield the same arcs. Sources that know the vertex count should reject out-of-range
     /// ids themselves, naming the file and line.
-    fn scan(
-        &mut self,
-        progress: &dyn Progress,
-        sink: &mut dyn FnMut(&[(u64, u64)]) -> Result<()>,
-    ) -> Result<()>;
+    fn scan(&mut self, progress: &dyn Progress, sink: &mut ArcSink<'_>) -> Result<()>;
 
     /// Total units of one scan for progress bars (`(0, _)` if unknown) and their name.
     fn size_hint(&self) -> (u64, &'static str) {
@@ -62,11 +61,7 @@ pub trait ArcSource {
 pub struct SliceArcs<'a>(pub &'a [(u64, u64)]);
 
 impl ArcSource for SliceArcs<'_> {
-    fn scan(
-        &mut self,
-        progress: &dyn Progress,
-        sink: &mut dyn FnMut(&[(u64, u64)]) -> Result<()>,
-    ) -> Result<()> {
+    fn scan(&mut self, progress: &dyn Progress, sink: &mut ArcSink<'_>) -> Result<()> {
         for chunk in self.0.chunks(1 << 20) {
             sink(chunk)?;
             progress.advance(chunk.len() as u64);

@@ -43,7 +43,7 @@ pub fn verify(dir: &Path, progress: &dyn Progress) -> Result<VerifyReport> {
     .filter(|f| dir.join(f).is_file())
     .map(|f| f.to_string())
     .collect();
-    for (file, _) in &ds.meta.checksums {
+    for file in ds.meta.checksums.keys() {
         if !dir.join(file).is_file() {
             return Err(Error::format(
                 dir.join(file),
