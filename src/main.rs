@@ -1,1 +1,39 @@
-fn main() {}
+//! `fanout`: the command line of the fanout GNN training engine.
+
+mod cmd;
+mod progress;
+
+use clap::{Parser, Subcommand};
+
+/// Fast sample-based training of graph neural networks on large graphs.
+///
+/// Start with `fanout dataset gen --preset tiny OUT` or `fanout dataset import`, then inspect the
+/// result with `fanout dataset info OUT`.
+#[derive(Parser)]
+#[command(name = "fanout", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Draw no progress bars (they are also hidden when stderr is not a terminal).
+    #[arg(long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+// subcommands
+#[derive(Subcommand)]
+enum Command {
+    /// Create, import, inspect and verify datasets (the GNNLab-compatible directory format).
+    #[command(subcommand)]
+    Dataset(cmd::dataset::DatasetCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Dataset(c) => cmd::dataset::run(c, cli.quiet),
+    };
+    if let Err(msg) = result {
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -91,10 +91,6 @@ pub fn build_topology(
     src.scan(progress, &mut |batch| {
         for &(s, d) in batch {
             stats.input_arcs += 1;
-            if s == d && opts.drop_self_loops {
-                stats.self_loops_dropped += 1;
-                continue;
-            }
             let m = s.max(d);
             if let Some(n) = opts.num_nodes {
                 if m >= n {
@@ -107,6 +103,12 @@ pub fn build_topology(
                 counts.resize((m as usize + 1).max(counts.len() + counts.len() / 2), 0);
             }
             max_id = Some(max_id.map_or(m, |x| x.max(m)));
+            // A dropped self-loop still names its vertex: the vertex count must not depend
+            // on whether loops are kept.
+            if s == d && opts.drop_self_loops {
+                stats.self_loops_dropped += 1;
+                continue;
+            }
             let (row, col) = if csc { (d, s) } else { (s, d) };
             counts[row as usize] += 1;
             if opts.symmetrize && s != d {
@@ -381,6 +383,17 @@ mod tests {
         }
         let naive: Vec<Vec<u64>> = naive.into_iter().map(|s| s.into_iter().collect()).collect();
         assert_eq!(rows(&ds), naive);
+    }
+
+    #[test]
+    fn dropped_self_loops_still_count_their_vertex() {
+        let opts = BuildOptions {
+            drop_self_loops: true,
+            ..Default::default()
+        };
+        let (ds, st) = build(&[(0, 1), (3, 3)], opts);
+        assert_eq!(rows(&ds), vec![vec![], vec![0], vec![], vec![]]);
+        assert_eq!((st.num_nodes, st.self_loops_dropped), (4, 1));
     }
 
     #[test]

@@ -1,7 +1,17 @@
-//! Synthetic data for fanout.
+//! Synthetic data for fanout: graphs shaped like the papers' datasets with planted, learnable
+//! classes ([`Preset`], [`generate`]), and learnable vertex data for topology-only graphs
+//! ([`write_class_features`], [`split_vertices`]).
 
+mod calibrate;
 pub mod features;
+pub mod generate;
+mod model;
+pub mod preset;
+#[cfg(test)]
+mod tests;
 
 pub use features::{
     split_vertices, uniform_labels, write_class_features, ClassFeatures, SplitFractions,
 };
+pub use generate::{generate, GenOptions, GenSummary};
+pub use preset::{Preset, PresetConfig};

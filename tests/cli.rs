@@ -1,0 +1,218 @@
+//! End-to-end tests of the `fanout` binary: the dataset commands on the shared datasets and on
+//! every generator preset, and clean failures on bad flags, bad input and damaged datasets.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn shared(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/datasets")
+        .join(name);
+    assert!(
+        p.is_dir(),
+        "{} is missing: the tests need ../shared beside the repository",
+        p.display()
+    );
+    p
+}
+
+fn fanout(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .arg("--quiet")
+        .args(args)
+        .output()
+        .expect("run fanout")
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let o = fanout(args);
+    assert!(
+        o.status.success(),
+        "fanout {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("stdout is one JSON object")
+}
+
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let o = fanout(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "fanout {args:?}: {err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "stderr of fanout {args:?} lacks {n:?}: {err}"
+        );
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn cora_imports_verifies_and_reports_its_sizes() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("cora");
+    let cora = shared("cora");
+    let v = ok_json(&[
+        "dataset",
+        "import",
+        "--format",
+        "npy",
+        s(&cora),
+        s(&out),
+        "--verify",
+        "--json",
+    ]);
+    let info = &v["info"];
+    assert_eq!(info["num_nodes"], 2708);
+    assert_eq!(info["num_arcs"], 10556);
+    assert_eq!(info["feat_dim"], 1433);
+    assert_eq!(info["num_classes"], 7);
+    assert_eq!(
+        (
+            info["train"].as_u64(),
+            info["valid"].as_u64(),
+            info["test"].as_u64()
+        ),
+        (Some(140), Some(500), Some(1000))
+    );
+    assert!(v["verify"]["checksums_verified"].as_array().unwrap().len() >= 7);
+
+    let o = fanout(&["dataset", "verify", s(&out)]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("sound"));
+    let o = fanout(&["dataset", "info", s(&out)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("2708")
+            && text.contains("10556")
+            && text.contains("train 140 / valid 500 / test 1000"),
+        "{text}"
+    );
+
+    // The output exists now: a second import is refused and leaves it intact; --overwrite works.
+    fails(
+        &["dataset", "import", "--format", "npy", s(&cora), s(&out)],
+        1,
+        &["already exists", "--overwrite"],
+    );
+    assert!(fanout(&["dataset", "verify", s(&out)]).status.success());
+    let v = ok_json(&[
+        "dataset",
+        "import",
+        "--format",
+        "npy",
+        "--f16",
+        "--overwrite",
+        s(&cora),
+        s(&out),
+        "--json",
+    ]);
+    assert_eq!(v["info"]["feat_dtype"], "f16");
+}
+
+#[test]
+fn cnr2000_imports_with_random_features() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("cnr");
+    let v = ok_json(&[
+        "dataset",
+        "import",
+        "--format",
+        "npy",
+        s(&shared("cnr2000")),
+        s(&out),
+        "--random-features",
+        "16",
+        "--classes",
+        "8",
+        "--train-frac",
+        "0.01",
+        "--verify",
+        "--json",
+    ]);
+    let info = &v["info"];
+    assert_eq!(info["num_nodes"], 325557);
+    assert_eq!(info["num_arcs"], 3216152);
+    assert_eq!(info["feat_dim"], 16);
+    assert_eq!(info["num_classes"], 8);
+    assert_eq!(info["train"], 3256);
+}
+
+#[test]
+fn every_preset_generates_and_verifies() {
+    let t = tempfile::tempdir().unwrap();
+    for preset in ["tiny", "products", "papers", "twitter", "uk"] {
+        let out = t.path().join(preset);
+        let v = ok_json(&[
+            "dataset",
+            "gen",
+            "--preset",
+            preset,
+            "--nodes",
+            "3000",
+            "--seed",
+            "3",
+            s(&out),
+            "--verify",
+            "--json",
+        ]);
+        assert_eq!(v["info"]["num_nodes"], 3000, "{preset}");
+        assert!(v["info"]["num_arcs"].as_u64().unwrap() > 3000, "{preset}");
+        assert!(v["info"]["train"].as_u64().unwrap() > 0, "{preset}");
+        assert!(v["verify"].is_object(), "{preset}");
+    }
+}
+
+#[test]
+fn bad_flags_and_bad_input_fail_cleanly() {
+    let t = tempfile::tempdir().unwrap();
+    // Usage errors: clap's exit code 2 and a message naming the problem.
+    fails(
+        &["dataset", "gen", "--preset", "nope", s(&t.path().join("x"))],
+        2,
+        &["nope"],
+    );
+    fails(
+        &["dataset", "import", "--format", "parquet", "a", "b"],
+        2,
+        &["parquet"],
+    );
+    fails(&["dataset", "info"], 2, &["DIR"]);
+    // A malformed edge list names the file and the line; nothing is written.
+    let el = t.path().join("edges.txt");
+    std::fs::write(&el, "# comment\n0 1\n1 two\n").unwrap();
+    let out = t.path().join("el");
+    fails(
+        &["dataset", "import", "--format", "edgelist", s(&el), s(&out)],
+        1,
+        &["edges.txt", "line 3"],
+    );
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(t.path()).unwrap().count(),
+        1,
+        "temporary files left behind"
+    );
+    // Not a dataset.
+    fails(&["dataset", "info", s(t.path())], 1, &["meta.txt"]);
+}
+
+#[test]
+fn damaged_dataset_fails_verify_naming_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("tiny");
+    ok_json(&["dataset", "gen", "--preset", "tiny", s(&out), "--json"]);
+    let p = out.join("indices.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    b.truncate(b.len() - 4);
+    std::fs::write(&p, b).unwrap();
+    fails(
+        &["dataset", "verify", s(&out)],
+        1,
+        &["verify failed", "indices.bin", "truncated"],
+    );
+}
