@@ -1,0 +1,300 @@
+//! The device-agnostic compute interface that layers, models and optimisers are written against.
+
+use crate::block::{BlockDims, BlockRef};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// How a block's edges are weighted when destinations aggregate their sources' rows
+/// (`out[d] = sum over edges e into d of coeff(e) * x[src(e)]`). Degrees are counted inside the
+/// block (sampled edges), never in the full graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Aggregation {
+    /// `coeff(e) = 1`.
+    Sum,
+    /// `coeff(e) = 1 / in_deg(d)`; a destination without edges gets a zero row.
+    Mean,
+    /// `coeff(e) = w(e)`, the block's edge weight (1 where the block has no weights).
+    Weighted,
+    /// `coeff(e) = w(e) / max(sum of w over d's edges, 1)`: PinSAGE's importance pooling as in
+    /// DGL's PinSAGE example (weights are visit counts, the denominator is clamped at 1).
+    WeightedMean,
+    /// DGL `GraphConv(norm="both")` on a block:
+    /// `coeff(e) = 1 / sqrt(max(out_deg(src), 1) * max(in_deg(d), 1))` where `out_deg(s)` is the
+    /// number of block edges leaving source `s` and `in_deg(d)` the number entering destination
+    /// `d`. No self-loops are added (DGL does not add them either).
+    GcnBoth,
+}
+
+/// Result of [`Backend::softmax_cross_entropy`].
+#[derive(Clone, Debug)]
+pub struct CrossEntropy<T> {
+    /// Mean negative log-likelihood over the labelled rows (0 when none is labelled).
+    pub loss: f32,
+    /// Number of labelled rows (label != -1), the divisor of `loss`.
+    pub count: usize,
+    /// Gradient of `loss` with respect to the logits (zero rows for unlabelled rows).
+    pub grad: T,
+}
+
+/// Hyper-parameters of one Adam update, PyTorch `torch.optim.Adam` semantics (L2 weight decay
+/// added to the gradient, bias-corrected moments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamUpdate {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon (added after the square root).
+    pub eps: f32,
+    /// L2 penalty coefficient (`grad += weight_decay * value`).
+    pub weight_decay: f32,
+    /// 1-based step number, for bias correction.
+    pub step: u64,
+}
+
+/// Hyper-parameters of one SGD update, PyTorch `torch.optim.SGD` semantics without dampening
+/// or Nesterov: `g = grad + wd * value; buf = momentum * buf + g; value -= lr * buf`
+/// (`buf = g` when momentum is 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdUpdate {
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum factor (0 = plain SGD).
+    pub momentum: f32,
+    /// L2 penalty coefficient.
+    pub weight_decay: f32,
+}
+
+/// A device that runs fanout's tensor and graph operations.
+///
+/// Layers and models are generic over `Backend` and touch data only through it, so a CUDA
+/// backend implements this trait and everything above runs unchanged. Conventions for every
+/// method: tensors are row-major `f32` matrices; "edge tensors" have one row per block edge in
+/// the block's CSR order (`E x H` for `H` heads); "multi-head" row tensors are `N x (H * F)`
+/// with head `h` in columns `h*F..(h+1)*F`. Methods panic when shapes do not match what they
+/// document (a bug in the caller); inputs from outside (blocks, labels) give `Err`.
+/// Results are deterministic: the same inputs give bit-identical outputs whatever the thread
+/// count, except that the order of floating-point sums may differ between backends.
+pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// A tensor on this device.
+    type Tensor: Clone + Send + Sync + std::fmt::Debug + 'static;
+    /// A block prepared on this device (cheap to clone; shares the prepared data).
+    type Block: Clone + Send + Sync + std::fmt::Debug + 'static;
+
+    /// Short device name, e.g. `"cpu"`.
+    fn name(&self) -> &'static str;
+
+    // ----- memory -----
+
+    /// Copies a host tensor to the device.
+    fn upload(&self, host: &Tensor) -> Self::Tensor;
+    /// Copies a device tensor to the host.
+    fn download(&self, t: &Self::Tensor) -> Tensor;
+    /// A `rows x cols` tensor of zeros.
+    fn zeros(&self, rows: usize, cols: usize) -> Self::Tensor;
+    /// `(rows, cols)` of `t`.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// Sets every element of `t` to zero.
+    fn fill_zero(&self, t: &mut Self::Tensor);
+    /// Validates `block` ([`BlockRef::validate`]) and copies it to the device.
+    fn prepare_block(&self, block: &BlockRef<'_>) -> Result<Self::Block>;
+    /// The sizes of a prepared block.
+    fn block_dims(&self, block: &Self::Block) -> BlockDims;
+
+    // ----- dense -----
+
+    /// `C <- alpha * op(A) * op(B) + beta * C`, `op(X)` = `X` or `X^T` per flag; `beta == 0`
+    /// ignores C's old contents. Multi-threaded.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        alpha: f32,
+        a: &Self::Tensor,
+        trans_a: bool,
+        b: &Self::Tensor,
+        trans_b: bool,
+        beta: f32,
+        c: &mut Self::Tensor,
+    );
+    /// `op(A) * op(B)` as a new tensor.
+    fn matmul(
+        &self,
+        a: &Self::Tensor,
+        trans_a: bool,
+        b: &Self::Tensor,
+        trans_b: bool,
+    ) -> Self::Tensor {
+        let (ar, ac) = self.shape(a);
+        let (br, bc) = self.shape(b);
+        let m = if trans_a { ac } else { ar };
+        let n = if trans_b { br } else { bc };
+        let mut c = self.zeros(m, n);
+        self.gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c);
+        c
+    }
+    /// `x[r] += bias` for every row (`bias` is `1 x cols`).
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor);
+    /// Column sums as a `1 x cols` tensor (the bias gradient).
+    fn sum_rows(&self, x: &Self::Tensor) -> Self::Tensor;
+    /// `y <- y + alpha * x` (same shapes).
+    fn axpy(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor);
+    /// `y[..rows] <- y[..rows] + alpha * x[..rows]`: both need at least `rows` rows and the same
+    /// column count. Moves data between a block's destination rows and its source rows.
+    fn axpy_prefix(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor, rows: usize);
+    /// The first `rows` rows of `x` as a new tensor (e.g. `h_dst` from `h_src`).
+    fn prefix_rows(&self, x: &Self::Tensor, rows: usize) -> Self::Tensor;
+    /// `x <- alpha * x`.
+    fn scale(&self, x: &mut Self::Tensor, alpha: f32);
+    /// Elementwise product.
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Self::Tensor;
+    /// Sum of the elementwise product, accumulated in f64 (reads back to the host).
+    fn dot(&self, a: &Self::Tensor, b: &Self::Tensor) -> f64;
+    /// `max(x, 0)`.
+    fn relu(&self, x: &Self::Tensor) -> Self::Tensor;
+    /// Gradient of [`Backend::relu`] given its output: `grad * (out > 0)`.
+    fn relu_backward(&self, grad: &Self::Tensor, out: &Self::Tensor) -> Self::Tensor;
+    /// `x` where `x > 0`, else `slope * x`.
+    fn leaky_relu(&self, x: &Self::Tensor, slope: f32) -> Self::Tensor;
+    /// Gradient of [`Backend::leaky_relu`] given its input.
+    fn leaky_relu_backward(
+        &self,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+        slope: f32,
+    ) -> Self::Tensor;
+    /// Inverted dropout: returns `(x * mask, mask)` where each mask element is independently 0
+    /// with probability `p` and `1 / (1 - p)` otherwise. The mask is a pure function of `key`
+    /// and the shape (row `r` draws from `Rng::keyed(&[key, r])`). Backward is
+    /// `mul(grad, mask)`. Panics unless `0 <= p < 1`.
+    fn dropout(&self, x: &Self::Tensor, p: f32, key: u64) -> (Self::Tensor, Self::Tensor);
+    /// Row-wise L2 normalisation `y = x / r` with `r = ||x_row||`, rows of norm 0 left as they
+    /// are (`r` taken as 1, as DGL's PinSAGE example does). Returns `(y, r)`, `r` being `N x 1`.
+    fn l2_normalize_rows(&self, x: &Self::Tensor) -> (Self::Tensor, Self::Tensor);
+    /// Gradient of [`Backend::l2_normalize_rows`]: `(grad - y * <y, grad>) / r` per row.
+    fn l2_normalize_rows_backward(
+        &self,
+        grad: &Self::Tensor,
+        y: &Self::Tensor,
+        norms: &Self::Tensor,
+    ) -> Self::Tensor;
+    /// Per-head dot products: `x` is `N x (H*F)`, `a` is `H x F`, result `N x H` with
+    /// `out[n, h] = sum_f x[n, h*F + f] * a[h, f]` (GAT's attention logits).
+    fn head_dot(&self, x: &Self::Tensor, a: &Self::Tensor) -> Self::Tensor;
+    /// Gradients of [`Backend::head_dot`] given `grad` (`N x H`): `(d x, d a)`.
+    fn head_dot_backward(
+        &self,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+        a: &Self::Tensor,
+    ) -> (Self::Tensor, Self::Tensor);
+    /// Mean over heads: `N x (H*F)` to `N x F`.
+    fn head_mean(&self, x: &Self::Tensor, heads: usize) -> Self::Tensor;
+    /// Gradient of [`Backend::head_mean`]: `N x F` to `N x (H*F)`, each head getting `grad / H`.
+    fn head_mean_backward(&self, grad: &Self::Tensor, heads: usize) -> Self::Tensor;
+
+    // ----- graph (parallel over destinations, or over sources for the transposed side) -----
+
+    /// The per-edge coefficients (`E x 1`) that implement `agg` on `block`; `None` for
+    /// [`Aggregation::Sum`] (all ones).
+    fn edge_coefficients(&self, block: &Self::Block, agg: Aggregation) -> Option<Self::Tensor>;
+    /// Generalised sparse-dense product (DGL `u_mul_e_sum`): `x` is `S x (H*F)`, `coeff` is
+    /// `E x H` (or `None` = all ones, any H), result `D x (H*F)` with
+    /// `out[d, h*F+f] = sum over edges e into d of coeff[e, h] * x[src(e), h*F+f]`.
+    fn spmm(
+        &self,
+        block: &Self::Block,
+        coeff: Option<&Self::Tensor>,
+        x: &Self::Tensor,
+    ) -> Self::Tensor;
+    /// Gradient of [`Backend::spmm`] with respect to `x` (`S x (H*F)`); rows of sources
+    /// without outgoing edges are zero.
+    fn spmm_backward_x(
+        &self,
+        block: &Self::Block,
+        coeff: Option<&Self::Tensor>,
+        grad: &Self::Tensor,
+    ) -> Self::Tensor;
+    /// Gradient of [`Backend::spmm`] with respect to `coeff` (`E x H`):
+    /// `d coeff[e, h] = <grad[dst(e), head h], x[src(e), head h]>`.
+    fn spmm_backward_coeff(
+        &self,
+        block: &Self::Block,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+        heads: usize,
+    ) -> Self::Tensor;
+    /// [`Backend::spmm`] with the coefficients of `agg` (block aggregation).
+    fn aggregate(&self, block: &Self::Block, x: &Self::Tensor, agg: Aggregation) -> Self::Tensor {
+        let c = self.edge_coefficients(block, agg);
+        self.spmm(block, c.as_ref(), x)
+    }
+    /// Gradient of [`Backend::aggregate`] with respect to `x`.
+    fn aggregate_backward(
+        &self,
+        block: &Self::Block,
+        grad: &Self::Tensor,
+        agg: Aggregation,
+    ) -> Self::Tensor {
+        let c = self.edge_coefficients(block, agg);
+        self.spmm_backward_x(block, c.as_ref(), grad)
+    }
+    /// Edge scores from endpoint scores (DGL `u_add_v`): `el` is `S x H`, `er` is `D x H`,
+    /// result `E x H` with `out[e] = el[src(e)] + er[dst(e)]`.
+    fn u_add_v(&self, block: &Self::Block, el: &Self::Tensor, er: &Self::Tensor) -> Self::Tensor;
+    /// Sums an `E x H` edge tensor onto sources: `S x H` (the `el` gradient of `u_add_v`).
+    fn edge_sum_to_src(&self, block: &Self::Block, e: &Self::Tensor) -> Self::Tensor;
+    /// Sums an `E x H` edge tensor onto destinations: `D x H` (the `er` gradient of `u_add_v`).
+    fn edge_sum_to_dst(&self, block: &Self::Block, e: &Self::Tensor) -> Self::Tensor;
+    /// Softmax of `E x H` scores over the incoming edges of each destination, per head
+    /// (numerically stable: the maximum is subtracted first).
+    fn edge_softmax(&self, block: &Self::Block, scores: &Self::Tensor) -> Self::Tensor;
+    /// Gradient of [`Backend::edge_softmax`] given its output `a`:
+    /// `d s[e] = a[e] * (grad[e] - sum over edges e' of dst(e) of a[e'] * grad[e'])`.
+    fn edge_softmax_backward(
+        &self,
+        block: &Self::Block,
+        a: &Self::Tensor,
+        grad: &Self::Tensor,
+    ) -> Self::Tensor;
+    /// `out[i] = x[idx[i]]`. Panics if an index is out of range.
+    fn gather_rows(&self, x: &Self::Tensor, idx: &[u32]) -> Self::Tensor;
+    /// `y[idx[i]] += x[i]` for every `i`, duplicates summed. Panics if an index is out of range.
+    fn scatter_add_rows(&self, y: &mut Self::Tensor, idx: &[u32], x: &Self::Tensor);
+
+    // ----- loss and metrics -----
+
+    /// Softmax cross-entropy of `logits` (`N x C`) against `labels` (`N` entries, -1 = no
+    /// label, ignored), averaged over the labelled rows. `Err` on a label outside `-1..C` or a
+    /// length mismatch.
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Self::Tensor,
+        labels: &[i64],
+    ) -> Result<CrossEntropy<Self::Tensor>>;
+    /// `(correct, labelled)`: rows whose arg-max (first maximum on ties) equals the label, and
+    /// rows with a label other than -1.
+    fn accuracy(&self, logits: &Self::Tensor, labels: &[i64]) -> (usize, usize);
+
+    // ----- optimiser updates -----
+
+    /// One Adam update of `value` in place, moments `m`, `v` updated (all of one shape).
+    fn adam_update(
+        &self,
+        value: &mut Self::Tensor,
+        grad: &Self::Tensor,
+        m: &mut Self::Tensor,
+        v: &mut Self::Tensor,
+        hp: &AdamUpdate,
+    );
+    /// One SGD update of `value` in place; `buf` is the momentum buffer (ignored when
+    /// `hp.momentum == 0`).
+    fn sgd_update(
+        &self,
+        value: &mut Self::Tensor,
+        grad: &Self::Tensor,
+        buf: &mut Self::Tensor,
+        hp: &SgdUpdate,
+    );
+}

@@ -1,0 +1,119 @@
+//! A block (message-flow graph of one layer) as compute sees it.
+
+use crate::error::{ComputeError, Result};
+
+/// One layer's message-flow graph with DGL block semantics, borrowed from whoever built it
+/// (normally the sampler's `fanout_sample::Block`, whose fields map one to one).
+///
+/// Layout: destination-major CSR over local ids. Destination `d` (`0..num_dst`) receives one
+/// message per edge `e` in `indptr[d]..indptr[d + 1]`, from local source `indices[e]`
+/// (`0..num_src`). Destinations are the first `num_dst` sources: local id `i < num_dst` is the
+/// same vertex on both sides, which is how layers find `h_dst` (the first `num_dst` rows of
+/// `h_src`). `weights`, when present, holds one value per edge (PinSAGE visit counts, weighted
+/// sampling).
+///
+/// [`BlockRef::validate`] checks exactly these invariants; backends call it when preparing a
+/// block, so a malformed block is an error, never undefined behaviour.
+///
+/// From a sampler block `b`: `BlockRef { num_dst: b.num_dst, num_src: b.num_src,
+/// indptr: &b.indptr, indices: &b.indices, weights: b.weights.as_deref() }`.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockRef<'a> {
+    /// Number of destination vertices.
+    pub num_dst: usize,
+    /// Number of source vertices, destinations included (`num_src >= num_dst`).
+    pub num_src: usize,
+    /// `num_dst + 1` non-decreasing offsets into `indices`, starting at 0.
+    pub indptr: &'a [u32],
+    /// Local source id of every edge, grouped by destination.
+    pub indices: &'a [u32],
+    /// Optional weight per edge.
+    pub weights: Option<&'a [f32]>,
+}
+
+/// The sizes of a prepared block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockDims {
+    /// Number of destination vertices.
+    pub num_dst: usize,
+    /// Number of source vertices (destinations included).
+    pub num_src: usize,
+    /// Number of edges.
+    pub num_edges: usize,
+}
+
+impl<'a> BlockRef<'a> {
+    /// Number of edges (`indices.len()`).
+    pub fn num_edges(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// The sizes of this block.
+    pub fn dims(&self) -> BlockDims {
+        BlockDims {
+            num_dst: self.num_dst,
+            num_src: self.num_src,
+            num_edges: self.indices.len(),
+        }
+    }
+
+    /// Checks every invariant documented on [`BlockRef`]: `num_dst <= num_src`,
+    /// `indptr.len() == num_dst + 1`, `indptr[0] == 0`, non-decreasing offsets ending at
+    /// `indices.len()`, every index `< num_src`, `num_src` fits in `u32`, and one weight per
+    /// edge when weights are present (finite values). Returns the first violation.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(ComputeError::Block(m));
+        if self.num_dst > self.num_src {
+            return bad(format!(
+                "num_dst {} exceeds num_src {}",
+                self.num_dst, self.num_src
+            ));
+        }
+        if self.num_src > u32::MAX as usize {
+            return bad(format!("num_src {} does not fit in u32", self.num_src));
+        }
+        if self.indptr.len() != self.num_dst + 1 {
+            return bad(format!(
+                "indptr has {} entries, expected num_dst + 1 = {}",
+                self.indptr.len(),
+                self.num_dst + 1
+            ));
+        }
+        if self.indptr[0] != 0 {
+            return bad(format!("indptr[0] is {}, expected 0", self.indptr[0]));
+        }
+        if let Some(d) = self.indptr.windows(2).position(|w| w[1] < w[0]) {
+            return bad(format!("indptr decreases at destination {d}"));
+        }
+        if self.indptr[self.num_dst] as usize != self.indices.len() {
+            return bad(format!(
+                "indptr ends at {} but there are {} indices",
+                self.indptr[self.num_dst],
+                self.indices.len()
+            ));
+        }
+        if let Some(e) = self
+            .indices
+            .iter()
+            .position(|&s| s as usize >= self.num_src)
+        {
+            return bad(format!(
+                "edge {e} has source {} >= num_src {}",
+                self.indices[e], self.num_src
+            ));
+        }
+        if let Some(w) = self.weights {
+            if w.len() != self.indices.len() {
+                return bad(format!(
+                    "{} weights for {} edges",
+                    w.len(),
+                    self.indices.len()
+                ));
+            }
+            if let Some(e) = w.iter().position(|x| !x.is_finite()) {
+                return bad(format!("weight of edge {e} is not finite"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! Dense matrix products on the CPU.
+//!
+//! Kernel choice: `matrixmultiply` (BLIS-style packing with runtime-detected AVX/AVX2/FMA/
+//! AVX-512 micro-kernels on x86-64, NEON on aarch64). It is one small pure-Rust crate (one
+//! dependency, `rawpointer`) that compiles in seconds, unlike `gemm` (a family of heavily
+//! generic crates whose build takes minutes on two cores). Its own `threading` feature brings
+//! a second thread pool; instead we split C into row blocks and run one single-threaded
+//! `sgemm` per block on rayon's pool, so GEMM shares the threads of the graph kernels instead
+//! of oversubscribing.
+//! Every block packs the whole of op(B) again, a memory-bound copy of `k * n` floats against
+//! `2 * rows * k * n` flops of compute, so blocks are at least 128 rows. For the
+//! weight-gradient shape `X^T G` (few output rows, a long inner dimension) row blocks would be
+//! too few or too thin, so the inner dimension is split into chunks computed in parallel into
+//! partial products that are then added in chunk order.
+//!
+//! Both splits depend only on the shapes, never on the thread count, so results are
+//! bit-identical whatever `RAYON_NUM_THREADS` is.
+
+use rayon::prelude::*;
+
+use crate::tensor::Tensor;
+
+/// Products with fewer multiply-adds than this run on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+/// Smallest row block (packing op(B) per block costs about 10 / rows of the block's time).
+const MIN_BLOCK_ROWS: usize = 128;
+/// Row blocks start at multiples of this (a multiple of every micro-kernel height).
+const TILE_ALIGN: usize = 64;
+/// The inner dimension is split when it is at least this long and 4x the output rows.
+const K_SPLIT_MIN: usize = 2048;
+/// At most this many partial products (bounds the scratch memory to `16 * m * n` floats).
+const K_SPLIT_MAX_PARTS: usize = 16;
+/// Inner-dimension chunks are at least this long.
+const K_SPLIT_CHUNK: usize = 1024;
+
+/// `C <- alpha * op(A) * op(B) + beta * C` where `op(X)` is `X` or `X^T`.
+///
+/// Panics unless `op(A)` is `m x k`, `op(B)` is `k x n` and `C` is `m x n`. When `beta == 0`
+/// the old contents of `C` are ignored (NaNs included). Parallel over row blocks of `C` on the
+/// current rayon pool; results do not depend on the thread count (each element is computed by
+/// exactly one `sgemm` call with the same blocking).
+pub fn gemm(
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+) {
+    let (m, k) = if trans_a {
+        (a.cols(), a.rows())
+    } else {
+        (a.rows(), a.cols())
+    };
+    let (kb, n) = if trans_b {
+        (b.cols(), b.rows())
+    } else {
+        (b.rows(), b.cols())
+    };
+    assert_eq!(
+        k, kb,
+        "gemm: inner dimensions differ (op(A) is {m} x {k}, op(B) is {kb} x {n})"
+    );
+    assert_eq!(
+        c.shape(),
+        (m, n),
+        "gemm: C is {:?}, expected ({m}, {n})",
+        c.shape()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        let cd = c.data_mut();
+        if beta == 0.0 {
+            cd.fill(0.0);
+        } else {
+            cd.iter_mut().for_each(|x| *x *= beta);
+        }
+        return;
+    }
+    // Strides of op(A) and op(B) in elements (row stride, column stride).
+    let (rsa, csa) = if trans_a {
+        (1, a.cols() as isize)
+    } else {
+        (a.cols() as isize, 1)
+    };
+    let (rsb, csb) = if trans_b {
+        (1, b.cols() as isize)
+    } else {
+        (b.cols() as isize, 1)
+    };
+    let (ad, bd) = (a.data(), b.data());
+    // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows`.
+    let block = |row0: usize, c_rows: &mut [f32]| {
+        let rows = c_rows.len() / n;
+        // Offset of op(A)'s row `row0` in `ad`.
+        let a_off = if trans_a { row0 } else { row0 * a.cols() };
+        // SAFETY: op(A) rows `row0..row0+rows` with strides (rsa, csa) address only elements of
+        // `ad` (checked shapes: the last one is at a_off + (rows-1)*rsa + (k-1)*csa < ad.len()),
+        // op(B) with (rsb, csb) stays inside `bd`, and `c_rows` is an exclusive `rows x n`
+        // row-major slice, so (n, 1) strides address each of its elements once.
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                n,
+                alpha,
+                ad.as_ptr().add(a_off),
+                rsa,
+                csa,
+                bd.as_ptr(),
+                rsb,
+                csb,
+                beta,
+                c_rows.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+    };
+    if m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
+        block(0, c.data_mut());
+        return;
+    }
+    if k >= K_SPLIT_MIN && k >= 4 * m {
+        // Partial products over inner-dimension chunks, summed in chunk order.
+        let parts = k.div_ceil(K_SPLIT_CHUNK).min(K_SPLIT_MAX_PARTS);
+        let chunk = k.div_ceil(parts);
+        let partials: Vec<Vec<f32>> = (0..k.div_ceil(chunk))
+            .into_par_iter()
+            .map(|p| {
+                let k0 = p * chunk;
+                let kk = chunk.min(k - k0);
+                let mut part = vec![0.0f32; m * n];
+                // SAFETY: op(A) columns k0..k0+kk and op(B) rows k0..k0+kk lie inside `ad` and
+                // `bd` (same bounds argument as `block`, shifted by k0 along the inner
+                // dimension), and `part` is an exclusive m x n row-major buffer.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        m,
+                        kk,
+                        n,
+                        1.0,
+                        ad.as_ptr().offset(k0 as isize * csa),
+                        rsa,
+                        csa,
+                        bd.as_ptr().offset(k0 as isize * rsb),
+                        rsb,
+                        csb,
+                        0.0,
+                        part.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    );
+                }
+                part
+            })
+            .collect();
+        c.data_mut()
+            .par_chunks_mut(1 << 14)
+            .enumerate()
+            .for_each(|(ci, cc)| {
+                let off = ci << 14;
+                for (j, out) in cc.iter_mut().enumerate() {
+                    let s: f32 = partials.iter().map(|p| p[off + j]).sum();
+                    *out = if beta == 0.0 {
+                        alpha * s
+                    } else {
+                        alpha * s + beta * *out
+                    };
+                }
+            });
+        return;
+    }
+    // Row blocks: about four per thread for load balance when rows allow, at least
+    // MIN_BLOCK_ROWS, and a multiple of TILE_ALIGN rows. The alignment is what keeps results
+    // independent of the thread count: matrixmultiply computes full micro-tiles with a fused
+    // multiply-add into C but edge tiles through a buffer (two roundings), so every row must
+    // fall in the same kind of tile whatever the split. Micro-kernels are 4 to 16 rows high.
+    let threads = rayon::current_num_threads();
+    let per = m
+        .div_ceil(threads * 4)
+        .max(MIN_BLOCK_ROWS)
+        .div_ceil(TILE_ALIGN)
+        * TILE_ALIGN;
+    if per >= m {
+        block(0, c.data_mut());
+        return;
+    }
+    c.data_mut()
+        .par_chunks_mut(per * n)
+        .enumerate()
+        .for_each(|(i, chunk)| block(i * per, chunk));
+}
+
+/// `op(A) * op(B)` as a new tensor (see [`gemm`]).
+pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
+    let m = if trans_a { a.cols() } else { a.rows() };
+    let n = if trans_b { b.rows() } else { b.cols() };
+    let mut c = Tensor::zeros(m, n);
+    gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c);
+    c
+}

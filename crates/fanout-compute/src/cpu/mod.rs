@@ -1,0 +1,191 @@
+//! The CPU backend: multi-threaded on the current rayon pool.
+//!
+//! Dense products go through `matrixmultiply` split into row or inner-dimension blocks
+//! ([`gemm`]); graph kernels run in parallel over destinations (or over sources for gradients,
+//! via the block's transpose) in [`graph`]; elementwise, loss and optimiser kernels in
+//! `dense`, `loss` and `optim`. The thread count is rayon's: set `RAYON_NUM_THREADS` or run
+//! inside a `rayon::ThreadPool::install`. Results are bit-identical for any thread count.
+
+mod dense;
+pub mod gemm;
+pub mod graph;
+mod loss;
+mod optim;
+mod par;
+
+use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
+use crate::block::{BlockDims, BlockRef};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+pub use graph::CpuBlock;
+
+/// The CPU backend. Its tensor is the host [`Tensor`] itself (upload and download are copies)
+/// and its block a [`CpuBlock`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Tensor = Tensor;
+    type Block = CpuBlock;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload(&self, host: &Tensor) -> Tensor {
+        host.clone()
+    }
+    fn download(&self, t: &Tensor) -> Tensor {
+        t.clone()
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> Tensor {
+        Tensor::zeros(rows, cols)
+    }
+    fn shape(&self, t: &Tensor) -> (usize, usize) {
+        t.shape()
+    }
+    fn fill_zero(&self, t: &mut Tensor) {
+        t.data_mut().fill(0.0);
+    }
+    fn prepare_block(&self, block: &BlockRef<'_>) -> Result<CpuBlock> {
+        CpuBlock::new(block)
+    }
+    fn block_dims(&self, block: &CpuBlock) -> BlockDims {
+        block.dims()
+    }
+
+    fn gemm(
+        &self,
+        alpha: f32,
+        a: &Tensor,
+        trans_a: bool,
+        b: &Tensor,
+        trans_b: bool,
+        beta: f32,
+        c: &mut Tensor,
+    ) {
+        gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c)
+    }
+    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
+        dense::add_bias(x, bias)
+    }
+    fn sum_rows(&self, x: &Tensor) -> Tensor {
+        dense::sum_rows(x)
+    }
+    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) {
+        dense::axpy(alpha, x, y)
+    }
+    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
+        dense::axpy_prefix(alpha, x, y, rows)
+    }
+    fn prefix_rows(&self, x: &Tensor, rows: usize) -> Tensor {
+        dense::prefix_rows(x, rows)
+    }
+    fn scale(&self, x: &mut Tensor, alpha: f32) {
+        dense::scale(x, alpha)
+    }
+    fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
+        dense::mul(a, b)
+    }
+    fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
+        dense::dot(a, b)
+    }
+    fn relu(&self, x: &Tensor) -> Tensor {
+        dense::relu(x)
+    }
+    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> Tensor {
+        dense::relu_backward(grad, out)
+    }
+    fn leaky_relu(&self, x: &Tensor, slope: f32) -> Tensor {
+        dense::leaky_relu(x, slope)
+    }
+    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
+        dense::leaky_relu_backward(grad, x, slope)
+    }
+    fn dropout(&self, x: &Tensor, p: f32, key: u64) -> (Tensor, Tensor) {
+        dense::dropout(x, p, key)
+    }
+    fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
+        dense::l2_normalize_rows(x)
+    }
+    fn l2_normalize_rows_backward(&self, grad: &Tensor, y: &Tensor, norms: &Tensor) -> Tensor {
+        dense::l2_normalize_rows_backward(grad, y, norms)
+    }
+    fn head_dot(&self, x: &Tensor, a: &Tensor) -> Tensor {
+        dense::head_dot(x, a)
+    }
+    fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
+        dense::head_dot_backward(grad, x, a)
+    }
+    fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
+        dense::head_mean(x, heads)
+    }
+    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> Tensor {
+        dense::head_mean_backward(grad, heads)
+    }
+
+    fn edge_coefficients(&self, block: &CpuBlock, agg: Aggregation) -> Option<Tensor> {
+        graph::edge_coefficients(block, agg)
+    }
+    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
+        graph::spmm(block, coeff, x)
+    }
+    fn spmm_backward_x(&self, block: &CpuBlock, coeff: Option<&Tensor>, grad: &Tensor) -> Tensor {
+        graph::spmm_backward_x(block, coeff, grad)
+    }
+    fn spmm_backward_coeff(
+        &self,
+        block: &CpuBlock,
+        grad: &Tensor,
+        x: &Tensor,
+        heads: usize,
+    ) -> Tensor {
+        graph::spmm_backward_coeff(block, grad, x, heads)
+    }
+    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
+        graph::u_add_v(block, el, er)
+    }
+    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+        graph::edge_sum_to_src(block, e)
+    }
+    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+        graph::edge_sum_to_dst(block, e)
+    }
+    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> Tensor {
+        graph::edge_softmax(block, scores)
+    }
+    fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
+        graph::edge_softmax_backward(block, a, grad)
+    }
+    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
+        graph::gather_rows(x, idx)
+    }
+    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
+        graph::scatter_add_rows(y, idx, x)
+    }
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Tensor,
+        labels: &[i64],
+    ) -> Result<CrossEntropy<Tensor>> {
+        loss::softmax_cross_entropy(logits, labels)
+    }
+    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
+        loss::accuracy(logits, labels)
+    }
+    fn adam_update(
+        &self,
+        value: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamUpdate,
+    ) {
+        optim::adam_update(value, grad, m, v, hp)
+    }
+    fn sgd_update(&self, value: &mut Tensor, grad: &Tensor, buf: &mut Tensor, hp: &SgdUpdate) {
+        optim::sgd_update(value, grad, buf, hp)
+    }
+}

@@ -1,0 +1,143 @@
+//! Parallel loops shared by the CPU kernels.
+//!
+//! Every helper splits work at positions that depend only on the data sizes, never on the
+//! thread count, so reductions add their partial results in the same order on any machine.
+
+use rayon::prelude::*;
+
+/// Elements per task for elementwise loops.
+pub(crate) const ELEM_CHUNK: usize = 1 << 14;
+/// Rows per partial sum in reductions over rows.
+pub(crate) const REDUCE_ROWS: usize = 256;
+/// Edges per task (roughly) for loops over destinations.
+const EDGES_PER_TASK: usize = 4096;
+
+/// Calls `f(r, row)` for every row of the row-major `out` (`cols` wide), in parallel.
+pub(crate) fn par_rows<F>(out: &mut [f32], cols: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    if cols == 0 || out.is_empty() {
+        return;
+    }
+    let min = (2048 / cols).max(1);
+    out.par_chunks_mut(cols)
+        .enumerate()
+        .with_min_len(min)
+        .for_each(|(r, row)| f(r, row));
+}
+
+/// Calls `f(d, slice)` for every destination `d` of a CSR with offsets `indptr`, where `slice`
+/// is `out[indptr[d] * width..indptr[d + 1] * width]` (the rows of `d`'s edges in an edge
+/// tensor `width` wide). Destinations are grouped into tasks of about `EDGES_PER_TASK` edges.
+pub(crate) fn par_dst_edges<F>(indptr: &[u32], out: &mut [f32], width: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    let num_dst = indptr.len() - 1;
+    // Group boundaries: start a new group once it holds EDGES_PER_TASK edges (or 256 dsts).
+    let mut groups = Vec::new();
+    let mut start = 0;
+    for d in 0..num_dst {
+        let edges = (indptr[d + 1] - indptr[start]) as usize;
+        if edges >= EDGES_PER_TASK || d + 1 - start >= 256 {
+            groups.push((start, d + 1));
+            start = d + 1;
+        }
+    }
+    if start < num_dst {
+        groups.push((start, num_dst));
+    }
+    let mut slices = Vec::with_capacity(groups.len());
+    let mut rest = out;
+    for &(d0, d1) in &groups {
+        let len = (indptr[d1] - indptr[d0]) as usize * width;
+        let (head, tail) = rest.split_at_mut(len);
+        slices.push(head);
+        rest = tail;
+    }
+    groups
+        .into_par_iter()
+        .zip(slices)
+        .for_each(|((d0, d1), slice)| {
+            let base = indptr[d0] as usize;
+            for d in d0..d1 {
+                let lo = (indptr[d] as usize - base) * width;
+                let hi = (indptr[d + 1] as usize - base) * width;
+                f(d, &mut slice[lo..hi]);
+            }
+        });
+}
+
+/// Sums `f(r0, r1)` over fixed chunks of `REDUCE_ROWS` rows of `0..rows`, each result a vector
+/// of `len`, in parallel; partial vectors are added in chunk order (deterministic).
+pub(crate) fn par_row_reduce<F>(rows: usize, len: usize, f: F) -> Vec<f64>
+where
+    F: Fn(usize, usize, &mut [f64]) + Sync + Send,
+{
+    let chunks = rows.div_ceil(REDUCE_ROWS);
+    let partials: Vec<Vec<f64>> = (0..chunks)
+        .into_par_iter()
+        .map(|c| {
+            let mut acc = vec![0.0f64; len];
+            f(c * REDUCE_ROWS, ((c + 1) * REDUCE_ROWS).min(rows), &mut acc);
+            acc
+        })
+        .collect();
+    let mut total = vec![0.0f64; len];
+    for p in partials {
+        for (t, v) in total.iter_mut().zip(p) {
+            *t += v;
+        }
+    }
+    total
+}
+
+/// `out[i] = f(a[i])`, in parallel.
+pub(crate) fn map1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
+    let mut out = vec![0.0; a.len()];
+    out.par_chunks_mut(ELEM_CHUNK)
+        .zip(a.par_chunks(ELEM_CHUNK))
+        .for_each(|(o, a)| {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = f(a);
+            }
+        });
+    out
+}
+
+/// `out[i] = f(a[i], b[i])`, in parallel. Panics if the lengths differ.
+pub(crate) fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "elementwise operands differ in length");
+    let mut out = vec![0.0; a.len()];
+    out.par_chunks_mut(ELEM_CHUNK)
+        .zip(a.par_chunks(ELEM_CHUNK).zip(b.par_chunks(ELEM_CHUNK)))
+        .for_each(|(o, (a, b))| {
+            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                *o = f(a, b);
+            }
+        });
+    out
+}
+
+/// `y[i] += alpha * x[i]` over a slice pair of equal length.
+#[inline]
+pub(crate) fn axpy_slice(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+/// `y[i] += x[i]`.
+#[inline]
+pub(crate) fn add_slice(x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += x;
+    }
+}
+
+/// Dot product in f32 (short vectors: one head of a row).
+#[inline]
+pub(crate) fn dot_slice(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}

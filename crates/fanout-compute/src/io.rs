@@ -1,0 +1,151 @@
+//! Model checkpoints in the safetensors format.
+//!
+//! Layout: one F32 tensor per parameter, named `layers.{i}.{param}` ([`Model::named_params`]),
+//! shape `[rows, cols]` with weights stored `in x out` (the transpose of PyTorch's
+//! `nn.Linear.weight`). The safetensors metadata map holds `fanout.format` =
+//! [`FORMAT`] and `fanout.config` = the [`ModelConfig`] as JSON, enough to rebuild the model.
+//! Loading checks the format tag, the configuration, and that the file has exactly the
+//! model's tensor names with the expected dtype and shapes; any mismatch is a
+//! [`ComputeError::Format`] naming the tensor.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::backend::Backend;
+use crate::error::{ComputeError, Result};
+use crate::model::{Model, ModelConfig};
+use crate::tensor::Tensor;
+
+/// Value of the `fanout.format` metadata entry written by this version.
+pub const FORMAT: &str = "fanout-model/1";
+/// Metadata key of the format tag.
+pub const FORMAT_KEY: &str = "fanout.format";
+/// Metadata key of the JSON model configuration.
+pub const CONFIG_KEY: &str = "fanout.config";
+
+fn fmt_err(m: impl Into<String>) -> ComputeError {
+    ComputeError::Format(m.into())
+}
+
+/// Serialises `model`'s parameters and configuration to safetensors bytes.
+pub fn to_bytes<B: Backend>(model: &Model<B>) -> Result<Vec<u8>> {
+    let be = model.backend();
+    let host: Vec<(String, Tensor)> = model
+        .named_params()
+        .into_iter()
+        .map(|(n, p)| (n, be.download(&p.value)))
+        .collect();
+    let bytes: Vec<Vec<u8>> = host
+        .iter()
+        .map(|(_, t)| t.data().iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let mut views = Vec::with_capacity(host.len());
+    for ((name, t), b) in host.iter().zip(&bytes) {
+        let view = TensorView::new(Dtype::F32, vec![t.rows(), t.cols()], b)
+            .map_err(|e| fmt_err(format!("tensor {name}: {e:?}")))?;
+        views.push((name.clone(), view));
+    }
+    let config = serde_json::to_string(model.config())
+        .map_err(|e| fmt_err(format!("cannot encode configuration: {e}")))?;
+    let meta = HashMap::from([
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+        (CONFIG_KEY.to_string(), config),
+    ]);
+    safetensors::serialize(views, &Some(meta)).map_err(|e| fmt_err(format!("{e:?}")))
+}
+
+/// Writes `model` to `path` (through a temporary file in the same directory, renamed into
+/// place, so a crash never leaves a truncated checkpoint under `path`).
+pub fn save<B: Backend>(model: &Model<B>, path: &Path) -> Result<()> {
+    let bytes = to_bytes(model)?;
+    let io = |source| ComputeError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Reads the configuration stored in a checkpoint without building the model.
+pub fn read_config(bytes: &[u8]) -> Result<ModelConfig> {
+    let (_, meta) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    let map = meta
+        .metadata()
+        .as_ref()
+        .ok_or_else(|| fmt_err("no metadata: not a fanout checkpoint"))?;
+    match map.get(FORMAT_KEY) {
+        Some(f) if f == FORMAT => {}
+        Some(f) => {
+            return Err(fmt_err(format!(
+                "format {f:?}, this build reads {FORMAT:?}"
+            )))
+        }
+        None => {
+            return Err(fmt_err(format!(
+                "no {FORMAT_KEY} entry: not a fanout checkpoint"
+            )))
+        }
+    }
+    let json = map
+        .get(CONFIG_KEY)
+        .ok_or_else(|| fmt_err(format!("no {CONFIG_KEY} entry")))?;
+    let config: ModelConfig = serde_json::from_str(json)
+        .map_err(|e| fmt_err(format!("{CONFIG_KEY} is not a valid configuration: {e}")))?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Rebuilds a model on `be` from checkpoint bytes (see the module documentation for what is
+/// checked). Gradients start at zero.
+pub fn from_bytes<B: Backend>(be: B, bytes: &[u8]) -> Result<Model<B>> {
+    let config = read_config(bytes)?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| fmt_err(format!("{e:?}")))?;
+    let mut model = Model::new(be.clone(), config)?;
+    let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
+    let mut in_file: Vec<String> = st.names().into_iter().cloned().collect();
+    in_file.sort();
+    if let Some(extra) = in_file.iter().find(|n| !names.contains(n)) {
+        return Err(fmt_err(format!(
+            "unexpected tensor {extra} (the configuration's model has no such parameter)"
+        )));
+    }
+    for (name, p) in names.iter().zip(model.params_mut()) {
+        let view = st
+            .tensor(name)
+            .map_err(|_| fmt_err(format!("missing tensor {name}")))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(fmt_err(format!(
+                "tensor {name} has dtype {:?}, expected F32",
+                view.dtype()
+            )));
+        }
+        let (r, c) = be.shape(&p.value);
+        if view.shape() != [r, c] {
+            return Err(fmt_err(format!(
+                "tensor {name} has shape {:?}, the model expects [{r}, {c}]",
+                view.shape()
+            )));
+        }
+        let data: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        p.value = be.upload(&Tensor::new(r, c, data));
+    }
+    Ok(model)
+}
+
+/// Reads a checkpoint written by [`save`] and rebuilds the model on `be`.
+pub fn load<B: Backend>(be: B, path: &Path) -> Result<Model<B>> {
+    let bytes = std::fs::read(path).map_err(|source| ComputeError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    from_bytes(be, &bytes)
+}

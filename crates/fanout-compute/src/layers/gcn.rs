@@ -1,0 +1,128 @@
+//! GCN with symmetric normalisation on blocks.
+
+use fanout_rand::Rng;
+
+use super::{
+    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, AggregateOrder,
+    Layer, Param,
+};
+use crate::backend::{Aggregation, Backend};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// GCN layer, DGL `GraphConv(norm="both")` on a block:
+/// `h_dst[d] = act(sum_{e: s -> d} h_src[s] W / sqrt(max(out_deg(s),1) * max(in_deg(d),1)) + b)`
+/// with degrees counted on the block's edges ([`Aggregation::GcnBoth`]). No self-loop is
+/// added: a destination contributes its own row only if the block has an edge `d -> d`.
+/// Parameters: `weight` (`in x out`), `bias` (`1 x out`).
+#[derive(Debug)]
+pub struct GcnLayer<B: Backend> {
+    be: B,
+    in_dim: usize,
+    out_dim: usize,
+    act: Activation,
+    order: AggregateOrder,
+    weight: Param<B>,
+    bias: Param<B>,
+    cache: Option<Cache<B>>,
+}
+
+#[derive(Debug)]
+struct Cache<B: Backend> {
+    block: B::Block,
+    coeff: Option<B::Tensor>,
+    /// `h_src` if the product came first, else the aggregated rows (`D x in`).
+    input: B::Tensor,
+    project_first: bool,
+    out: B::Tensor,
+}
+
+impl<B: Backend> GcnLayer<B> {
+    /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
+    pub fn new(be: B, in_dim: usize, out_dim: usize, act: Activation, rng: &mut Rng) -> Self {
+        let weight = Param::new(&be, "weight", &glorot(in_dim, out_dim, rng));
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
+        GcnLayer {
+            be,
+            in_dim,
+            out_dim,
+            act,
+            order: AggregateOrder::Auto,
+            weight,
+            bias,
+            cache: None,
+        }
+    }
+
+    /// Forces an order for the product (default [`AggregateOrder::Auto`]).
+    pub fn with_order(mut self, order: AggregateOrder) -> Self {
+        self.order = order;
+        self
+    }
+}
+
+impl<B: Backend> Layer<B> for GcnLayer<B> {
+    fn kind(&self) -> &'static str {
+        "gcn"
+    }
+    fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = check_input(be, "gcn", block, &h_src, self.in_dim)?;
+        let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
+        let project_first = self.order.project_first(dims, self.in_dim, self.out_dim);
+        let (mut out, input) = if project_first {
+            let z = be.matmul(&h_src, false, &self.weight.value, false);
+            (be.spmm(block, coeff.as_ref(), &z), h_src)
+        } else {
+            let agg = be.spmm(block, coeff.as_ref(), &h_src);
+            (be.matmul(&agg, false, &self.weight.value, false), agg)
+        };
+        be.add_bias(&mut out, &self.bias.value);
+        let out = self.act.forward(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            coeff,
+            input,
+            project_first,
+            out: out.clone(),
+        });
+        Ok(out)
+    }
+
+    fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
+        let c = self.cache.take().ok_or_else(|| no_cache("gcn"))?;
+        let be = &self.be;
+        check_grad(be, "gcn", grad_out, be.shape(&c.out))?;
+        let g = self.act.backward(be, grad_out, &c.out);
+        let g = g.as_ref();
+        acc_bias(be, g, &mut self.bias);
+        if c.project_first {
+            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
+            acc_at_b(be, &c.input, &gz, &mut self.weight);
+            Ok(need.then(|| be.matmul(&gz, false, &self.weight.value, true)))
+        } else {
+            acc_at_b(be, &c.input, g, &mut self.weight);
+            Ok(need.then(|| {
+                let gagg = be.matmul(g, false, &self.weight.value, true);
+                be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)
+            }))
+        }
+    }
+
+    fn params(&self) -> Vec<&Param<B>> {
+        vec![&self.weight, &self.bias]
+    }
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        vec![&mut self.weight, &mut self.bias]
+    }
+    fn clear_cache(&mut self) {
+        self.cache = None;
+    }
+}

@@ -1,0 +1,151 @@
+//! GIN: sum aggregation plus an MLP, learnable epsilon.
+
+use fanout_rand::Rng;
+
+use super::{
+    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, Layer, Param,
+};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// GIN layer (DGL `GINConv(apply_func=MLP, aggregator_type="sum", learn_eps=True)`):
+/// `a[d] = (1 + eps) h_src[d] + sum_{e: s -> d} h_src[s]`, then the two-layer MLP
+/// `h_dst = act(relu(a W1 + b1) W2 + b2)`. The MLP has no batch normalisation (the GIN paper's
+/// MLPs do; with mini-batches of blocks we leave it out). Parameters: `eps` (`1 x 1`, starts at
+/// 0), `w1` (`in x hidden`), `b1`, `w2` (`hidden x out`), `b2`.
+#[derive(Debug)]
+pub struct GinLayer<B: Backend> {
+    be: B,
+    in_dim: usize,
+    hidden: usize,
+    out_dim: usize,
+    act: Activation,
+    eps: Param<B>,
+    w1: Param<B>,
+    b1: Param<B>,
+    w2: Param<B>,
+    b2: Param<B>,
+    cache: Option<Cache<B>>,
+}
+
+#[derive(Debug)]
+struct Cache<B: Backend> {
+    block: B::Block,
+    eps: f32,
+    h_dst: B::Tensor,
+    agg: B::Tensor,
+    hid: B::Tensor,
+    out: B::Tensor,
+}
+
+impl<B: Backend> GinLayer<B> {
+    /// A layer `in_dim -> out_dim` whose MLP is `hidden` wide, weights drawn from `rng`.
+    pub fn new(
+        be: B,
+        in_dim: usize,
+        hidden: usize,
+        out_dim: usize,
+        act: Activation,
+        rng: &mut Rng,
+    ) -> Self {
+        let eps = Param::new(&be, "eps", &Tensor::zeros(1, 1));
+        let w1 = Param::new(&be, "w1", &glorot(in_dim, hidden, rng));
+        let b1 = Param::new(&be, "b1", &Tensor::zeros(1, hidden));
+        let w2 = Param::new(&be, "w2", &glorot(hidden, out_dim, rng));
+        let b2 = Param::new(&be, "b2", &Tensor::zeros(1, out_dim));
+        GinLayer {
+            be,
+            in_dim,
+            hidden,
+            out_dim,
+            act,
+            eps,
+            w1,
+            b1,
+            w2,
+            b2,
+            cache: None,
+        }
+    }
+
+    /// Width of the MLP's hidden layer.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+}
+
+impl<B: Backend> Layer<B> for GinLayer<B> {
+    fn kind(&self) -> &'static str {
+        "gin"
+    }
+    fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = check_input(be, "gin", block, &h_src, self.in_dim)?;
+        // The scalar is read back once per forward (a device sync on an accelerator).
+        let eps = be.download(&self.eps.value).data()[0];
+        let mut agg = be.spmm(block, None, &h_src);
+        be.axpy_prefix(1.0 + eps, &h_src, &mut agg, dims.num_dst);
+        let mut hid = be.matmul(&agg, false, &self.w1.value, false);
+        be.add_bias(&mut hid, &self.b1.value);
+        let hid = be.relu(&hid);
+        let mut out = be.matmul(&hid, false, &self.w2.value, false);
+        be.add_bias(&mut out, &self.b2.value);
+        let out = self.act.forward(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            eps,
+            h_dst: be.prefix_rows(&h_src, dims.num_dst),
+            agg,
+            hid,
+            out: out.clone(),
+        });
+        Ok(out)
+    }
+
+    fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
+        let c = self.cache.take().ok_or_else(|| no_cache("gin"))?;
+        let be = &self.be;
+        check_grad(be, "gin", grad_out, be.shape(&c.out))?;
+        let g = self.act.backward(be, grad_out, &c.out);
+        let g = g.as_ref();
+        acc_bias(be, g, &mut self.b2);
+        acc_at_b(be, &c.hid, g, &mut self.w2);
+        let ghid = be.matmul(g, false, &self.w2.value, true);
+        let ghid = be.relu_backward(&ghid, &c.hid);
+        acc_bias(be, &ghid, &mut self.b1);
+        acc_at_b(be, &c.agg, &ghid, &mut self.w1);
+        let gagg = be.matmul(&ghid, false, &self.w1.value, true);
+        let geps = be.dot(&gagg, &c.h_dst) as f32;
+        be.axpy(1.0, &be.upload(&Tensor::scalar(geps)), &mut self.eps.grad);
+        Ok(need.then(|| {
+            let mut dx = be.spmm_backward_x(&c.block, None, &gagg);
+            let rows = be.shape(&gagg).0;
+            be.axpy_prefix(1.0 + c.eps, &gagg, &mut dx, rows);
+            dx
+        }))
+    }
+
+    fn params(&self) -> Vec<&Param<B>> {
+        vec![&self.eps, &self.w1, &self.b1, &self.w2, &self.b2]
+    }
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        vec![
+            &mut self.eps,
+            &mut self.w1,
+            &mut self.b1,
+            &mut self.w2,
+            &mut self.b2,
+        ]
+    }
+    fn clear_cache(&mut self) {
+        self.cache = None;
+    }
+}

@@ -1,0 +1,212 @@
+//! GNN layers with explicit forward and backward passes.
+//!
+//! Every layer maps one block: `h_src` (`num_src x in_dim`, one row per local source id) to
+//! `h_dst` (`num_dst x out_dim`). A training forward (`train = true`) caches what backward
+//! needs; [`Layer::backward`] consumes that cache, **adds** the parameter gradients into each
+//! [`Param::grad`] (PyTorch accumulation semantics: call `zero_grad` between steps) and returns
+//! the gradient with respect to `h_src` when asked. Weights are stored `in x out` (the layer
+//! computes `x W`), biases `1 x out`; all initialised Glorot-uniform from a seeded stream,
+//! biases at zero.
+
+mod gat;
+mod gcn;
+mod gin;
+mod pinsage;
+mod sage;
+
+use std::borrow::Cow;
+
+use fanout_rand::Rng;
+
+use crate::backend::Backend;
+use crate::block::BlockDims;
+use crate::error::{ComputeError, Result};
+use crate::tensor::Tensor;
+
+pub use gat::{GatLayer, HeadMerge, GAT_NEGATIVE_SLOPE};
+pub use gcn::GcnLayer;
+pub use gin::GinLayer;
+pub use pinsage::PinSageLayer;
+pub use sage::SageLayer;
+
+/// A learnable tensor and its accumulated gradient (same shape, on the same device).
+#[derive(Clone, Debug)]
+pub struct Param<B: Backend> {
+    name: &'static str,
+    /// The current value.
+    pub value: B::Tensor,
+    /// The gradient accumulated by backward passes since the last zeroing.
+    pub grad: B::Tensor,
+}
+
+impl<B: Backend> Param<B> {
+    /// A parameter named `name` (unique within its layer) holding `init`, gradient zero.
+    pub fn new(be: &B, name: &'static str, init: &Tensor) -> Self {
+        Param {
+            name,
+            value: be.upload(init),
+            grad: be.zeros(init.rows(), init.cols()),
+        }
+    }
+
+    /// The name within its layer (e.g. `"w_self"`), used in checkpoints.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// One GNN layer over one block. Object safe, so a model holds `Box<dyn Layer<B>>`.
+pub trait Layer<B: Backend>: Send + Sync {
+    /// Short kind name, e.g. `"sage"`.
+    fn kind(&self) -> &'static str;
+    /// Width of the input rows.
+    fn in_dim(&self) -> usize;
+    /// Width of the output rows.
+    fn out_dim(&self) -> usize;
+    /// Computes `h_dst` for `block` from `h_src` (`num_src x in_dim`). With `train` the
+    /// activations needed by [`Layer::backward`] are kept (replacing any earlier cache);
+    /// without it nothing is kept. `Err` on a shape mismatch between block, input and layer.
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor>;
+    /// Back-propagates `grad_out` (`num_dst x out_dim`) through the last training forward:
+    /// adds every parameter's gradient into its `grad`, consumes the cache, and returns the
+    /// gradient with respect to `h_src` if `need_input_grad` (else `None`, skipping that work).
+    /// `Err` if there was no training forward since the last backward, or on a shape mismatch.
+    fn backward(
+        &mut self,
+        grad_out: &B::Tensor,
+        need_input_grad: bool,
+    ) -> Result<Option<B::Tensor>>;
+    /// The parameters, in a fixed order (the checkpoint order).
+    fn params(&self) -> Vec<&Param<B>>;
+    /// The parameters, mutable, in the same order as [`Layer::params`].
+    fn params_mut(&mut self) -> Vec<&mut Param<B>>;
+    /// Drops the forward cache (frees its memory).
+    fn clear_cache(&mut self);
+}
+
+/// The nonlinearity a layer applies to its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Identity (used on the last layer, which produces logits).
+    None,
+    /// `max(x, 0)`.
+    Relu,
+}
+
+impl Activation {
+    /// Applies the activation.
+    pub fn forward<B: Backend>(self, be: &B, x: B::Tensor) -> B::Tensor {
+        match self {
+            Activation::None => x,
+            Activation::Relu => be.relu(&x),
+        }
+    }
+
+    /// The gradient at the input, given the gradient at the output and the output itself.
+    pub fn backward<'a, B: Backend>(
+        self,
+        be: &B,
+        grad: &'a B::Tensor,
+        out: &B::Tensor,
+    ) -> Cow<'a, B::Tensor> {
+        match self {
+            Activation::None => Cow::Borrowed(grad),
+            Activation::Relu => Cow::Owned(be.relu_backward(grad, out)),
+        }
+    }
+}
+
+/// Where a layer that aggregates and then applies a linear map does the matrix product.
+/// Both orders compute the same function (aggregation is linear); they differ in cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AggregateOrder {
+    /// Pick the cheaper order per block from the flop estimate below.
+    #[default]
+    Auto,
+    /// Aggregate `in_dim`-wide source rows, then multiply `num_dst` rows by `W`:
+    /// about `E * in + 2 * D * in * out` flops.
+    AggregateFirst,
+    /// Multiply all `num_src` rows by `W`, then aggregate `out_dim`-wide rows:
+    /// about `2 * S * in * out + E * out` flops.
+    ProjectFirst,
+}
+
+impl AggregateOrder {
+    /// True when the product should come before the aggregation for this block and widths.
+    pub fn project_first(self, dims: BlockDims, in_dim: usize, out_dim: usize) -> bool {
+        match self {
+            AggregateOrder::AggregateFirst => false,
+            AggregateOrder::ProjectFirst => true,
+            AggregateOrder::Auto => {
+                let (d, s, e) = (
+                    dims.num_dst as f64,
+                    dims.num_src as f64,
+                    dims.num_edges as f64,
+                );
+                let (i, o) = (in_dim as f64, out_dim as f64);
+                2.0 * s * i * o + e * o < e * i + 2.0 * d * i * o
+            }
+        }
+    }
+}
+
+/// Glorot-uniform weight `rows x cols` (fans `rows`, `cols`).
+pub(crate) fn glorot(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
+    Tensor::glorot(rows, cols, rows, cols, rng)
+}
+
+/// Checks `h_src` against `block` and the layer's input width; returns the block's sizes.
+pub(crate) fn check_input<B: Backend>(
+    be: &B,
+    kind: &str,
+    block: &B::Block,
+    h_src: &B::Tensor,
+    in_dim: usize,
+) -> Result<BlockDims> {
+    let dims = be.block_dims(block);
+    let got = be.shape(h_src);
+    if got != (dims.num_src, in_dim) {
+        return Err(ComputeError::shape(
+            format!("{kind} forward h_src"),
+            (dims.num_src, in_dim),
+            got,
+        ));
+    }
+    Ok(dims)
+}
+
+/// Checks `grad_out` against the cached forward's output shape.
+pub(crate) fn check_grad<B: Backend>(
+    be: &B,
+    kind: &str,
+    grad: &B::Tensor,
+    expected: (usize, usize),
+) -> Result<()> {
+    let got = be.shape(grad);
+    if got != expected {
+        return Err(ComputeError::shape(
+            format!("{kind} backward grad_out"),
+            expected,
+            got,
+        ));
+    }
+    Ok(())
+}
+
+/// The error for a backward without a cached training forward.
+pub(crate) fn no_cache(kind: &str) -> ComputeError {
+    ComputeError::State(format!(
+        "{kind} backward called without a training forward (train = true) since the last backward"
+    ))
+}
+
+/// `param.grad += op(a)^T-style product`: `grad += a^T b`.
+pub(crate) fn acc_at_b<B: Backend>(be: &B, a: &B::Tensor, b: &B::Tensor, p: &mut Param<B>) {
+    be.gemm(1.0, a, true, b, false, 1.0, &mut p.grad);
+}
+
+/// `bias.grad += column sums of g`.
+pub(crate) fn acc_bias<B: Backend>(be: &B, g: &B::Tensor, p: &mut Param<B>) {
+    let s = be.sum_rows(g);
+    be.axpy(1.0, &s, &mut p.grad);
+}

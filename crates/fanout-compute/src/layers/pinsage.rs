@@ -1,0 +1,181 @@
+//! PinSAGE: importance-weighted aggregation by random-walk visit counts.
+
+use fanout_rand::Rng;
+
+use super::{
+    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, Layer, Param,
+};
+use crate::backend::{Aggregation, Backend};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// PinSAGE layer (DGL's PinSAGE example, `WeightedSAGEConv`, without its internal dropout):
+/// `n = relu(h_src Q + q_bias)`; `agg[d] = sum_e w(e) n[src(e)] / max(sum_e w(e), 1)` with the
+/// block's edge weights (visit counts; 1 where absent, see [`Aggregation::WeightedMean`]);
+/// `z = act(agg W_neigh + h_dst_in W_self + bias)` (DGL's `W [agg; h_dst]` split in two);
+/// with `normalize`, `h_dst = z / ||z||` per row (rows of norm 0 kept). Parameters: `q`
+/// (`in x hidden`), `q_bias`, `w_neigh` (`hidden x out`), `w_self` (`in x out`), `bias`.
+#[derive(Debug)]
+pub struct PinSageLayer<B: Backend> {
+    be: B,
+    in_dim: usize,
+    hidden: usize,
+    out_dim: usize,
+    act: Activation,
+    normalize: bool,
+    q: Param<B>,
+    q_bias: Param<B>,
+    w_neigh: Param<B>,
+    w_self: Param<B>,
+    bias: Param<B>,
+    cache: Option<Cache<B>>,
+}
+
+#[derive(Debug)]
+struct Cache<B: Backend> {
+    block: B::Block,
+    coeff: Option<B::Tensor>,
+    h_src: B::Tensor,
+    h_dst: B::Tensor,
+    n: B::Tensor,
+    agg: B::Tensor,
+    /// Output of the activation, before normalisation.
+    z: B::Tensor,
+    /// Final output and the row norms used (when normalising).
+    normalized: Option<(B::Tensor, B::Tensor)>,
+}
+
+impl<B: Backend> PinSageLayer<B> {
+    /// A layer `in_dim -> out_dim` whose neighbour projection is `hidden` wide; `normalize`
+    /// turns the row L2 normalisation on (hidden layers), weights drawn from `rng`.
+    pub fn new(
+        be: B,
+        in_dim: usize,
+        hidden: usize,
+        out_dim: usize,
+        act: Activation,
+        normalize: bool,
+        rng: &mut Rng,
+    ) -> Self {
+        let q = Param::new(&be, "q", &glorot(in_dim, hidden, rng));
+        let q_bias = Param::new(&be, "q_bias", &Tensor::zeros(1, hidden));
+        let w_neigh = Param::new(&be, "w_neigh", &glorot(hidden, out_dim, rng));
+        let w_self = Param::new(&be, "w_self", &glorot(in_dim, out_dim, rng));
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
+        PinSageLayer {
+            be,
+            in_dim,
+            hidden,
+            out_dim,
+            act,
+            normalize,
+            q,
+            q_bias,
+            w_neigh,
+            w_self,
+            bias,
+            cache: None,
+        }
+    }
+
+    /// Width of the neighbour projection `Q`.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+}
+
+impl<B: Backend> Layer<B> for PinSageLayer<B> {
+    fn kind(&self) -> &'static str {
+        "pinsage"
+    }
+    fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = check_input(be, "pinsage", block, &h_src, self.in_dim)?;
+        let mut n = be.matmul(&h_src, false, &self.q.value, false);
+        be.add_bias(&mut n, &self.q_bias.value);
+        let n = be.relu(&n);
+        let coeff = be.edge_coefficients(block, Aggregation::WeightedMean);
+        let agg = be.spmm(block, coeff.as_ref(), &n);
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
+        let mut z = be.matmul(&agg, false, &self.w_neigh.value, false);
+        be.gemm(1.0, &h_dst, false, &self.w_self.value, false, 1.0, &mut z);
+        be.add_bias(&mut z, &self.bias.value);
+        let z = self.act.forward(be, z);
+        let normalized = self.normalize.then(|| be.l2_normalize_rows(&z));
+        let out = match &normalized {
+            Some((y, _)) => y.clone(),
+            None => z.clone(),
+        };
+        if train {
+            self.cache = Some(Cache {
+                block: block.clone(),
+                coeff,
+                h_src,
+                h_dst,
+                n,
+                agg,
+                z,
+                normalized,
+            });
+        } else {
+            self.cache = None;
+        }
+        Ok(out)
+    }
+
+    fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
+        let c = self.cache.take().ok_or_else(|| no_cache("pinsage"))?;
+        let be = &self.be;
+        check_grad(be, "pinsage", grad_out, be.shape(&c.z))?;
+        let gz = match &c.normalized {
+            Some((y, norms)) => be.l2_normalize_rows_backward(grad_out, y, norms),
+            None => grad_out.clone(),
+        };
+        let g = self.act.backward(be, &gz, &c.z);
+        let g = g.as_ref();
+        acc_bias(be, g, &mut self.bias);
+        acc_at_b(be, &c.agg, g, &mut self.w_neigh);
+        acc_at_b(be, &c.h_dst, g, &mut self.w_self);
+        let gagg = be.matmul(g, false, &self.w_neigh.value, true);
+        let gn = be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg);
+        let gn = be.relu_backward(&gn, &c.n);
+        acc_bias(be, &gn, &mut self.q_bias);
+        acc_at_b(be, &c.h_src, &gn, &mut self.q);
+        Ok(need.then(|| {
+            let mut dx = be.matmul(&gn, false, &self.q.value, true);
+            let gself = be.matmul(g, false, &self.w_self.value, true);
+            let rows = be.shape(&gself).0;
+            be.axpy_prefix(1.0, &gself, &mut dx, rows);
+            dx
+        }))
+    }
+
+    fn params(&self) -> Vec<&Param<B>> {
+        vec![
+            &self.q,
+            &self.q_bias,
+            &self.w_neigh,
+            &self.w_self,
+            &self.bias,
+        ]
+    }
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        vec![
+            &mut self.q,
+            &mut self.q_bias,
+            &mut self.w_neigh,
+            &mut self.w_self,
+            &mut self.bias,
+        ]
+    }
+    fn clear_cache(&mut self) {
+        self.cache = None;
+    }
+}

@@ -1,0 +1,145 @@
+//! GraphSAGE with the mean aggregator.
+
+use fanout_rand::Rng;
+
+use super::{
+    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, AggregateOrder,
+    Layer, Param,
+};
+use crate::backend::{Aggregation, Backend};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// GraphSAGE layer, mean aggregator (DGL `SAGEConv(aggregator_type="mean")`):
+/// `h_dst = act(h_dst_in W_self + mean_{s in N(d)} h_src[s] W_neigh + b)` where `h_dst_in` are
+/// the first `num_dst` rows of `h_src` and the mean is over the block's edges into `d` (a
+/// destination without edges gets only the self term). Parameters: `w_self`, `w_neigh`
+/// (`in x out`), `bias` (`1 x out`).
+#[derive(Debug)]
+pub struct SageLayer<B: Backend> {
+    be: B,
+    in_dim: usize,
+    out_dim: usize,
+    act: Activation,
+    order: AggregateOrder,
+    w_self: Param<B>,
+    w_neigh: Param<B>,
+    bias: Param<B>,
+    cache: Option<Cache<B>>,
+}
+
+#[derive(Debug)]
+struct Cache<B: Backend> {
+    block: B::Block,
+    coeff: Option<B::Tensor>,
+    h_dst: B::Tensor,
+    /// `h_src` if the product came first, else the aggregated rows (`D x in`).
+    neigh_in: B::Tensor,
+    project_first: bool,
+    out: B::Tensor,
+}
+
+impl<B: Backend> SageLayer<B> {
+    /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
+    pub fn new(be: B, in_dim: usize, out_dim: usize, act: Activation, rng: &mut Rng) -> Self {
+        let w_self = Param::new(&be, "w_self", &glorot(in_dim, out_dim, rng));
+        let w_neigh = Param::new(&be, "w_neigh", &glorot(in_dim, out_dim, rng));
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
+        SageLayer {
+            be,
+            in_dim,
+            out_dim,
+            act,
+            order: AggregateOrder::Auto,
+            w_self,
+            w_neigh,
+            bias,
+            cache: None,
+        }
+    }
+
+    /// Forces an order for the neighbour product (default [`AggregateOrder::Auto`]).
+    pub fn with_order(mut self, order: AggregateOrder) -> Self {
+        self.order = order;
+        self
+    }
+}
+
+impl<B: Backend> Layer<B> for SageLayer<B> {
+    fn kind(&self) -> &'static str {
+        "sage"
+    }
+    fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = check_input(be, "sage", block, &h_src, self.in_dim)?;
+        let coeff = be.edge_coefficients(block, Aggregation::Mean);
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
+        let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
+        let project_first = self.order.project_first(dims, self.in_dim, self.out_dim);
+        let neigh_in = if project_first {
+            let z = be.matmul(&h_src, false, &self.w_neigh.value, false);
+            let agg = be.spmm(block, coeff.as_ref(), &z);
+            be.axpy(1.0, &agg, &mut out);
+            h_src
+        } else {
+            let agg = be.spmm(block, coeff.as_ref(), &h_src);
+            be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out);
+            agg
+        };
+        be.add_bias(&mut out, &self.bias.value);
+        let out = self.act.forward(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            coeff,
+            h_dst,
+            neigh_in,
+            project_first,
+            out: out.clone(),
+        });
+        Ok(out)
+    }
+
+    fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
+        let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
+        let be = &self.be;
+        check_grad(be, "sage", grad_out, be.shape(&c.out))?;
+        let g = self.act.backward(be, grad_out, &c.out);
+        let g = g.as_ref();
+        acc_bias(be, g, &mut self.bias);
+        acc_at_b(be, &c.h_dst, g, &mut self.w_self);
+        let mut dx = if c.project_first {
+            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
+            acc_at_b(be, &c.neigh_in, &gz, &mut self.w_neigh);
+            need.then(|| be.matmul(&gz, false, &self.w_neigh.value, true))
+        } else {
+            acc_at_b(be, &c.neigh_in, g, &mut self.w_neigh);
+            need.then(|| {
+                let gagg = be.matmul(g, false, &self.w_neigh.value, true);
+                be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)
+            })
+        };
+        if let Some(dx) = dx.as_mut() {
+            let gself = be.matmul(g, false, &self.w_self.value, true);
+            let rows = be.shape(&gself).0;
+            be.axpy_prefix(1.0, &gself, dx, rows);
+        }
+        Ok(dx)
+    }
+
+    fn params(&self) -> Vec<&Param<B>> {
+        vec![&self.w_self, &self.w_neigh, &self.bias]
+    }
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        vec![&mut self.w_self, &mut self.w_neigh, &mut self.bias]
+    }
+    fn clear_cache(&mut self) {
+        self.cache = None;
+    }
+}

@@ -1,0 +1,371 @@
+//! Models: a stack of layers, one per block, with dropout between them.
+
+use fanout_rand::{mix_keys, Rng};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::block::BlockRef;
+use crate::error::{ComputeError, Result};
+use crate::layers::{
+    Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, Layer, Param, PinSageLayer, SageLayer,
+};
+
+/// Stream tags, so initialisation and dropout never share random numbers.
+const INIT_TAG: u64 = 0x1417;
+const DROPOUT_TAG: u64 = 0xD80;
+
+/// The layer type a model is built from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// [`SageLayer`] (mean aggregator).
+    Sage,
+    /// [`GcnLayer`] (`norm="both"`).
+    Gcn,
+    /// [`GatLayer`]: hidden layers concatenate `heads` heads of `hidden / heads` columns, the
+    /// output layer averages `heads` heads of `num_classes` columns.
+    Gat,
+    /// [`GinLayer`] with MLPs `hidden` wide.
+    Gin,
+    /// [`PinSageLayer`]: `Q` is `hidden` wide; hidden layers normalise their output rows.
+    #[serde(rename = "pinsage")]
+    PinSage,
+}
+
+impl ModelKind {
+    /// Lower-case name (`"sage"`, `"gcn"`, `"gat"`, `"gin"`, `"pinsage"`), as in checkpoints.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Sage => "sage",
+            ModelKind::Gcn => "gcn",
+            ModelKind::Gat => "gat",
+            ModelKind::Gin => "gin",
+            ModelKind::PinSage => "pinsage",
+        }
+    }
+}
+
+/// Everything needed to build a [`Model`] (and stored in its checkpoints).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Layer type.
+    pub kind: ModelKind,
+    /// Width of the input features.
+    pub in_dim: usize,
+    /// Width of every hidden representation (GAT: all heads together).
+    pub hidden: usize,
+    /// Number of classes: the width of the logits.
+    pub num_classes: usize,
+    /// Number of layers = number of blocks per mini-batch.
+    pub num_layers: usize,
+    /// Dropout probability applied to each hidden layer's output in training (not to the
+    /// input features, not to the logits).
+    pub dropout: f32,
+    /// Attention heads (GAT only; must divide `hidden`). 1 for other kinds.
+    pub heads: usize,
+    /// Seed of the parameter initialisation and of the dropout masks.
+    pub seed: u64,
+}
+
+impl ModelConfig {
+    /// A configuration with dropout 0.5, seed 0, and 8 heads for GAT (1 otherwise).
+    pub fn new(
+        kind: ModelKind,
+        in_dim: usize,
+        hidden: usize,
+        num_classes: usize,
+        num_layers: usize,
+    ) -> Self {
+        ModelConfig {
+            kind,
+            in_dim,
+            hidden,
+            num_classes,
+            num_layers,
+            dropout: 0.5,
+            heads: if kind == ModelKind::Gat { 8 } else { 1 },
+            seed: 0,
+        }
+    }
+
+    /// Checks that a model can be built: at least one layer, positive widths, dropout in
+    /// `[0, 1)`, `heads >= 1` dividing `hidden` for GAT.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(ComputeError::Config(m.to_string()));
+        if self.num_layers == 0 {
+            return bad("num_layers must be at least 1");
+        }
+        if self.in_dim == 0 || self.num_classes == 0 || self.hidden == 0 {
+            return bad("in_dim, num_classes and hidden must be positive");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("dropout must be in [0, 1)");
+        }
+        if self.heads == 0 {
+            return bad("heads must be at least 1");
+        }
+        if self.kind == ModelKind::Gat && !self.hidden.is_multiple_of(self.heads) {
+            return bad("GAT hidden size must be a multiple of heads");
+        }
+        Ok(())
+    }
+
+    /// `(in, out)` width of each layer, input layer first.
+    pub fn layer_dims(&self) -> Vec<(usize, usize)> {
+        (0..self.num_layers)
+            .map(|i| {
+                let i_in = if i == 0 { self.in_dim } else { self.hidden };
+                let i_out = if i + 1 == self.num_layers {
+                    self.num_classes
+                } else {
+                    self.hidden
+                };
+                (i_in, i_out)
+            })
+            .collect()
+    }
+}
+
+/// The training setting a paper uses for a model kind (see `NOTES.md`, "Models").
+#[derive(Clone, Debug, PartialEq)]
+pub struct PaperSetting {
+    /// The model (dropout 0.5, seed 0).
+    pub model: ModelConfig,
+    /// Fanouts in hop order from the seeds (`fanouts[0]` for the seeds' own neighbours, i.e.
+    /// the block of the *last* layer). PinSAGE: neighbours kept per hop by the random walks.
+    pub fanouts: Vec<usize>,
+    /// Seeds per mini-batch.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub lr: f32,
+}
+
+impl PaperSetting {
+    /// GNNLab's GCN (3 layers, 15,10,5), GraphSAGE (2 layers, 10,25) and PinSAGE (3 layers,
+    /// top-5 walk neighbours), hidden 256; FastGL's GAT (3 layers, 8 heads x 8) and GIN
+    /// (3 layers, hidden 64), fanouts 15,10,5. All: batch 8000, Adam lr 0.003, dropout 0.5.
+    pub fn for_kind(kind: ModelKind, in_dim: usize, num_classes: usize) -> Self {
+        let (layers, hidden, fanouts) = match kind {
+            ModelKind::Gcn => (3, 256, vec![15, 10, 5]),
+            ModelKind::Sage => (2, 256, vec![10, 25]),
+            ModelKind::PinSage => (3, 256, vec![5, 5, 5]),
+            ModelKind::Gat => (3, 64, vec![15, 10, 5]),
+            ModelKind::Gin => (3, 64, vec![15, 10, 5]),
+        };
+        PaperSetting {
+            model: ModelConfig::new(kind, in_dim, hidden, num_classes, layers),
+            fanouts,
+            batch_size: 8000,
+            lr: 0.003,
+        }
+    }
+}
+
+/// Training or inference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No dropout, nothing cached for backward.
+    Eval,
+    /// Dropout on, activations cached. The masks are a pure function of the model seed,
+    /// `dropout_key` (e.g. a hash of epoch and step) and the layer index.
+    Train {
+        /// Distinguishes the masks of different steps.
+        dropout_key: u64,
+    },
+}
+
+/// A GNN: `num_layers` layers, layer `i` running on block `i` (blocks outermost first, as the
+/// sampler emits them), ReLU and dropout between layers, logits out of the last one.
+pub struct Model<B: Backend> {
+    be: B,
+    config: ModelConfig,
+    layers: Vec<Box<dyn Layer<B>>>,
+    masks: Vec<Option<B::Tensor>>,
+}
+
+impl<B: Backend> std::fmt::Debug for Model<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("backend", &self.be.name())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Builds the model of `config` with freshly initialised parameters (a pure function of
+    /// `config.seed`). `Err` if the configuration is invalid.
+    pub fn new(be: B, config: ModelConfig) -> Result<Self> {
+        config.validate()?;
+        let n = config.num_layers;
+        let mut layers: Vec<Box<dyn Layer<B>>> = Vec::with_capacity(n);
+        for (i, (din, dout)) in config.layer_dims().into_iter().enumerate() {
+            let last = i + 1 == n;
+            let act = if last {
+                Activation::None
+            } else {
+                Activation::Relu
+            };
+            let mut rng = Rng::keyed(&[config.seed, INIT_TAG, i as u64]);
+            let rng = &mut rng;
+            let b = be.clone();
+            let layer: Box<dyn Layer<B>> = match config.kind {
+                ModelKind::Sage => Box::new(SageLayer::new(b, din, dout, act, rng)),
+                ModelKind::Gcn => Box::new(GcnLayer::new(b, din, dout, act, rng)),
+                ModelKind::Gin => Box::new(GinLayer::new(b, din, config.hidden, dout, act, rng)),
+                ModelKind::PinSage => Box::new(PinSageLayer::new(
+                    b,
+                    din,
+                    config.hidden,
+                    dout,
+                    act,
+                    !last,
+                    rng,
+                )),
+                ModelKind::Gat => {
+                    let h = config.heads;
+                    let (f, merge) = if last {
+                        (dout, HeadMerge::Mean)
+                    } else {
+                        (dout / h, HeadMerge::Concat)
+                    };
+                    Box::new(GatLayer::new(b, din, h, f, merge, act, rng))
+                }
+            };
+            layers.push(layer);
+        }
+        Ok(Model {
+            be,
+            config,
+            masks: vec![None; n],
+            layers,
+        })
+    }
+
+    /// The configuration the model was built from.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+
+    /// The layers, input layer first.
+    pub fn layers(&self) -> &[Box<dyn Layer<B>>] {
+        &self.layers
+    }
+
+    /// Prepares a mini-batch's blocks (outermost first) on the model's device.
+    pub fn prepare_blocks(&self, blocks: &[BlockRef<'_>]) -> Result<Vec<B::Block>> {
+        blocks.iter().map(|b| self.be.prepare_block(b)).collect()
+    }
+
+    /// Runs the model: `x` holds the input features of block 0's sources (`num_src x in_dim`);
+    /// returns the logits of the last block's destinations (`num_dst x num_classes`). In
+    /// [`Mode::Train`] activations and dropout masks are cached for [`Model::backward`].
+    /// `Err` if the block count or any shape does not match.
+    pub fn forward(&mut self, blocks: &[B::Block], x: B::Tensor, mode: Mode) -> Result<B::Tensor> {
+        let n = self.layers.len();
+        if blocks.len() != n {
+            return Err(ComputeError::State(format!(
+                "model has {n} layers but was given {} blocks",
+                blocks.len()
+            )));
+        }
+        for i in 1..n {
+            let (prev, next) = (
+                self.be.block_dims(&blocks[i - 1]),
+                self.be.block_dims(&blocks[i]),
+            );
+            if prev.num_dst != next.num_src {
+                return Err(ComputeError::Block(format!(
+                    "block {} has {} destinations but block {i} has {} sources",
+                    i - 1,
+                    prev.num_dst,
+                    next.num_src
+                )));
+            }
+        }
+        let train = matches!(mode, Mode::Train { .. });
+        let mut h = x;
+        for (i, (layer, block)) in self.layers.iter_mut().zip(blocks).enumerate() {
+            h = layer.forward(block, h, train)?;
+            self.masks[i] = None;
+            if let Mode::Train { dropout_key } = mode {
+                if i + 1 < n && self.config.dropout > 0.0 {
+                    let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
+                    let (out, mask) = self.be.dropout(&h, self.config.dropout, key);
+                    h = out;
+                    self.masks[i] = Some(mask);
+                }
+            }
+        }
+        Ok(h)
+    }
+
+    /// Back-propagates the gradient of the loss with respect to the logits through the last
+    /// training forward, adding into every parameter's gradient. The input features get no
+    /// gradient (that work is skipped). `Err` without a preceding training forward.
+    pub fn backward(&mut self, grad_logits: &B::Tensor) -> Result<()> {
+        let mut g = grad_logits.clone();
+        for i in (0..self.layers.len()).rev() {
+            let dx = self.layers[i].backward(&g, i > 0)?;
+            if i == 0 {
+                break;
+            }
+            g = dx.expect("backward returns the input gradient when asked");
+            if let Some(mask) = self.masks[i - 1].take() {
+                g = self.be.mul(&g, &mask);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every parameter gradient to zero.
+    pub fn zero_grad(&mut self) {
+        let be = self.be.clone();
+        for p in self.params_mut() {
+            be.fill_zero(&mut p.grad);
+        }
+    }
+
+    /// Drops cached activations and masks (e.g. after an aborted step).
+    pub fn clear_cache(&mut self) {
+        self.layers.iter_mut().for_each(|l| l.clear_cache());
+        self.masks.iter_mut().for_each(|m| *m = None);
+    }
+
+    /// Every parameter with its checkpoint name `layers.{i}.{name}`, in a fixed order.
+    pub fn named_params(&self) -> Vec<(String, &Param<B>)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.params()
+                    .into_iter()
+                    .map(move |p| (format!("layers.{i}.{}", p.name()), p))
+            })
+            .collect()
+    }
+
+    /// Every parameter, mutable, in the order of [`Model::named_params`].
+    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| l.params_mut())
+            .collect()
+    }
+
+    /// Total number of learnable scalars.
+    pub fn num_params(&self) -> usize {
+        self.named_params()
+            .iter()
+            .map(|(_, p)| {
+                let (r, c) = self.be.shape(&p.value);
+                r * c
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,162 @@
+//! Safetensors checkpoints: round trips and the errors of mismatched files.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{rand_tensor, OwnedBlock};
+use fanout_compute::io::{self, CONFIG_KEY, FORMAT, FORMAT_KEY};
+use fanout_compute::{
+    Adam, Backend, ComputeError, CpuBackend, Mode, Model, ModelConfig, ModelKind, Optimizer,
+};
+use fanout_rand::Rng;
+use safetensors::tensor::{Dtype, TensorView};
+
+const BE: CpuBackend = CpuBackend;
+
+const KINDS: [ModelKind; 5] = [
+    ModelKind::Sage,
+    ModelKind::Gcn,
+    ModelKind::Gat,
+    ModelKind::Gin,
+    ModelKind::PinSage,
+];
+
+/// A 3-layer model of `kind` after one training step (so no parameter is at its init).
+fn trained_model(kind: ModelKind, rng: &mut Rng) -> (Model<CpuBackend>, Vec<OwnedBlock>) {
+    let mut cfg = ModelConfig::new(kind, 6, 8, 3, 3);
+    cfg.heads = 2;
+    cfg.seed = 5;
+    let mut model = Model::new(BE, cfg).unwrap();
+    let owned = vec![
+        OwnedBlock::random(9, 14, 3, true, rng),
+        OwnedBlock::random(6, 9, 3, true, rng),
+        OwnedBlock::random(4, 6, 3, true, rng),
+    ];
+    let blocks: Vec<_> = owned.iter().map(OwnedBlock::prepare).collect();
+    let x = rand_tensor(14, 6, rng);
+    let logits = model
+        .forward(&blocks, x, Mode::Train { dropout_key: 1 })
+        .unwrap();
+    let ce = BE.softmax_cross_entropy(&logits, &[0, 1, 2, -1]).unwrap();
+    model.backward(&ce.grad).unwrap();
+    Adam::new(BE, 0.01).step_model(&mut model).unwrap();
+    (model, owned)
+}
+
+#[test]
+fn save_load_round_trip_gives_identical_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng::new(1);
+    for kind in KINDS {
+        let (mut model, owned) = trained_model(kind, &mut rng);
+        let path = dir.path().join(format!("{}.safetensors", kind.name()));
+        io::save(&model, &path).unwrap();
+        let mut loaded = io::load(BE, &path).unwrap();
+        assert_eq!(loaded.config(), model.config());
+        for ((na, pa), (nb, pb)) in model.named_params().iter().zip(loaded.named_params()) {
+            assert_eq!(na, &nb);
+            assert_eq!(pa.value, pb.value, "{na}");
+        }
+        let blocks: Vec<_> = owned.iter().map(OwnedBlock::prepare).collect();
+        let x = rand_tensor(14, 6, &mut rng);
+        let a = model.forward(&blocks, x.clone(), Mode::Eval).unwrap();
+        let b = loaded.forward(&blocks, x, Mode::Eval).unwrap();
+        assert_eq!(a, b, "{kind:?} outputs differ after load");
+    }
+}
+
+/// Writes a safetensors file with the given tensors and metadata.
+fn write(tensors: &[(String, Vec<usize>, Vec<f32>)], meta: HashMap<String, String>) -> Vec<u8> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, d)| d.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, s, _), b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize(views, &Some(meta)).unwrap()
+}
+
+fn fanout_meta(cfg: &ModelConfig) -> HashMap<String, String> {
+    HashMap::from([
+        (FORMAT_KEY.to_string(), FORMAT.to_string()),
+        (CONFIG_KEY.to_string(), serde_json::to_string(cfg).unwrap()),
+    ])
+}
+
+fn expect_format_error(bytes: &[u8], needle: &str) {
+    match io::from_bytes(BE, bytes) {
+        Err(ComputeError::Format(m)) => assert!(m.contains(needle), "{m:?} lacks {needle:?}"),
+        Err(e) => panic!("expected a format error mentioning {needle:?}, got {e}"),
+        Ok(_) => panic!("expected a format error mentioning {needle:?}"),
+    }
+}
+
+#[test]
+fn load_rejects_mismatched_files_with_clear_errors() {
+    let cfg = ModelConfig::new(ModelKind::Gcn, 4, 5, 3, 2);
+    let model = Model::new(BE, cfg.clone()).unwrap();
+    let good: Vec<(String, Vec<usize>, Vec<f32>)> = model
+        .named_params()
+        .into_iter()
+        .map(|(n, p)| {
+            (
+                n,
+                vec![p.value.rows(), p.value.cols()],
+                p.value.data().to_vec(),
+            )
+        })
+        .collect();
+    assert!(io::from_bytes(BE, &write(&good, fanout_meta(&cfg))).is_ok());
+
+    let mut wrong_shape = good.clone();
+    wrong_shape[0].1 = vec![5, 4];
+    expect_format_error(&write(&wrong_shape, fanout_meta(&cfg)), "layers.0.weight");
+
+    let missing = good[1..].to_vec();
+    expect_format_error(
+        &write(&missing, fanout_meta(&cfg)),
+        "missing tensor layers.0.weight",
+    );
+
+    let mut extra = good.clone();
+    extra.push(("layers.9.w".to_string(), vec![1, 1], vec![0.0]));
+    expect_format_error(
+        &write(&extra, fanout_meta(&cfg)),
+        "unexpected tensor layers.9.w",
+    );
+
+    expect_format_error(&write(&good, HashMap::new()), "not a fanout checkpoint");
+
+    let mut other = fanout_meta(&cfg);
+    other.insert(FORMAT_KEY.to_string(), "fanout-model/99".to_string());
+    expect_format_error(&write(&good, other), "fanout-model/99");
+
+    let mut broken = fanout_meta(&cfg);
+    broken.insert(CONFIG_KEY.to_string(), "{\"kind\":\"gcn\"}".to_string());
+    expect_format_error(&write(&good, broken), CONFIG_KEY);
+
+    expect_format_error(b"definitely not safetensors", "not a safetensors file");
+
+    // A configuration that cannot be built is reported as such.
+    let mut zero_layers = cfg;
+    zero_layers.num_layers = 0;
+    assert!(matches!(
+        io::from_bytes(BE, &write(&[], fanout_meta(&zero_layers))),
+        Err(ComputeError::Config(_))
+    ));
+
+    let missing_file = std::path::Path::new("/nonexistent/fanout/model.safetensors");
+    assert!(matches!(
+        io::load(BE, missing_file),
+        Err(ComputeError::Io { .. })
+    ));
+}

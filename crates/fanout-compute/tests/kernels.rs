@@ -1,0 +1,284 @@
+//! Forward semantics of the CPU kernels against naive references, block validation, and
+//! independence of results from the thread count.
+
+mod common;
+
+use common::{rand_tensor, OwnedBlock};
+use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, Tensor};
+use fanout_rand::Rng;
+
+const BE: CpuBackend = CpuBackend;
+
+fn naive_matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool) -> Tensor {
+    let at = |i: usize, p: usize| if ta { a.get(p, i) } else { a.get(i, p) };
+    let bt = |p: usize, j: usize| if tb { b.get(j, p) } else { b.get(p, j) };
+    let (m, k) = if ta { (a.cols(), a.rows()) } else { a.shape() };
+    let n = if tb { b.rows() } else { b.cols() };
+    Tensor::from_fn(m, n, |i, j| {
+        (0..k)
+            .map(|p| at(i, p) as f64 * bt(p, j) as f64)
+            .sum::<f64>() as f32
+    })
+}
+
+#[test]
+fn matmul_matches_naive_triple_loop_for_all_transposes() {
+    let mut rng = Rng::new(1);
+    // Small and odd shapes, row-block-parallel shapes (m * n * k above the threading
+    // threshold), and inner-dimension-split shapes (k >= 2048 and k >= 4 m).
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 2),
+        (17, 9, 13),
+        (300, 70, 90),
+        (64, 257, 33),
+        (20, 3000, 30),
+        (7, 5001, 9),
+    ];
+    for &(m, k, n) in &shapes {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let a = if ta {
+                    rand_tensor(k, m, &mut rng)
+                } else {
+                    rand_tensor(m, k, &mut rng)
+                };
+                let b = if tb {
+                    rand_tensor(n, k, &mut rng)
+                } else {
+                    rand_tensor(k, n, &mut rng)
+                };
+                let c = BE.matmul(&a, ta, &b, tb);
+                let want = naive_matmul(&a, ta, &b, tb);
+                let err = c.max_abs_diff(&want);
+                assert!(
+                    err < 1e-4 * (k as f32).sqrt(),
+                    "{m}x{k}x{n} {ta} {tb}: {err}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_alpha_beta_and_edge_cases() {
+    let mut rng = Rng::new(2);
+    let a = rand_tensor(40, 30, &mut rng);
+    let b = rand_tensor(30, 20, &mut rng);
+    let c0 = rand_tensor(40, 20, &mut rng);
+    let mut c = c0.clone();
+    BE.gemm(0.5, &a, false, &b, false, 2.0, &mut c);
+    let ab = naive_matmul(&a, false, &b, false);
+    let want = Tensor::from_fn(40, 20, |i, j| 0.5 * ab.get(i, j) + 2.0 * c0.get(i, j));
+    assert!(c.max_abs_diff(&want) < 1e-4);
+    // beta = 0 ignores NaNs already in C.
+    let mut c = Tensor::full(40, 20, f32::NAN);
+    BE.gemm(1.0, &a, false, &b, false, 0.0, &mut c);
+    assert!(c.max_abs_diff(&ab) < 1e-4);
+    // k = 0: C = beta * C.
+    let mut c = Tensor::full(2, 3, 4.0);
+    BE.gemm(
+        1.0,
+        &Tensor::zeros(2, 0),
+        false,
+        &Tensor::zeros(0, 3),
+        false,
+        0.5,
+        &mut c,
+    );
+    assert_eq!(c, Tensor::full(2, 3, 2.0));
+}
+
+/// A fixed block: 3 destinations, 5 sources.
+/// d0 <- {0, 3, 4}, d1 <- {}, d2 <- {3, 3}; weights 1, 2, 3 | - | 4, 0.5.
+fn fixed_block() -> OwnedBlock {
+    OwnedBlock::from_lists(
+        5,
+        &[vec![0, 3, 4], vec![], vec![3, 3]],
+        Some(vec![1.0, 2.0, 3.0, 4.0, 0.5]),
+    )
+}
+
+#[test]
+fn aggregation_coefficients_match_their_definitions() {
+    let b = fixed_block().prepare();
+    let c = |agg| BE.edge_coefficients(&b, agg).unwrap().into_data();
+    assert!(BE.edge_coefficients(&b, Aggregation::Sum).is_none());
+    assert_eq!(c(Aggregation::Mean), [1. / 3., 1. / 3., 1. / 3., 0.5, 0.5]);
+    assert_eq!(c(Aggregation::Weighted), [1.0, 2.0, 3.0, 4.0, 0.5]);
+    assert_eq!(
+        c(Aggregation::WeightedMean),
+        [1. / 6., 2. / 6., 3. / 6., 4. / 4.5, 0.5 / 4.5]
+    );
+    // out_deg: src0 1, src3 3, src4 1; in_deg: d0 3, d2 2.
+    let g = c(Aggregation::GcnBoth);
+    let want = [
+        1.0 / (1.0f64 * 3.0).sqrt(),
+        1.0 / (3.0f64 * 3.0).sqrt(),
+        1.0 / (1.0f64 * 3.0).sqrt(),
+        1.0 / (3.0f64 * 2.0).sqrt(),
+        1.0 / (3.0f64 * 2.0).sqrt(),
+    ];
+    for (x, w) in g.iter().zip(want) {
+        assert!((*x as f64 - w).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn spmm_matches_naive_and_edgeless_destinations_get_zero() {
+    let mut rng = Rng::new(3);
+    let blk = OwnedBlock::random(7, 12, 5, true, &mut rng);
+    let b = blk.prepare();
+    let x = rand_tensor(12, 6, &mut rng);
+    let c = rand_tensor(blk.num_edges(), 2, &mut rng);
+    let out = BE.spmm(&b, Some(&c), &x);
+    let want = Tensor::from_fn(7, 6, |d, col| {
+        let h = col / 3;
+        (blk.indptr[d]..blk.indptr[d + 1])
+            .map(|e| c.get(e as usize, h) * x.get(blk.indices[e as usize] as usize, col))
+            .sum()
+    });
+    assert!(out.max_abs_diff(&want) < 1e-5);
+    assert!(
+        out.row(1).iter().all(|&v| v == 0.0),
+        "destination 1 has no edge"
+    );
+}
+
+#[test]
+fn edge_softmax_sums_to_one_per_destination_and_head() {
+    let mut rng = Rng::new(4);
+    let blk = OwnedBlock::random(6, 10, 5, false, &mut rng);
+    let b = blk.prepare();
+    let mut s = rand_tensor(blk.num_edges(), 3, &mut rng);
+    s.data_mut()[0] = 80.0; // large logits stay finite
+    let a = BE.edge_softmax(&b, &s);
+    let sums = BE.edge_sum_to_dst(&b, &a);
+    for d in 0..6 {
+        let deg = blk.indptr[d + 1] - blk.indptr[d];
+        for h in 0..3 {
+            let want = if deg == 0 { 0.0 } else { 1.0 };
+            assert!((sums.get(d, h) - want).abs() < 1e-5);
+        }
+    }
+    assert!(a.data().iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn gather_scatter_and_prefix_ops() {
+    let x = Tensor::from_fn(4, 2, |r, c| (r * 10 + c) as f32);
+    let g = BE.gather_rows(&x, &[3, 0, 3]);
+    assert_eq!(g.data(), &[30., 31., 0., 1., 30., 31.]);
+    let mut y = Tensor::zeros(4, 2);
+    BE.scatter_add_rows(&mut y, &[3, 0, 3], &g);
+    assert_eq!(y.data(), &[0., 1., 0., 0., 0., 0., 60., 62.]);
+    let p = BE.prefix_rows(&x, 2);
+    assert_eq!(p.data(), &[0., 1., 10., 11.]);
+    let mut z = Tensor::zeros(4, 2);
+    BE.axpy_prefix(2.0, &p, &mut z, 2);
+    assert_eq!(z.data(), &[0., 2., 20., 22., 0., 0., 0., 0.]);
+}
+
+#[test]
+fn dropout_is_keyed_and_has_the_right_rate() {
+    let x = Tensor::full(200, 50, 1.0);
+    let (a, ma) = BE.dropout(&x, 0.5, 42);
+    let (b, _) = BE.dropout(&x, 0.5, 42);
+    let (c, _) = BE.dropout(&x, 0.5, 43);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let kept = ma.data().iter().filter(|&&m| m != 0.0).count() as f64 / 10_000.0;
+    assert!((kept - 0.5).abs() < 0.03, "kept fraction {kept}");
+    assert!(ma.data().iter().all(|&m| m == 0.0 || m == 2.0));
+}
+
+#[test]
+fn cross_entropy_and_accuracy_on_known_values() {
+    let logits = Tensor::new(3, 2, vec![0.0, 0.0, 2.0, 0.0, 0.0, 5.0]);
+    let ce = BE.softmax_cross_entropy(&logits, &[1, 0, -1]).unwrap();
+    let want = (2f64.ln() + (1.0 + (-2f64).exp()).ln()) / 2.0;
+    assert!((ce.loss as f64 - want).abs() < 1e-6);
+    assert_eq!(ce.count, 2);
+    assert!(ce.grad.row(2).iter().all(|&g| g == 0.0));
+    assert_eq!(BE.accuracy(&logits, &[1, 0, -1]), (1, 2));
+    assert!(matches!(
+        BE.softmax_cross_entropy(&logits, &[0, 2, 0]),
+        Err(ComputeError::Label {
+            row: 1,
+            label: 2,
+            ..
+        })
+    ));
+    assert!(BE.softmax_cross_entropy(&logits, &[0, 1]).is_err());
+    let none = BE.softmax_cross_entropy(&logits, &[-1, -1, -1]).unwrap();
+    assert_eq!((none.loss, none.count), (0.0, 0));
+}
+
+#[test]
+fn malformed_blocks_are_errors() {
+    let good = fixed_block();
+    assert!(good.as_ref().validate().is_ok());
+    let mut b = good.clone();
+    b.indices[2] = 5;
+    assert!(
+        BE.prepare_block(&b.as_ref()).is_err(),
+        "source out of range"
+    );
+    let mut b = good.clone();
+    b.indptr[1] = 4;
+    b.indptr[2] = 3;
+    assert!(b.as_ref().validate().is_err(), "decreasing indptr");
+    let mut b = good.clone();
+    b.num_dst = 6;
+    assert!(b.as_ref().validate().is_err(), "num_dst > num_src");
+    let mut b = good.clone();
+    b.weights = Some(vec![1.0; 4]);
+    assert!(b.as_ref().validate().is_err(), "weight count");
+    let mut b = good;
+    b.indptr.pop();
+    assert!(b.as_ref().validate().is_err(), "indptr length");
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let run = || {
+        let mut rng = Rng::new(5);
+        let blk = OwnedBlock::random(3000, 5000, 12, true, &mut rng);
+        let b = blk.prepare();
+        let x = rand_tensor(5000, 24, &mut rng);
+        let w = rand_tensor(24, 40, &mut rng);
+        let y = BE.matmul(&x, false, &w, false);
+        let agg = BE.aggregate(&b, &x, Aggregation::GcnBoth);
+        let back = BE.aggregate_backward(&b, &agg, Aggregation::Mean);
+        let mut dw = rand_tensor(24, 40, &mut rng);
+        BE.gemm(0.7, &x, true, &y, false, 1.0, &mut dw);
+        // Accumulating product with an inner dimension above the kernel's k-block (256), so
+        // later k-blocks and beta = 1 take the fused and the buffered epilogues (alpha != 1:
+        // they round differently, so a thread-count-dependent tiling would show).
+        let z = rand_tensor(5000, 300, &mut rng);
+        let v = rand_tensor(300, 40, &mut rng);
+        let mut acc = rand_tensor(5000, 40, &mut rng);
+        BE.gemm(0.7, &z, false, &v, false, 1.0, &mut acc);
+        let s = BE.sum_rows(&y);
+        (y, agg, back, (dw, acc), s, BE.dot(&x, &x))
+    };
+    let pool = |n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap()
+    };
+    let one = pool(1).install(run);
+    let three = pool(3).install(run);
+    let seven = pool(7).install(run);
+    // Plain asserts: a failure should name the result, not print megabytes of floats.
+    assert!(one.0 == three.0, "dense product differs");
+    assert!(one.1 == three.1, "aggregation differs");
+    assert!(one.2 == three.2, "aggregation backward differs");
+    assert!(
+        one.3 == three.3 && one.3 == seven.3,
+        "accumulating products differ"
+    );
+    assert!(one.4 == three.4, "column sums differ");
+    assert!(one.5 == three.5, "dot product differs");
+}
