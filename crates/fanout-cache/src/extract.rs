@@ -1,0 +1,94 @@
+//! The extract stage's interface: turn a mini-batch's input nodes into a feature matrix, and
+//! account for where every byte came from. The trainer only ever talks to an [`Extractor`], so
+//! caches and Match-Reorder slot in without touching it.
+
+use fanout_graph::{Dataset, Error, Result};
+use std::sync::Arc;
+
+/// Where the bytes of one extraction came from. "Bytes" are bytes of stored feature rows (so a
+/// cache hit on an f16 dataset counts `2 x dim` bytes). Invariant:
+/// `bytes_total == bytes_from_cache + bytes_reused + bytes_from_host`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExtractStats {
+    /// Rows extracted (`input_nodes.len()`).
+    pub rows: u64,
+    /// Bytes of all rows needed.
+    pub bytes_total: u64,
+    /// Bytes served by a device cache.
+    pub bytes_from_cache: u64,
+    /// Bytes reused from the previous mini-batch already on the device (Match-Reorder).
+    pub bytes_reused: u64,
+    /// Bytes gathered from the host feature store (what crosses PCIe on a GPU).
+    pub bytes_from_host: u64,
+}
+
+impl ExtractStats {
+    /// Adds another extraction's counts.
+    pub fn add(&mut self, o: &ExtractStats) {
+        self.rows += o.rows;
+        self.bytes_total += o.bytes_total;
+        self.bytes_from_cache += o.bytes_from_cache;
+        self.bytes_reused += o.bytes_reused;
+        self.bytes_from_host += o.bytes_from_host;
+    }
+
+    /// Fraction of bytes served without touching the host store (cache + reuse), 0 when empty.
+    pub fn hit_rate(&self) -> f64 {
+        if self.bytes_total == 0 {
+            0.0
+        } else {
+            (self.bytes_from_cache + self.bytes_reused) as f64 / self.bytes_total as f64
+        }
+    }
+}
+
+/// Gathers feature rows for mini-batches. Guarantee every implementation must keep: `out`
+/// receives exactly the rows a plain gather from the dataset gives (converted to f32), bit for
+/// bit, whatever is cached or reused. Implementations may keep state between calls (the
+/// previous batch for Match-Reorder), hence `&mut self`; one extractor serves one stream of
+/// batches.
+pub trait Extractor: Send {
+    /// Feature dimension.
+    fn dim(&self) -> usize;
+    /// Resizes `out` to `input_nodes.len() * dim()` and fills it with the rows of
+    /// `input_nodes`, in order.
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats;
+}
+
+/// The plain path: every row gathered from the host store (no cache). The reference every
+/// cached extractor is tested against.
+pub struct PlainExtractor {
+    ds: Arc<Dataset>,
+}
+
+impl PlainExtractor {
+    /// An extractor over `ds`'s features; errors if the dataset has none.
+    pub fn new(ds: Arc<Dataset>) -> Result<Self> {
+        if ds.features.is_none() {
+            return Err(Error::Invalid(format!(
+                "{}: the dataset has no features (feat.bin absent or FEAT_DIM 0); import it with --random-features DIM",
+                ds.dir.display()
+            )));
+        }
+        Ok(PlainExtractor { ds })
+    }
+}
+
+impl Extractor for PlainExtractor {
+    fn dim(&self) -> usize {
+        self.ds.features.as_ref().map_or(0, |f| f.dim)
+    }
+
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats {
+        let f = self.ds.features.as_ref().expect("checked in new");
+        out.resize(input_nodes.len() * f.dim, 0.0);
+        f.gather(input_nodes, out);
+        let bytes = (input_nodes.len() * f.row_bytes()) as u64;
+        ExtractStats {
+            rows: input_nodes.len() as u64,
+            bytes_total: bytes,
+            bytes_from_host: bytes,
+            ..ExtractStats::default()
+        }
+    }
+}
