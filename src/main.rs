@@ -25,12 +25,20 @@ enum Command {
     /// Create, import, inspect and verify datasets (the GNNLab-compatible directory format).
     #[command(subcommand)]
     Dataset(cmd::dataset::DatasetCommand),
+    Train(cmd::train::TrainArgs),
+    Eval(cmd::eval::EvalArgs),
+    SampleBench(cmd::sample_bench::SampleBenchArgs),
+    CacheSim(cmd::cache_sim::CacheSimArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Dataset(c) => cmd::dataset::run(c, cli.quiet),
+        Command::Train(a) => cmd::train::run(a, cli.quiet),
+        Command::Eval(a) => cmd::eval::run(a, cli.quiet),
+        Command::SampleBench(a) => cmd::sample_bench::run(a),
+        Command::CacheSim(a) => cmd::cache_sim::run(a, cli.quiet),
     };
     if let Err(msg) = result {
         eprintln!("error: {msg}");

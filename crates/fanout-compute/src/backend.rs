@@ -90,6 +90,11 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// Copies a host tensor to the device.
     fn upload(&self, host: &Tensor) -> Self::Tensor;
+    /// Moves a host tensor to the device: same result as [`Backend::upload`], but a backend
+    /// whose tensors live in host memory takes the buffer without copying it.
+    fn upload_owned(&self, host: Tensor) -> Self::Tensor {
+        self.upload(&host)
+    }
     /// Copies a device tensor to the host.
     fn download(&self, t: &Self::Tensor) -> Tensor;
     /// A `rows x cols` tensor of zeros.

@@ -31,6 +31,15 @@ fn fmt_err(m: impl Into<String>) -> ComputeError {
 
 /// Serialises `model`'s parameters and configuration to safetensors bytes.
 pub fn to_bytes<B: Backend>(model: &Model<B>) -> Result<Vec<u8>> {
+    to_bytes_with(model, &[])
+}
+
+/// [`to_bytes`] with extra metadata entries (e.g. the sampling settings a trainer used, so that
+/// evaluation can repeat them). Keys must not start with `fanout.` (reserved); `Err` if one does.
+pub fn to_bytes_with<B: Backend>(model: &Model<B>, extra: &[(String, String)]) -> Result<Vec<u8>> {
+    if let Some((k, _)) = extra.iter().find(|(k, _)| k.starts_with("fanout.")) {
+        return Err(fmt_err(format!("metadata key {k:?} is reserved")));
+    }
     let be = model.backend();
     let host: Vec<(String, Tensor)> = model
         .named_params()
@@ -49,17 +58,23 @@ pub fn to_bytes<B: Backend>(model: &Model<B>) -> Result<Vec<u8>> {
     }
     let config = serde_json::to_string(model.config())
         .map_err(|e| fmt_err(format!("cannot encode configuration: {e}")))?;
-    let meta = HashMap::from([
+    let mut meta = HashMap::from([
         (FORMAT_KEY.to_string(), FORMAT.to_string()),
         (CONFIG_KEY.to_string(), config),
     ]);
+    meta.extend(extra.iter().cloned());
     safetensors::serialize(views, &Some(meta)).map_err(|e| fmt_err(format!("{e:?}")))
 }
 
 /// Writes `model` to `path` (through a temporary file in the same directory, renamed into
 /// place, so a crash never leaves a truncated checkpoint under `path`).
 pub fn save<B: Backend>(model: &Model<B>, path: &Path) -> Result<()> {
-    let bytes = to_bytes(model)?;
+    save_bytes(&to_bytes(model)?, path)
+}
+
+/// Writes checkpoint bytes (from [`to_bytes`] or [`to_bytes_with`]) to `path`, atomically as
+/// [`save`] does.
+pub fn save_bytes(bytes: &[u8], path: &Path) -> Result<()> {
     let io = |source| ComputeError::Io {
         path: path.display().to_string(),
         source,
@@ -68,6 +83,14 @@ pub fn save<B: Backend>(model: &Model<B>, path: &Path) -> Result<()> {
     tmp.push(".tmp");
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Every metadata entry of a safetensors file (the reserved `fanout.*` ones included), without
+/// checking that it is a fanout checkpoint. `Err` if the bytes are not a safetensors file.
+pub fn read_metadata(bytes: &[u8]) -> Result<HashMap<String, String>> {
+    let (_, meta) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    Ok(meta.metadata().clone().unwrap_or_default())
 }
 
 /// Reads the configuration stored in a checkpoint without building the model.

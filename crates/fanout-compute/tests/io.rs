@@ -160,3 +160,28 @@ fn load_rejects_mismatched_files_with_clear_errors() {
         Err(ComputeError::Io { .. })
     ));
 }
+
+#[test]
+fn extra_metadata_round_trips_and_reserved_keys_are_refused() {
+    let mut rng = Rng::keyed(&[77]);
+    let (model, _) = trained_model(ModelKind::Sage, &mut rng);
+    let extra = vec![("train.fanouts".to_string(), "10,25".to_string())];
+    let bytes = io::to_bytes_with(&model, &extra).unwrap();
+    let meta = io::read_metadata(&bytes).unwrap();
+    assert_eq!(meta.get("train.fanouts").map(String::as_str), Some("10,25"));
+    assert_eq!(meta.get(FORMAT_KEY).map(String::as_str), Some(FORMAT));
+    let back = io::from_bytes(BE, &bytes).unwrap();
+    assert_eq!(back.config(), model.config());
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("m.safetensors");
+    io::save_bytes(&bytes, &p).unwrap();
+    assert_eq!(std::fs::read(&p).unwrap(), bytes);
+    let bad = vec![(CONFIG_KEY.to_string(), "{}".to_string())];
+    assert!(matches!(
+        io::to_bytes_with(&model, &bad),
+        Err(ComputeError::Format(_))
+    ));
+    // upload_owned gives what upload gives.
+    let x = rand_tensor(3, 4, &mut rng);
+    assert_eq!(BE.upload_owned(x.clone()).data(), BE.upload(&x).data());
+}

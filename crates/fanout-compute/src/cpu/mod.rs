@@ -36,6 +36,9 @@ impl Backend for CpuBackend {
     fn upload(&self, host: &Tensor) -> Tensor {
         host.clone()
     }
+    fn upload_owned(&self, host: Tensor) -> Tensor {
+        host
+    }
     fn download(&self, t: &Tensor) -> Tensor {
         t.clone()
     }

@@ -1,0 +1,235 @@
+//! [`CachedExtractor`]: the extract stage with a static device cache and/or FastGL Match in
+//! front of the host feature store, and [`build_extractor`], which the trainer calls to get one
+//! from a policy name and a size.
+
+use crate::extract::{ExtractStats, Extractor};
+use crate::policy::{degree_ranking, random_ranking, Policy};
+use crate::presc::presc_ranking;
+use crate::table::{CacheSize, FeatureCache};
+use fanout_graph::{Dataset, Error, Result};
+use fanout_sample::{LoaderConfig, Sampler};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// The previous batch's rows kept "on the device" for Match.
+struct Previous {
+    /// `stamp[v] == cur` iff `v` was an input node of the previous batch.
+    stamp: Vec<u32>,
+    /// Row of `v` in `rows` when stamped.
+    idx: Vec<u32>,
+    cur: u32,
+    rows: Vec<f32>,
+}
+
+/// Extracts through a static cache (hits served from it) and, with Match, from the previous
+/// batch's rows (reused), gathering only the rest from the host store. Guarantees: `out` is
+/// exactly what [`crate::PlainExtractor`] writes (bit for bit); each row is counted once, as
+/// cache if cached, else reused if in the previous batch (Match on), else host, so
+/// `bytes_total == bytes_from_cache + bytes_reused + bytes_from_host`.
+pub struct CachedExtractor {
+    ds: Arc<Dataset>,
+    cache: Option<FeatureCache>,
+    prev: Option<Previous>,
+}
+
+impl CachedExtractor {
+    /// An extractor over `ds`'s features with an optional cache (built from the same features)
+    /// and Match on or off. Errors if the dataset has no features or the cache's shape differs.
+    pub fn new(
+        ds: Arc<Dataset>,
+        cache: Option<FeatureCache>,
+        match_previous: bool,
+    ) -> Result<Self> {
+        let f = ds.features.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "{}: the dataset has no features; import it with --random-features DIM",
+                ds.dir.display()
+            ))
+        })?;
+        if let Some(c) = &cache {
+            if c.dim() != f.dim || c.row_bytes() != f.row_bytes() {
+                return Err(Error::Invalid("cache built from other features".into()));
+            }
+        }
+        let n = f.num_rows();
+        let prev = match_previous.then(|| Previous {
+            stamp: vec![0; n],
+            idx: vec![0; n],
+            cur: 0,
+            rows: Vec::new(),
+        });
+        Ok(CachedExtractor { ds, cache, prev })
+    }
+
+    /// The cache, if any.
+    pub fn cache(&self) -> Option<&FeatureCache> {
+        self.cache.as_ref()
+    }
+
+    /// Whether Match (reuse of the previous batch) is on.
+    pub fn matches_previous(&self) -> bool {
+        self.prev.is_some()
+    }
+
+    /// Forgets the previous batch (the next extraction reuses nothing), e.g. when the device
+    /// buffer was freed between epochs.
+    pub fn forget_previous(&mut self) {
+        if let Some(p) = &mut self.prev {
+            p.cur = p.cur.wrapping_add(1);
+            if p.cur == 0 {
+                p.stamp.fill(0);
+                p.cur = 1;
+            }
+            p.rows.clear();
+        }
+    }
+}
+
+impl Extractor for CachedExtractor {
+    fn dim(&self) -> usize {
+        self.ds.features.as_ref().map_or(0, |f| f.dim)
+    }
+
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats {
+        let ds = self.ds.clone();
+        let f = ds.features.as_ref().expect("checked in new");
+        let d = f.dim;
+        out.resize(input_nodes.len() * d, 0.0);
+        let cache = self.cache.as_ref();
+        let prev = self.prev.as_ref().filter(|p| p.cur != 0);
+        // Per row: (cache, reused, host) row counts.
+        let (c, r, h) = if d == 0 {
+            (0, 0, input_nodes.len() as u64)
+        } else {
+            out.par_chunks_mut(d)
+                .zip(input_nodes.par_iter())
+                .map(|(o, &v)| {
+                    if let Some(s) = cache.and_then(|c| c.slot(v)) {
+                        cache.unwrap().copy_row(s, o);
+                        return (1u64, 0u64, 0u64);
+                    }
+                    if let Some(p) = prev {
+                        if p.stamp[v as usize] == p.cur {
+                            let i = p.idx[v as usize] as usize;
+                            o.copy_from_slice(&p.rows[i * d..(i + 1) * d]);
+                            return (0, 1, 0);
+                        }
+                    }
+                    f.copy_row(v as usize, o);
+                    (0, 0, 1)
+                })
+                .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+        };
+        if self.prev.is_some() {
+            self.forget_previous();
+            let p = self.prev.as_mut().unwrap();
+            for (i, &v) in input_nodes.iter().enumerate() {
+                p.stamp[v as usize] = p.cur;
+                p.idx[v as usize] = i as u32;
+            }
+            p.rows.clear();
+            p.rows.extend_from_slice(out);
+        }
+        let rb = f.row_bytes() as u64;
+        ExtractStats {
+            rows: input_nodes.len() as u64,
+            bytes_total: input_nodes.len() as u64 * rb,
+            bytes_from_cache: c * rb,
+            bytes_reused: r * rb,
+            bytes_from_host: h * rb,
+        }
+    }
+}
+
+/// What the trainer asks for (`--cache-policy`, `--cache-ratio`/`--cache-bytes`,
+/// `--match-reorder`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheConfig {
+    /// Cache policy; `None` = no cache.
+    pub policy: Option<Policy>,
+    /// Cache size (ignored without a policy).
+    pub size: CacheSize,
+    /// Reuse the previous batch's rows (FastGL Match). Reordering is the caller's: buffer a
+    /// window of batches and run [`crate::reorder_batches`] on it.
+    pub match_previous: bool,
+    /// Seed of the random policy.
+    pub seed: u64,
+}
+
+/// What PreSC pre-samples: the trainer's own sampler, training set and loader configuration
+/// (pre-sampling epochs are keyed apart from training epochs, see [`crate::presc`]).
+pub struct PreSampling<'a> {
+    /// The sampler the trainer uses.
+    pub sampler: Arc<dyn Sampler>,
+    /// The training set.
+    pub seeds: &'a [u32],
+    /// The trainer's loader configuration (batch size, shuffle, seed, pool).
+    pub loader: LoaderConfig,
+}
+
+/// What [`build_extractor`] set up, for logs.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CacheSummary {
+    /// Policy name, or "none".
+    pub policy: String,
+    /// Cached rows.
+    pub rows: usize,
+    /// Cached rows / |V|.
+    pub ratio: f64,
+    /// Bytes of cached rows.
+    pub bytes: u64,
+    /// Match on.
+    pub match_previous: bool,
+}
+
+/// Builds the extractor for `cfg`: ranks vertices by the policy (PreSC pre-samples
+/// `pre`), loads the top rows into a [`FeatureCache`] and wraps it in a [`CachedExtractor`].
+/// Errors: no features; PreSC without `pre`; `optimal`, which is an evaluation oracle (it needs
+/// the future trace; use `fanout cache-sim`).
+pub fn build_extractor(
+    ds: Arc<Dataset>,
+    cfg: &CacheConfig,
+    pre: Option<&PreSampling>,
+) -> Result<(CachedExtractor, CacheSummary)> {
+    let f = ds.features.as_ref().ok_or_else(|| {
+        Error::Invalid(format!("{}: the dataset has no features", ds.dir.display()))
+    })?;
+    let n = ds.num_nodes() as usize;
+    let cache = match cfg.policy {
+        None => None,
+        Some(p) => {
+            let rows = cfg.size.rows(n, f.row_bytes());
+            let ranking = match p {
+                Policy::Random => random_ranking(n, cfg.seed),
+                Policy::Degree => degree_ranking(&ds.topology),
+                Policy::PreSC(k) => {
+                    let pre = pre.ok_or_else(|| {
+                        Error::Invalid("PreSC needs the sampler and training set".into())
+                    })?;
+                    presc_ranking(&pre.sampler, pre.seeds, &pre.loader, k)?
+                }
+                Policy::Optimal => {
+                    return Err(Error::Invalid(
+                        "the optimal policy is an evaluation oracle (it needs the evaluated \
+                         epoch's trace); use `fanout cache-sim`"
+                            .into(),
+                    ))
+                }
+            };
+            Some(FeatureCache::build(f, &ranking[..rows])?)
+        }
+    };
+    let summary = CacheSummary {
+        policy: cfg.policy.map_or("none".into(), |p| p.to_string()),
+        rows: cache.as_ref().map_or(0, FeatureCache::len),
+        ratio: cache
+            .as_ref()
+            .map_or(0.0, |c| c.len() as f64 / n.max(1) as f64),
+        bytes: cache.as_ref().map_or(0, FeatureCache::bytes),
+        match_previous: cfg.match_previous,
+    };
+    Ok((
+        CachedExtractor::new(ds, cache, cfg.match_previous)?,
+        summary,
+    ))
+}

@@ -1,0 +1,263 @@
+//! Cross-module tests on small synthetic graphs: cached extraction is exact, simulated byte
+//! counts match what the extractor measures, the oracle bounds every policy, PreSC is
+//! deterministic.
+
+use crate::cached::{build_extractor, CacheConfig, CachedExtractor, PreSampling};
+use crate::extract::{ExtractStats, Extractor, PlainExtractor};
+use crate::policy::{degree_ranking, random_ranking, Policy};
+use crate::presc::{presample_counts, presc_ranking};
+use crate::sim::{simulate, SimConfig};
+use crate::table::{CacheSize, FeatureCache};
+use crate::trace::Trace;
+use fanout_graph::{Dataset, FeatDtype, NoProgress};
+use fanout_sample::{KHopConfig, KHopSampler, LoaderConfig, RemapKind, Sampler};
+use fanout_synth::{generate, GenOptions, Preset};
+use std::sync::Arc;
+
+fn dataset(dtype: FeatDtype) -> Arc<Dataset> {
+    let cfg = Preset::Tiny.config(Some(3000));
+    let opts = GenOptions {
+        seed: 3,
+        feat_dtype: dtype,
+        ..Default::default()
+    };
+    Arc::new(generate(&cfg, &opts, None, &NoProgress).unwrap().0)
+}
+
+fn sampler(ds: &Arc<Dataset>) -> Arc<dyn Sampler> {
+    let cfg = KHopConfig {
+        fanouts: vec![5, 3],
+        replace: false,
+        remap: RemapKind::Auto,
+    };
+    Arc::new(KHopSampler::new(ds.clone(), cfg).unwrap())
+}
+
+fn loader(seed: u64) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: 64,
+        seed,
+        workers: 1,
+        prefetch: 2,
+        ..Default::default()
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn cached_extraction_equals_plain_extraction_byte_for_byte() {
+    for dtype in [FeatDtype::F32, FeatDtype::F16] {
+        let ds = dataset(dtype);
+        let s = sampler(&ds);
+        let seeds = ds.train.to_vec();
+        let trace = Trace::record(s.clone(), &seeds, &loader(1), 0).unwrap();
+        let n = ds.num_nodes() as usize;
+        let rankings = [
+            random_ranking(n, 9),
+            degree_ranking(&ds.topology),
+            presc_ranking(&s, &seeds, &loader(1), 1).unwrap(),
+        ];
+        let mut plain = PlainExtractor::new(ds.clone()).unwrap();
+        for (ranking, alpha) in rankings.iter().zip([0.05, 0.3, 1.0]) {
+            for match_previous in [false, true] {
+                let f = ds.features.as_ref().unwrap();
+                let rows = CacheSize::Ratio(alpha).rows(n, f.row_bytes());
+                let cache = FeatureCache::build(f, &ranking[..rows]).unwrap();
+                assert_eq!(cache.bytes(), (rows * f.row_bytes()) as u64);
+                let mut ex = CachedExtractor::new(ds.clone(), Some(cache), match_previous).unwrap();
+                let (mut a, mut b) = (Vec::new(), vec![1.0; 3]);
+                let mut total = ExtractStats::default();
+                for batch in trace.batches() {
+                    let sp = plain.extract(batch, &mut a);
+                    let sc = ex.extract(batch, &mut b);
+                    assert_eq!(
+                        bits(&a),
+                        bits(&b),
+                        "{dtype:?} alpha {alpha} match {match_previous}"
+                    );
+                    assert_eq!((sc.rows, sc.bytes_total), (sp.rows, sp.bytes_total));
+                    assert_eq!(
+                        sc.bytes_total,
+                        sc.bytes_from_cache + sc.bytes_reused + sc.bytes_from_host
+                    );
+                    total.add(&sc);
+                }
+                assert_eq!(total.bytes_reused > 0, match_previous && alpha < 1.0);
+                if alpha == 1.0 {
+                    assert_eq!(total.hit_rate(), 1.0);
+                }
+            }
+        }
+        // Match alone, no cache.
+        let mut ex = CachedExtractor::new(ds.clone(), None, true).unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for batch in trace.batches() {
+            plain.extract(batch, &mut a);
+            ex.extract(batch, &mut b);
+            assert_eq!(bits(&a), bits(&b));
+        }
+    }
+}
+
+#[test]
+fn simulated_bytes_equal_measured_bytes_and_optimal_bounds_every_policy() {
+    for (dtype, epochs) in [
+        (FeatDtype::F32, 1),
+        (FeatDtype::F16, 1),
+        (FeatDtype::F32, 3),
+    ] {
+        let ds = dataset(dtype);
+        let s = sampler(&ds);
+        let seeds = ds.train.to_vec();
+        let f = ds.features.as_ref().unwrap();
+        let cfg = SimConfig {
+            policies: vec![
+                Policy::Random,
+                Policy::Degree,
+                Policy::PreSC(1),
+                Policy::PreSC(2),
+                Policy::Optimal,
+            ],
+            ratios: vec![0.01, 0.05, 0.2],
+            match_reorder: true,
+            window: 0,
+            seed: 4,
+            eval_epoch: 0,
+            eval_epochs: epochs,
+            similarity: true,
+        };
+        let rep = simulate(s.clone(), &seeds, &loader(2), f.row_bytes(), &cfg).unwrap();
+        assert_eq!(rep.rows.len(), 15);
+        assert_eq!(rep.row_bytes, f.row_bytes());
+        let trace = Trace::record_epochs(s.clone(), &seeds, &loader(2), 0, epochs).unwrap();
+        assert_eq!(trace.num_epochs() as u64, epochs);
+        for row in &rep.rows {
+            assert!(row.hit_rate <= row.optimal_hit_rate + 1e-12, "{row:?}");
+            assert!((0.0..=1.0).contains(&row.hit_rate));
+            assert!(row.match_bytes_from_host.unwrap() <= row.bytes_from_host);
+            if row.policy == "optimal" {
+                assert_eq!(row.hit_rate, row.optimal_hit_rate);
+            }
+            // Replay the cell through the real extractor: same bytes.
+            let policy: Policy = row.policy.parse().unwrap();
+            let n = ds.num_nodes() as usize;
+            let ranking = match policy {
+                Policy::Random => random_ranking(n, 4),
+                Policy::Degree => degree_ranking(&ds.topology),
+                Policy::PreSC(k) => presc_ranking(&s, &seeds, &loader(2), k).unwrap(),
+                Policy::Optimal => crate::optimal::optimal_ranking(&trace),
+            };
+            let cache = FeatureCache::build(f, &ranking[..row.cached_rows]).unwrap();
+            let mut ex = CachedExtractor::new(ds.clone(), Some(cache), true).unwrap();
+            let mut out = Vec::new();
+            let mut st = ExtractStats::default();
+            for b in trace.batches() {
+                st.add(&ex.extract(b, &mut out));
+            }
+            assert_eq!(st.bytes_total, row.bytes_needed);
+            assert_eq!(st.bytes_from_cache, row.bytes_from_cache, "{row:?}");
+            assert_eq!(st.bytes_from_host, row.match_bytes_from_host.unwrap());
+        }
+        let sim = rep.similarity.unwrap();
+        assert!((0.0..=1.0).contains(&sim.footprint_similarity));
+        assert_eq!(sim.matching.batches, rep.batches);
+        assert!(sim.matching.avg_m > 0.0);
+    }
+}
+
+#[test]
+fn presc_is_deterministic_per_seed_and_builds_through_the_trainer_entry_point() {
+    let ds = dataset(FeatDtype::F32);
+    let s = sampler(&ds);
+    let seeds = ds.train.to_vec();
+    let a = presample_counts(&s, &seeds, &loader(5), 2).unwrap();
+    let b = presample_counts(
+        &s,
+        &seeds,
+        &LoaderConfig {
+            workers: 3,
+            ..loader(5)
+        },
+        2,
+    )
+    .unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, presample_counts(&s, &seeds, &loader(6), 2).unwrap());
+    assert!(presample_counts(&s, &seeds, &loader(5), 0).is_err());
+
+    let pre = PreSampling {
+        sampler: s.clone(),
+        seeds: &seeds,
+        loader: loader(5),
+    };
+    let cfg = CacheConfig {
+        policy: Some(Policy::PreSC(1)),
+        size: CacheSize::Ratio(0.1),
+        match_previous: true,
+        seed: 0,
+    };
+    let (ex, sum) = build_extractor(ds.clone(), &cfg, Some(&pre)).unwrap();
+    assert_eq!(sum.rows, 300);
+    assert_eq!(
+        ex.cache().unwrap().vertices(),
+        &presc_ranking(&s, &seeds, &loader(5), 1).unwrap()[..300]
+    );
+    assert!(ex.matches_previous());
+    assert!(build_extractor(ds.clone(), &cfg, None).is_err());
+    let opt = CacheConfig {
+        policy: Some(Policy::Optimal),
+        ..cfg.clone()
+    };
+    assert!(build_extractor(ds.clone(), &opt, Some(&pre)).is_err());
+    let none = CacheConfig {
+        policy: None,
+        ..cfg
+    };
+    let (ex, sum) = build_extractor(ds, &none, None).unwrap();
+    assert!(ex.cache().is_none() && sum.rows == 0 && sum.policy == "none");
+}
+
+/// A directed graph stored in `layout`: arcs 0->1, 0->2, 0->3, 1->2, 3->2 (vertex 0 has the
+/// largest out-degree, vertex 2 the largest in-degree).
+fn directed(layout: fanout_graph::Layout) -> Arc<Dataset> {
+    use fanout_graph::{build_topology, BuildOptions, DatasetWriter, Meta, SliceArcs};
+    let arcs: Vec<(u64, u64)> = vec![(0, 1), (0, 2), (0, 3), (1, 2), (3, 2)];
+    let mut w = DatasetWriter::temporary().unwrap();
+    let opts = BuildOptions {
+        layout,
+        num_nodes: Some(5),
+        ..Default::default()
+    };
+    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
+    let meta = Meta {
+        num_node: 5,
+        num_edge: st.num_arcs,
+        layout,
+        ..Meta::default()
+    };
+    Arc::new(w.finish(meta, &NoProgress).unwrap())
+}
+
+#[test]
+fn degree_policy_follows_the_sampling_direction() {
+    use fanout_graph::Layout;
+    // CSC rows are in-neighbours: a vertex is drawn into others' lists once per out-arc.
+    let csc = directed(Layout::Csc);
+    assert_eq!(
+        crate::policy::degree_scores(&csc.topology),
+        csc.topology.out_degrees()
+    );
+    assert_eq!(degree_ranking(&csc.topology)[0], 0);
+    // CSR rows are out-neighbours: once per in-arc.
+    let csr = directed(Layout::Csr);
+    assert_eq!(
+        crate::policy::degree_scores(&csr.topology),
+        csr.topology.in_degrees()
+    );
+    assert_eq!(degree_ranking(&csr.topology)[0], 2);
+    // Ties (vertices 1 and 3 in CSC: out-degree 1 each) go to the larger id.
+    assert_eq!(&degree_ranking(&csc.topology)[1..3], &[3, 1]);
+}

@@ -1,0 +1,57 @@
+//! fanout's execution layer: how a training run is scheduled.
+//!
+//! An epoch is a pipeline of three stages, each on its own threads, joined by bounded queues
+//! ([`Pipeline`]):
+//!
+//! ```text
+//! sample (Loader workers) --queue--> extract (1 thread, an Extractor) --queue--> train (caller)
+//! ```
+//!
+//! so an epoch costs close to its slowest stage rather than the sum. Every stage has a busy
+//! timer ([`StageClock`]); [`EpochMetrics`] reports them with the wall time, the loss and the
+//! accuracies, and [`RunMetrics`] a whole run (the JSON of `fanout train --metrics-out`).
+//!
+//! [`Trainer`] owns a model and its optimiser on one [`Backend`](fanout_compute::Backend) and
+//! turns prepared batches into steps; [`fit`] drives epochs with evaluation on the validation
+//! and test sets every `k` epochs and keeps the best-validation model.
+//!
+//! Room for the strategies of later issues: a pipeline is built from an `Arc<dyn Sampler>` and
+//! a `Box<dyn Extractor>` only, and a trainer from a backend only, so a worker bound to a
+//! device is "one pipeline feeding one trainer". Caches sit behind the extractor (GNNLab /
+//! PaGraph); factored placement (GNNLab) runs the sample stage of one pipeline on another
+//! device; data-parallel (PaGraph) runs one pipeline+trainer per device over a partition of the
+//! seeds with a gradient all-reduce between [`Trainer::compute_gradients`] and
+//! [`Trainer::apply_gradients`]; split-parallel (GSplit) and hybrid (MorphGL) replace the
+//! extract/train split of one batch. None of those exist yet.
+
+pub mod error;
+pub mod metrics;
+pub mod pipeline;
+pub mod trainer;
+
+pub use error::{ExecError, Result};
+pub use metrics::{EpochMetrics, RunMetrics, StageClock};
+pub use pipeline::{EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
+pub use trainer::{fit, BatchOutcome, FitConfig, FitObserver, Trainer, EVAL_EPOCH};
+
+/// Tunes the C allocator for training's allocation pattern: large buffers of similar sizes
+/// freed and re-requested every step. With glibc's defaults every buffer above 128 KiB is a
+/// fresh `mmap` (page faults and zeroing on each step) and freed memory is returned at once;
+/// this raises the mmap threshold to 1 GiB and disables trimming so freed buffers are reused.
+/// Process-wide; call once at start-up. No effect (and harmless) on other C libraries.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        // SAFETY: mallopt only changes allocator tuning parameters; glibc documents it as safe
+        // to call at any time.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 1 << 30);
+            mallopt(M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
+}

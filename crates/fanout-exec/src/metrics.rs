@@ -1,0 +1,131 @@
+//! Stage timers and the metrics of epochs and runs.
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Busy time of one pipeline stage, summed over every thread working in it (so a stage run by
+/// two threads may report more busy seconds than wall seconds). Cheap to update from any
+/// thread.
+#[derive(Debug, Default)]
+pub struct StageClock {
+    nanos: AtomicU64,
+}
+
+impl StageClock {
+    /// Adds the time elapsed since `start`.
+    pub fn add_since(&self, start: Instant) {
+        self.nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Busy seconds so far.
+    pub fn seconds(&self) -> f64 {
+        self.nanos.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// Returns the busy seconds so far and restarts from zero.
+    pub fn take(&self) -> f64 {
+        self.nanos.swap(0, Ordering::Relaxed) as f64 * 1e-9
+    }
+}
+
+/// What one epoch cost and achieved. Times are seconds; `sample_s`, `extract_s` and `train_s`
+/// are busy times of the three stages during the training pass (not evaluation), `wait_s` the
+/// time the train stage waited for input (0 when the pipeline kept up). Accuracies are in
+/// `0..=1`; `val_acc` / `test_acc` are `None` in epochs without evaluation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EpochMetrics {
+    /// Epoch number, from 0.
+    pub epoch: u64,
+    /// Wall time of the training pass.
+    pub wall_s: f64,
+    /// Busy time of the sample stage (all sampling threads together).
+    pub sample_s: f64,
+    /// Busy time of the extract stage.
+    pub extract_s: f64,
+    /// Busy time of the train stage (forward, backward, optimiser).
+    pub train_s: f64,
+    /// Time the train stage spent waiting for a prepared batch.
+    pub wait_s: f64,
+    /// Wall time of evaluation (0 without evaluation).
+    pub eval_s: f64,
+    /// Mean training loss over the labelled seeds of the epoch.
+    pub loss: f64,
+    /// Accuracy on the training seeds, from the training forward passes (dropout on).
+    pub train_acc: f64,
+    /// Validation accuracy, when evaluated this epoch.
+    pub val_acc: Option<f64>,
+    /// Test accuracy, when evaluated this epoch.
+    pub test_acc: Option<f64>,
+    /// Mini-batches trained.
+    pub batches: u64,
+    /// Sampled edges over the epoch's batches.
+    pub edges: u64,
+    /// Input nodes (feature rows extracted) over the epoch's batches.
+    pub input_nodes: u64,
+}
+
+/// A whole run: the per-epoch metrics and the test accuracy of the best-validation epoch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunMetrics {
+    /// Test accuracy of the epoch with the best validation accuracy (ties: earliest), in
+    /// `0..=1`; without validation set, of the last evaluated epoch.
+    pub test_acc: f64,
+    /// Validation accuracy of that epoch.
+    pub best_val_acc: f64,
+    /// That epoch.
+    pub best_epoch: u64,
+    /// Median `wall_s` over epochs 1.. (epoch 0 is warm-up); epoch 0's when it is the only one.
+    pub median_epoch_s: f64,
+    /// Every epoch, in order.
+    pub epochs: Vec<EpochMetrics>,
+}
+
+impl RunMetrics {
+    /// Median of `wall_s` excluding epoch 0 (or epoch 0 alone if nothing else ran).
+    pub fn median_epoch_time(epochs: &[EpochMetrics]) -> f64 {
+        let mut w: Vec<f64> = epochs.iter().skip(1).map(|e| e.wall_s).collect();
+        if w.is_empty() {
+            return epochs.first().map_or(0.0, |e| e.wall_s);
+        }
+        w.sort_by(f64::total_cmp);
+        let n = w.len();
+        if n % 2 == 1 {
+            w[n / 2]
+        } else {
+            0.5 * (w[n / 2 - 1] + w[n / 2])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_skips_warmup() {
+        let e = |w| EpochMetrics {
+            wall_s: w,
+            ..Default::default()
+        };
+        assert_eq!(RunMetrics::median_epoch_time(&[e(9.0)]), 9.0);
+        assert_eq!(
+            RunMetrics::median_epoch_time(&[e(9.0), e(1.0), e(3.0)]),
+            2.0
+        );
+        assert_eq!(
+            RunMetrics::median_epoch_time(&[e(9.0), e(1.0), e(5.0), e(3.0)]),
+            3.0
+        );
+    }
+
+    #[test]
+    fn clock_accumulates_and_resets() {
+        let c = StageClock::default();
+        c.add_since(Instant::now() - std::time::Duration::from_millis(5));
+        assert!(c.seconds() >= 0.005);
+        assert!(c.take() >= 0.005);
+        assert_eq!(c.seconds(), 0.0);
+    }
+}

@@ -1,0 +1,266 @@
+//! The train stage: one model and its optimiser on one backend, and [`fit`], the epoch loop
+//! with periodic evaluation.
+
+use crate::error::{ExecError, Result};
+use crate::metrics::{EpochMetrics, RunMetrics};
+use crate::pipeline::{Pipeline, Prepared};
+use fanout_compute::{Backend, BlockRef, Mode, Model, Optimizer, Tensor};
+use std::time::Instant;
+
+/// The epoch number evaluation batches are sampled under. Evaluation always uses this one key
+/// (with the run's seed), so every evaluation of a model sees the same sampled neighbourhoods
+/// and a reloaded model reproduces the accuracy exactly.
+pub const EVAL_EPOCH: u64 = u64::MAX;
+
+/// Result of one training step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchOutcome {
+    /// Mean cross-entropy over the labelled seeds.
+    pub loss: f64,
+    /// Seeds whose arg-max prediction equals their label.
+    pub correct: usize,
+    /// Seeds with a label (the loss's divisor).
+    pub labelled: usize,
+}
+
+/// A model with its optimiser on one backend: the train stage of a pipeline. Guarantee: given
+/// the same prepared batches in the same order, the parameters after each step are a pure
+/// function of the model's initial parameters (deterministic kernels, dropout keyed by step).
+pub struct Trainer<B: Backend> {
+    model: Model<B>,
+    opt: Box<dyn Optimizer<B> + Send>,
+}
+
+fn block_refs(p: &Prepared) -> Vec<BlockRef<'_>> {
+    p.batch
+        .blocks
+        .iter()
+        .map(|b| BlockRef {
+            num_dst: b.num_dst,
+            num_src: b.num_src,
+            indptr: &b.indptr,
+            indices: &b.indices,
+            weights: b.weights.as_deref(),
+        })
+        .collect()
+}
+
+fn labels(p: &Prepared) -> Result<&[i64]> {
+    p.batch.labels.as_deref().ok_or_else(|| {
+        ExecError::Invalid("the dataset has no labels (label.bin absent): cannot train".into())
+    })
+}
+
+impl<B: Backend> Trainer<B> {
+    /// A trainer updating `model` with `opt`.
+    pub fn new(model: Model<B>, opt: Box<dyn Optimizer<B> + Send>) -> Self {
+        Trainer { model, opt }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    /// The model, mutable.
+    pub fn model_mut(&mut self) -> &mut Model<B> {
+        &mut self.model
+    }
+
+    /// Gives the model back.
+    pub fn into_model(self) -> Model<B> {
+        self.model
+    }
+
+    fn forward(&mut self, p: Prepared, mode: Mode) -> Result<B::Tensor> {
+        let blocks = self.model.prepare_blocks(&block_refs(&p))?;
+        let rows = p.batch.input_nodes.len();
+        let x = Tensor::new(rows, p.dim, p.features);
+        let be = self.model.backend().clone();
+        Ok(self.model.forward(&blocks, be.upload_owned(x), mode)?)
+    }
+
+    /// Forward and backward of one batch: the parameter gradients are *replaced* by this
+    /// batch's (zeroed first). Split from [`Trainer::apply_gradients`] so that data-parallel
+    /// workers can all-reduce gradients in between.
+    pub fn compute_gradients(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
+        let labels = labels(&p)?.to_vec();
+        let logits = self.forward(p, Mode::Train { dropout_key })?;
+        let be = self.model.backend().clone();
+        let ce = be.softmax_cross_entropy(&logits, &labels)?;
+        let (correct, labelled) = be.accuracy(&logits, &labels);
+        self.model.zero_grad();
+        self.model.backward(&ce.grad)?;
+        Ok(BatchOutcome {
+            loss: ce.loss as f64,
+            correct,
+            labelled,
+        })
+    }
+
+    /// One optimiser step from the current gradients.
+    pub fn apply_gradients(&mut self) -> Result<()> {
+        Ok(self.opt.step_model(&mut self.model)?)
+    }
+
+    /// A full training step: [`Trainer::compute_gradients`] then [`Trainer::apply_gradients`].
+    pub fn train_batch(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
+        let out = self.compute_gradients(p, dropout_key)?;
+        self.apply_gradients()?;
+        Ok(out)
+    }
+
+    /// `(correct, labelled)` predictions of one batch in evaluation mode (no dropout).
+    pub fn eval_batch(&mut self, p: Prepared) -> Result<(usize, usize)> {
+        let labels = labels(&p)?.to_vec();
+        let logits = self.forward(p, Mode::Eval)?;
+        Ok(self.model.backend().accuracy(&logits, &labels))
+    }
+
+    /// Accuracy (`0..=1`, 0 when nothing is labelled) over every seed of `pipe`, sampled under
+    /// [`EVAL_EPOCH`]. The pipeline's stage clocks are reset afterwards.
+    pub fn evaluate(&mut self, pipe: &Pipeline) -> Result<f64> {
+        let (mut correct, mut labelled) = (0usize, 0usize);
+        for p in pipe.epoch(EVAL_EPOCH) {
+            let (c, l) = self.eval_batch(p?)?;
+            correct += c;
+            labelled += l;
+        }
+        pipe.take_times();
+        Ok(if labelled == 0 {
+            0.0
+        } else {
+            correct as f64 / labelled as f64
+        })
+    }
+
+    fn snapshot(&self) -> Vec<Tensor> {
+        let be = self.model.backend();
+        self.model
+            .named_params()
+            .iter()
+            .map(|(_, p)| be.download(&p.value))
+            .collect()
+    }
+
+    fn restore(&mut self, params: &[Tensor]) {
+        let be = self.model.backend().clone();
+        for (p, v) in self.model.params_mut().into_iter().zip(params) {
+            p.value = be.upload(v);
+        }
+    }
+}
+
+/// How [`fit`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FitConfig {
+    /// Epochs to train (at least 1).
+    pub epochs: u64,
+    /// Evaluate after every `eval_every`-th epoch (and always after the last); 0 = only after
+    /// the last.
+    pub eval_every: u64,
+}
+
+/// Receives progress from [`fit`] (progress bars, logs). Every method has an empty default.
+pub trait FitObserver {
+    /// A training pass over `batches` batches begins.
+    fn epoch_start(&mut self, _epoch: u64, _batches: usize) {}
+    /// One training batch is done.
+    fn batch_done(&mut self, _outcome: &BatchOutcome) {}
+    /// Evaluation of the epoch begins.
+    fn eval_start(&mut self, _epoch: u64) {}
+    /// The epoch is finished (evaluation included).
+    fn epoch_end(&mut self, _metrics: &EpochMetrics) {}
+}
+
+impl FitObserver for () {}
+
+/// Trains for `cfg.epochs` epochs over `train`, evaluating on `valid` and `test` (when given)
+/// every `cfg.eval_every` epochs and after the last. On return the trainer holds the
+/// parameters of the best-validation epoch (the last evaluated one without a validation set),
+/// so saving it gives a model whose test accuracy is [`RunMetrics::test_acc`].
+pub fn fit<B: Backend>(
+    trainer: &mut Trainer<B>,
+    train: &Pipeline,
+    valid: Option<&Pipeline>,
+    test: Option<&Pipeline>,
+    cfg: FitConfig,
+    obs: &mut dyn FitObserver,
+) -> Result<RunMetrics> {
+    if cfg.epochs == 0 {
+        return Err(ExecError::Invalid("epochs must be at least 1".into()));
+    }
+    let mut run = RunMetrics::default();
+    let mut best: Option<(f64, Vec<Tensor>)> = None;
+    for epoch in 0..cfg.epochs {
+        obs.epoch_start(epoch, train.num_batches());
+        train.take_times();
+        let start = Instant::now();
+        let (mut train_s, mut wait_s) = (0.0, 0.0);
+        let (mut loss_sum, mut correct, mut labelled) = (0.0, 0usize, 0usize);
+        let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
+        let mut stream = train.epoch(epoch);
+        loop {
+            let t = Instant::now();
+            let Some(p) = stream.next() else { break };
+            wait_s += t.elapsed().as_secs_f64();
+            let p = p?;
+            let t = Instant::now();
+            edges += p.batch.num_edges() as u64;
+            inputs += p.batch.input_nodes.len() as u64;
+            let key = (epoch << 32) | batches;
+            let out = trainer.train_batch(p, key)?;
+            train_s += t.elapsed().as_secs_f64();
+            loss_sum += out.loss * out.labelled as f64;
+            correct += out.correct;
+            labelled += out.labelled;
+            batches += 1;
+            obs.batch_done(&out);
+        }
+        drop(stream);
+        let wall_s = start.elapsed().as_secs_f64();
+        let (sample_s, extract_s, _) = train.take_times();
+        let frac = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
+        let mut m = EpochMetrics {
+            epoch,
+            wall_s,
+            sample_s,
+            extract_s,
+            train_s,
+            wait_s,
+            loss: frac(loss_sum, labelled),
+            train_acc: frac(correct as f64, labelled),
+            batches,
+            edges,
+            input_nodes: inputs,
+            ..EpochMetrics::default()
+        };
+        let last = epoch + 1 == cfg.epochs;
+        if last || (cfg.eval_every > 0 && (epoch + 1) % cfg.eval_every == 0) {
+            obs.eval_start(epoch);
+            let t = Instant::now();
+            m.val_acc = valid.map(|v| trainer.evaluate(v)).transpose()?;
+            m.test_acc = test.map(|v| trainer.evaluate(v)).transpose()?;
+            m.eval_s = t.elapsed().as_secs_f64();
+            // Without a validation set, the latest evaluation counts as best.
+            let score = m.val_acc.unwrap_or(f64::INFINITY);
+            let better = match &best {
+                None => true,
+                Some((b, _)) => score > *b || score.is_infinite(),
+            };
+            if better {
+                best = Some((score, trainer.snapshot()));
+                run.best_epoch = epoch;
+                run.best_val_acc = m.val_acc.unwrap_or(0.0);
+                run.test_acc = m.test_acc.unwrap_or(0.0);
+            }
+        }
+        obs.epoch_end(&m);
+        run.epochs.push(m);
+    }
+    if let Some((_, params)) = best {
+        trainer.restore(&params);
+    }
+    run.median_epoch_s = RunMetrics::median_epoch_time(&run.epochs);
+    Ok(run)
+}

@@ -1,0 +1,101 @@
+//! Test graphs and statistics shared by the unit tests.
+
+use fanout_graph::{
+    build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
+    SliceArcs,
+};
+use fanout_rand::Rng;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// A dataset in a temporary directory from `arcs` (deduplicated), with labels `v % 7` and train
+/// set `0..n/2`.
+pub fn dataset(arcs: &[(u64, u64)], n: u64, layout: Layout) -> Arc<Dataset> {
+    let mut w = DatasetWriter::temporary().unwrap();
+    let opts = BuildOptions {
+        layout,
+        dedup: true,
+        num_nodes: Some(n),
+        ..Default::default()
+    };
+    let st = build_topology(&mut SliceArcs(arcs), &opts, &mut w, &NoProgress).unwrap();
+    let labels: Vec<i64> = (0..n as i64).map(|v| v % 7).collect();
+    w.write_array(files::LABEL, &labels).unwrap();
+    let train: Vec<u32> = (0..n as u32 / 2).collect();
+    w.write_array(files::TRAIN, &train).unwrap();
+    let meta = Meta {
+        num_node: n,
+        num_edge: st.num_arcs,
+        num_class: 7,
+        num_train_set: train.len() as u64,
+        layout,
+        ..Meta::default()
+    };
+    Arc::new(w.finish(meta, &NoProgress).unwrap())
+}
+
+/// A skewed random graph on `n` vertices: vertex 0 is a hub with `hub` in-neighbours, other
+/// in-degrees vary from 0 to about 40.
+pub fn random_graph(n: u64, hub: u64, seed: u64) -> Arc<Dataset> {
+    let mut r = Rng::new(seed);
+    let mut arcs: Vec<(u64, u64)> = (1..=hub.min(n - 1)).map(|s| (s, 0)).collect();
+    for d in 1..n {
+        let deg = if r.bernoulli(0.1) { 0 } else { r.below(40) };
+        for _ in 0..deg {
+            arcs.push((r.below(n), d));
+        }
+    }
+    dataset(&arcs, n, Layout::Csc)
+}
+
+/// Pearson's chi-square statistic.
+pub fn chi2(counts: &[u64], expected: &[f64]) -> f64 {
+    counts
+        .iter()
+        .zip(expected)
+        .map(|(&o, &e)| (o as f64 - e).powi(2) / e)
+        .sum()
+}
+
+/// Upper 10^-4 quantile of the chi-square distribution with `dof` degrees of freedom
+/// (Wilson-Hilferty; accurate to about 1% for dof >= 5).
+pub fn chi2_critical(dof: usize) -> f64 {
+    let k = dof as f64;
+    let z = 3.719; // standard normal upper 1e-4 quantile
+    let a = 2.0 / (9.0 * k);
+    k * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// A rayon pool with `t` threads.
+pub fn pool(t: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(t)
+        .build()
+        .unwrap()
+}
+
+/// The set of stored rows as (dst, src) pairs, for "every sampled edge exists" checks.
+pub fn arc_set(ds: &Dataset) -> HashSet<(u32, u32)> {
+    (0..ds.num_nodes())
+        .flat_map(|v| {
+            ds.topology
+                .row(v)
+                .iter()
+                .map(move |u| (v as u32, u as u32))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Checks that every block edge of `mb` is a stored arc (row dst lists src).
+pub fn assert_edges_exist(mb: &crate::MiniBatch, arcs: &HashSet<(u32, u32)>) {
+    let g = &mb.input_nodes;
+    for b in &mb.blocks {
+        for d in 0..b.num_dst {
+            for &s in b.row(d) {
+                let e = (g[d], g[s as usize]);
+                assert!(arcs.contains(&e), "sampled edge {e:?} is not in the graph");
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! `fanout sample-bench`: sampling throughput of one sampler on one dataset, in sampled edges
+//! per second (SEPS), batches per second and mean input nodes per batch.
+
+use clap::{Args, ValueEnum};
+use fanout_graph::Dataset;
+use fanout_sample::{
+    layout_note, parse_fanouts, AliasTables, KHopConfig, KHopSampler, LayerwiseConfig,
+    LayerwiseSampler, Loader, LoaderConfig, RandomWalkConfig, RandomWalkSampler, RemapKind,
+    Sampler, WeightedConfig, WeightedSampler,
+};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Measure sampling throughput in sampled edges per second (SEPS, edges summed over all blocks)
+///
+/// Samples the training set in shuffled mini-batches through the prefetching loader, after
+/// `--warmup` untimed batches. Fanouts are in hop order from the seeds: "15,10,5" means each
+/// seed draws 15 neighbours, each of those 10, each of those 5 (DGL lists the same fanouts
+/// reversed, from the input layer).
+///
+/// Example: fanout sample-bench --dataset data/products --fanouts 15,10,5 --batch-size 8000 --json
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct SampleBenchArgs {
+    /// Dataset directory.
+    #[arg(long)]
+    dataset: PathBuf,
+    /// Sampling algorithm.
+    #[arg(long, value_enum, default_value = "khop")]
+    sampler: SamplerArg,
+    /// Per-hop sizes in hop order from the seeds (first = the seeds' hop). khop/weighted:
+    /// neighbours per vertex (-1 = all); randomwalk: top-k neighbours per layer; layerwise:
+    /// vertices per layer.
+    #[arg(long, default_value = "15,10,5")]
+    fanouts: String,
+    /// Seeds per mini-batch.
+    #[arg(long, default_value_t = 8000)]
+    batch_size: usize,
+    /// Sample neighbours with replacement (khop, weighted).
+    #[arg(long)]
+    replace: bool,
+    /// Threads of the sampling pool (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Number of epochs to time (default 1 unless --batches is given).
+    #[arg(long, conflicts_with = "batches")]
+    epochs: Option<u64>,
+    /// Number of batches to time (crossing epochs when needed).
+    #[arg(long)]
+    batches: Option<usize>,
+    /// Untimed batches sampled first (page cache, allocations).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Seed of the run: shuffles and random streams are keyed by (seed, epoch, step).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Batches sampled concurrently by the loader (each batch is parallel over the pool).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Batches sampled ahead of the consumer.
+    #[arg(long, default_value_t = 4)]
+    prefetch: usize,
+    /// Global-to-local id table.
+    #[arg(long, value_enum, default_value = "auto")]
+    remap: RemapArg,
+    /// Random walks per vertex (randomwalk).
+    #[arg(long, default_value_t = 4)]
+    walks: u32,
+    /// Maximum steps per walk (randomwalk).
+    #[arg(long, default_value_t = 3)]
+    walk_length: u32,
+    /// Probability of stopping a walk after each step (randomwalk).
+    #[arg(long, default_value_t = 0.5)]
+    stop_prob: f64,
+    /// Print one JSON object on stdout (keys include seps, batches_per_s, mean_input_nodes,
+    /// threads) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum SamplerArg {
+    /// Uniform k-hop neighbour sampling.
+    Khop,
+    /// Weighted k-hop through alias tables (needs weight.bin; tables are built and saved once).
+    Weighted,
+    /// PinSAGE random-walk neighbourhoods.
+    Randomwalk,
+    /// LADIES-style layer-wise importance sampling.
+    Layerwise,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RemapArg {
+    /// Dense for small graphs or dense batches, hash otherwise.
+    Auto,
+    /// One slot per graph vertex.
+    Dense,
+    /// Concurrent open-addressing hash table (FastGL Fused-Map).
+    Hash,
+}
+
+/// Runs the benchmark and prints its figures.
+pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("sample-{i}"))
+            .build()
+            .map_err(|e| format!("cannot start {threads} sampling threads: {e}"))?,
+    );
+    let ds = Arc::new(Dataset::open(&args.dataset).map_err(|e| e.to_string())?);
+    if let Some(note) = layout_note(&ds) {
+        eprintln!("{note}");
+    }
+    let fanouts = parse_fanouts(&args.fanouts).map_err(|e| format!("--fanouts: {e}"))?;
+    let sampler = pool.install(|| build_sampler(args, &ds, fanouts.clone()))?;
+    let train = ds.train.to_vec();
+    if train.is_empty() {
+        return Err(format!(
+            "{}: the dataset has no training vertices (NUM_TRAIN_SET 0); nothing to sample",
+            args.dataset.display()
+        ));
+    }
+    let cfg = LoaderConfig {
+        batch_size: args.batch_size,
+        seed: args.seed,
+        workers: args.workers,
+        prefetch: args.prefetch,
+        pool: Some(pool.clone()),
+        ..Default::default()
+    };
+    let loader = Loader::new(sampler, train, cfg).map_err(|e| e.to_string())?;
+    let per_epoch = loader.num_batches();
+    let total = match (args.batches, args.epochs) {
+        (Some(b), _) => b,
+        (None, e) => per_epoch * e.unwrap_or(1) as usize,
+    };
+    if total == 0 {
+        return Err("nothing to time: --batches/--epochs give zero batches".into());
+    }
+
+    // Warm-up on an epoch number the timed run never uses.
+    for mb in loader.epoch(u64::MAX).take(args.warmup) {
+        mb.map_err(|e| e.to_string())?;
+    }
+
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(total as u64);
+        b.set_draw_target(ProgressDrawTarget::stderr_with_hz(4));
+        b.set_style(
+            ProgressStyle::with_template(
+                "sampling [{bar:30}] {human_pos}/{human_len} batches ({per_sec}, ETA {eta})",
+            )
+            .unwrap()
+            .progress_chars("=> "),
+        );
+        b
+    };
+    let (mut batches, mut edges, mut inputs) = (0usize, 0u64, 0u64);
+    let start = Instant::now();
+    let mut secs = 0.0;
+    'epochs: for epoch in 0.. {
+        for mb in loader.epoch(epoch) {
+            let mb = mb.map_err(|e| e.to_string())?;
+            edges += mb.num_edges() as u64;
+            inputs += mb.input_nodes.len() as u64;
+            batches += 1;
+            bar.inc(1);
+            if batches == total {
+                // Stop the clock before the iterator's drop waits for batches sampled ahead.
+                secs = start.elapsed().as_secs_f64();
+                break 'epochs;
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let seps = edges as f64 / secs;
+    let batches_per_s = batches as f64 / secs;
+    let mean_input_nodes = inputs as f64 / batches as f64;
+    if args.json {
+        let out = serde_json::json!({
+            "dataset": args.dataset.display().to_string(),
+            "sampler": args.sampler.to_possible_value().unwrap().get_name(),
+            "fanouts_hop_order": args.fanouts,
+            "batch_size": args.batch_size,
+            "replace": args.replace,
+            "threads": threads,
+            "workers": args.workers,
+            "batches": batches,
+            "batches_per_epoch": per_epoch,
+            "sampled_edges": edges,
+            "seconds": secs,
+            "seps": seps,
+            "batches_per_s": batches_per_s,
+            "mean_input_nodes": mean_input_nodes,
+            "mean_edges_per_batch": edges as f64 / batches as f64,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{} sampler on {} ({} vertices, {} arcs), fanouts {} (hop order from the seeds), batch size {}, {} threads",
+            args.sampler.to_possible_value().unwrap().get_name(),
+            args.dataset.display(),
+            ds.num_nodes(),
+            ds.num_arcs(),
+            args.fanouts,
+            args.batch_size,
+            threads
+        );
+        println!(
+            "{batches} batches in {secs:.2} s: {:.3} M sampled edges/s (SEPS), {batches_per_s:.2} batches/s, mean input nodes {mean_input_nodes:.0}, mean edges {:.0} per batch",
+            seps / 1e6,
+            edges as f64 / batches as f64
+        );
+    }
+    Ok(())
+}
+
+fn build_sampler(
+    args: &SampleBenchArgs,
+    ds: &Arc<Dataset>,
+    fanouts: Vec<u32>,
+) -> Result<Arc<dyn Sampler>, String> {
+    let remap = match args.remap {
+        RemapArg::Auto => RemapKind::Auto,
+        RemapArg::Dense => RemapKind::Dense,
+        RemapArg::Hash => RemapKind::Hash,
+    };
+    let e = |e: fanout_graph::Error| e.to_string();
+    Ok(match args.sampler {
+        SamplerArg::Khop => Arc::new(
+            KHopSampler::new(
+                ds.clone(),
+                KHopConfig {
+                    fanouts,
+                    replace: args.replace,
+                    remap,
+                },
+            )
+            .map_err(e)?,
+        ),
+        SamplerArg::Weighted => {
+            let bars = crate::progress::Bars::new(args.json);
+            let tables = AliasTables::load_or_build(ds, &bars).map_err(e)?;
+            if !args.json {
+                eprintln!("alias tables: {}", tables.origin);
+            }
+            let cfg = WeightedConfig {
+                fanouts,
+                replace: args.replace,
+                remap,
+            };
+            Arc::new(WeightedSampler::new(ds.clone(), cfg, Arc::new(tables)).map_err(e)?)
+        }
+        SamplerArg::Randomwalk => {
+            let cfg = RandomWalkConfig {
+                top_k: fanouts,
+                walks: args.walks,
+                length: args.walk_length,
+                stop_prob: args.stop_prob,
+                remap,
+            };
+            Arc::new(RandomWalkSampler::new(ds.clone(), cfg).map_err(e)?)
+        }
+        SamplerArg::Layerwise => {
+            let cfg = LayerwiseConfig {
+                layer_sizes: fanouts,
+                remap,
+            };
+            Arc::new(LayerwiseSampler::new(ds.clone(), cfg).map_err(e)?)
+        }
+    })
+}

@@ -1,0 +1,186 @@
+//! End-to-end tests of `fanout train` and `fanout eval`: a small run with its metrics file, a
+//! save/load round trip that reproduces the test accuracy, determinism per seed, and clean
+//! failures on bad flags, missing data and damaged datasets.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fanout(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .arg("--quiet")
+        .args(args)
+        .output()
+        .expect("run fanout")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = fanout(args);
+    assert!(
+        o.status.success(),
+        "fanout {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let o = fanout(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "fanout {args:?}: {err}");
+    assert!(!err.contains("panicked"), "fanout {args:?} panicked: {err}");
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "stderr of fanout {args:?} lacks {n:?}: {err}"
+        );
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn tiny(dir: &Path) -> String {
+    let out = dir.join("tiny");
+    ok(&["dataset", "gen", "--preset", "tiny", s(&out)]);
+    s(&out).to_string()
+}
+
+/// Small, fast settings on the tiny preset.
+fn small<'a>(ds: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--dataset",
+        ds,
+        "--fanouts",
+        "5,5",
+        "--batch-size",
+        "256",
+        "--hidden",
+        "32",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.01",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+#[test]
+fn train_writes_metrics_and_saved_model_reproduces_test_accuracy() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let m = t.path().join("m.json");
+    let model = t.path().join("sage.safetensors");
+    let out = ok(&small(
+        &ds,
+        &["--metrics-out", s(&m), "--save-model", s(&model)],
+    ));
+    assert!(out.contains("test accuracy"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("epoch")).count(), 3);
+    let j = read_json(&m);
+    let acc = j["test_acc"].as_f64().unwrap();
+    // 4 planted classes: chance is 0.25.
+    assert!(acc > 0.4 && acc <= 1.0, "test accuracy {acc}");
+    let epochs = j["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 3);
+    for (i, e) in epochs.iter().enumerate() {
+        assert_eq!(e["epoch"].as_u64(), Some(i as u64));
+        for k in [
+            "wall_s",
+            "sample_s",
+            "extract_s",
+            "train_s",
+            "loss",
+            "train_acc",
+            "val_acc",
+        ] {
+            assert!(e[k].as_f64().is_some(), "epoch {i} lacks {k}: {e}");
+        }
+    }
+    let ev = ok(&["eval", "--model", s(&model), "--dataset", &ds, "--json"]);
+    let ev: Value = serde_json::from_str(ev.trim()).unwrap();
+    assert_eq!(
+        ev["accuracy"].as_f64(),
+        Some(acc),
+        "eval disagrees with train"
+    );
+}
+
+#[test]
+fn every_model_trains_a_step_and_runs_are_deterministic() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    for model in ["gcn", "gat", "gin", "pinsage"] {
+        let m = t.path().join(format!("{model}.json"));
+        let mut v = small(&ds, &["--model", model, "--metrics-out", s(&m)]);
+        v[10] = "1"; // one epoch
+        ok(&v);
+        assert!(read_json(&m)["epochs"][0]["loss"].as_f64().unwrap() > 0.0);
+    }
+    let (a, b) = (t.path().join("a.json"), t.path().join("b.json"));
+    ok(&small(
+        &ds,
+        &["--seed", "3", "--threads", "2", "--metrics-out", s(&a)],
+    ));
+    ok(&small(
+        &ds,
+        &["--seed", "3", "--threads", "1", "--metrics-out", s(&b)],
+    ));
+    let (ja, jb) = (read_json(&a), read_json(&b));
+    for k in ["loss", "train_acc", "val_acc"] {
+        for e in 0..3 {
+            assert_eq!(
+                ja["epochs"][e][k], jb["epochs"][e][k],
+                "{k} differs in epoch {e}"
+            );
+        }
+    }
+    assert_eq!(ja["test_acc"], jb["test_acc"]);
+}
+
+#[test]
+fn bad_flags_and_bad_data_fail_cleanly() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    // clap rejects these: exit 2.
+    fails(&["train", "--model", "mlp"], 2, &["mlp"]);
+    fails(&["train", "--epochs", "many"], 2, &["many"]);
+    // Values clap accepts but the run rejects: exit 1 with a message.
+    fails(&small(&ds, &["--fanouts", "0,5"]), 1, &["fanout"]);
+    fails(&small(&ds, &["--batch-size", "0"]), 1, &["batch"]);
+    fails(&small(&ds, &["--dropout", "1.5"]), 1, &["dropout"]);
+    fails(&small(&ds, &["--epochs", "0"]), 1, &["epochs"]);
+    fails(&["train", "--dataset", s(t.path())], 1, &["meta.txt"]);
+    // Topology only: no features, no labels.
+    let el = t.path().join("g.txt");
+    std::fs::write(&el, "0 1\n1 2\n2 0\n").unwrap();
+    let topo = t.path().join("topo");
+    ok(&[
+        "dataset",
+        "import",
+        "--format",
+        "edgelist",
+        s(&el),
+        s(&topo),
+    ]);
+    fails(&["train", "--dataset", s(&topo)], 1, &["features"]);
+    // Damaged: truncated topology.
+    let p = Path::new(&ds).join("indices.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    b.truncate(b.len() - 4);
+    std::fs::write(&p, b).unwrap();
+    fails(&small(&ds, &[]), 1, &["indices.bin"]);
+    // Not a checkpoint.
+    fails(
+        &["eval", "--model", s(&el), "--dataset", &ds],
+        1,
+        &["g.txt"],
+    );
+}
