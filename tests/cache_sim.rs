@@ -2,24 +2,10 @@
 //! (policy, ratio) with the documented keys, the oracle bounding every policy, the table with
 //! Match-Reorder and similarity sections, and bad flags failing with a message.
 
+mod common;
+
+use common::{fanout, tiny};
 use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn fanout(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .arg("--quiet")
-        .args(args)
-        .output()
-        .expect("run fanout")
-}
-
-fn tiny(dir: &Path) -> String {
-    let out = dir.join("tiny");
-    let o = fanout(&["dataset", "gen", "--preset", "tiny", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    out.to_str().unwrap().to_string()
-}
 
 #[test]
 fn json_lines_per_policy_and_ratio() {

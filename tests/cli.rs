@@ -1,55 +1,9 @@
 //! End-to-end tests of the `fanout` binary: the dataset commands on the shared datasets and on
 //! every generator preset, and clean failures on bad flags, bad input and damaged datasets.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn shared(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/datasets")
-        .join(name);
-    assert!(
-        p.is_dir(),
-        "{} is missing: the tests need ../shared beside the repository",
-        p.display()
-    );
-    p
-}
-
-fn fanout(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .arg("--quiet")
-        .args(args)
-        .output()
-        .expect("run fanout")
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    let o = fanout(args);
-    assert!(
-        o.status.success(),
-        "fanout {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("stdout is one JSON object")
-}
-
-fn fails(args: &[&str], code: i32, needles: &[&str]) {
-    let o = fanout(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "fanout {args:?}: {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "stderr of fanout {args:?} lacks {n:?}: {err}"
-        );
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{fails, fanout, ok_json, s, shared};
 
 #[test]
 fn cora_imports_verifies_and_reports_its_sizes() {

@@ -2,50 +2,11 @@
 //! save/load round trip that reproduces the test accuracy, determinism per seed, and clean
 //! failures on bad flags, missing data and damaged datasets.
 
+mod common;
+
+use common::{fails, ok, s, tiny};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn fanout(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fanout"))
-        .arg("--quiet")
-        .args(args)
-        .output()
-        .expect("run fanout")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = fanout(args);
-    assert!(
-        o.status.success(),
-        "fanout {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn fails(args: &[&str], code: i32, needles: &[&str]) {
-    let o = fanout(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(code), "fanout {args:?}: {err}");
-    assert!(!err.contains("panicked"), "fanout {args:?} panicked: {err}");
-    for n in needles {
-        assert!(
-            err.contains(n),
-            "stderr of fanout {args:?} lacks {n:?}: {err}"
-        );
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn tiny(dir: &Path) -> String {
-    let out = dir.join("tiny");
-    ok(&["dataset", "gen", "--preset", "tiny", s(&out)]);
-    s(&out).to_string()
-}
 
 /// Small, fast settings on the tiny preset.
 fn small<'a>(ds: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
