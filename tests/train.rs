@@ -107,6 +107,56 @@ fn every_model_trains_a_step_and_runs_are_deterministic() {
 }
 
 #[test]
+fn cache_and_match_change_bytes_not_results() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let (plain, cached) = (t.path().join("plain.json"), t.path().join("cached.json"));
+    ok(&small(&ds, &["--metrics-out", s(&plain)]));
+    let out = ok(&small(
+        &ds,
+        &[
+            "--cache-policy",
+            "presc",
+            "--cache-ratio",
+            "0.2",
+            "--match-reorder",
+            "--metrics-out",
+            s(&cached),
+        ],
+    ));
+    assert!(out.contains("feature cache: presc1"), "{out}");
+    let (jp, jc) = (read_json(&plain), read_json(&cached));
+    for e in 0..3 {
+        for k in ["loss", "train_acc", "val_acc"] {
+            assert_eq!(
+                jp["epochs"][e][k], jc["epochs"][e][k],
+                "{k} differs in epoch {e}"
+            );
+        }
+        let (p, c) = (&jp["epochs"][e]["extract"], &jc["epochs"][e]["extract"]);
+        assert_eq!(p["bytes_total"], c["bytes_total"]);
+        assert_eq!(jp["epochs"][e]["hit_rate"].as_f64(), Some(0.0));
+        let hit = jc["epochs"][e]["hit_rate"].as_f64().unwrap();
+        assert!(
+            hit > 0.2,
+            "epoch {e}: hit rate {hit} with a 20% PreSC cache plus Match"
+        );
+        assert!(c["bytes_from_host"].as_u64() < p["bytes_from_host"].as_u64());
+    }
+    assert_eq!(jp["test_acc"], jc["test_acc"]);
+    fails(
+        &small(&ds, &["--cache-policy", "lru"]),
+        1,
+        &["--cache-policy", "lru"],
+    );
+    fails(
+        &small(&ds, &["--cache-policy", "degree", "--cache-ratio", "lots"]),
+        1,
+        &["--cache-ratio"],
+    );
+}
+
+#[test]
 fn bad_flags_and_bad_data_fail_cleanly() {
     let t = tempfile::tempdir().unwrap();
     let ds = tiny(t.path());

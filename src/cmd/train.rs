@@ -3,13 +3,14 @@
 
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
-use fanout_cache::PlainExtractor;
+use fanout_cache::{build_extractor, CacheConfig, CacheSize, PlainExtractor, Policy, PreSampling};
 use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig, ModelKind, PaperSetting};
 use fanout_exec::{fit, BatchOutcome, EpochMetrics, FitConfig, FitObserver, Pipeline};
 use fanout_exec::{PipelineConfig, Trainer};
 use fanout_graph::Dataset;
 use fanout_sample::{
-    parse_fanouts, KHopConfig, KHopSampler, RandomWalkConfig, RandomWalkSampler, RemapKind, Sampler,
+    parse_fanouts, KHopConfig, KHopSampler, LoaderConfig, RandomWalkConfig, RandomWalkSampler,
+    RemapKind, Sampler,
 };
 use fanout_synth::{generate, GenOptions, Preset};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -79,6 +80,19 @@ pub struct TrainArgs {
     /// Batches queued between pipeline stages.
     #[arg(long, default_value_t = 2)]
     pub prefetch: usize,
+    /// Feature cache in front of the feature store: none, random, degree (PaGraph), presc or
+    /// prescK (GNNLab PreSC with K pre-sampling epochs). The epoch summaries report the hit rate
+    /// and the bytes gathered from the host store.
+    #[arg(long, default_value = "none")]
+    pub cache_policy: String,
+    /// Cache size: a ratio of all vertices ("0.1", "10%") or bytes ("512MiB", "2GB").
+    #[arg(long, default_value = "0.1")]
+    pub cache_ratio: String,
+    /// FastGL Match: reuse the rows of the previous mini-batch and gather only the new ones.
+    /// (Batch reordering is evaluated by `fanout cache-sim --match-reorder`; training keeps the
+    /// sampled batch order.)
+    #[arg(long)]
+    pub match_reorder: bool,
 }
 
 /// The model kinds `--model` accepts.
@@ -235,8 +249,17 @@ impl FitObserver for Observer {
         }
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |v| format!("{v:.4}"));
         println!(
-            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}",
-            m.epoch, m.wall_s, m.sample_s, m.extract_s, m.train_s, m.loss, m.train_acc, acc(m.val_acc)
+            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  hit {:.1}%",
+            m.epoch,
+            m.wall_s,
+            m.sample_s,
+            m.extract_s,
+            m.train_s,
+            m.loss,
+            m.train_acc,
+            acc(m.val_acc),
+            m.extract.bytes_from_host as f64 / 1e6,
+            100.0 * m.hit_rate
         );
     }
 }
@@ -294,7 +317,47 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
         shuffle: false,
         ..pcfg.clone()
     };
-    let train = make_pipeline(&ds, &sampler, train_set, &pcfg)?;
+    let cache = CacheConfig {
+        policy: match a.cache_policy.trim() {
+            "none" => None,
+            p => Some(
+                p.parse::<Policy>()
+                    .map_err(|e| format!("--cache-policy: {e}"))?,
+            ),
+        },
+        size: CacheSize::parse(&a.cache_ratio).map_err(|e| format!("--cache-ratio: {e}"))?,
+        match_previous: a.match_reorder,
+        seed: a.seed,
+    };
+    let train = if cache.policy.is_none() && !cache.match_previous {
+        make_pipeline(&ds, &sampler, train_set, &pcfg)?
+    } else {
+        let pre = PreSampling {
+            sampler: sampler.clone(),
+            seeds: &train_set,
+            loader: LoaderConfig {
+                batch_size,
+                shuffle: true,
+                seed: a.seed,
+                ..LoaderConfig::default()
+            },
+        };
+        let (ex, summary) =
+            build_extractor(ds.clone(), &cache, Some(&pre)).map_err(|e| e.to_string())?;
+        println!(
+            "feature cache: {} holding {} rows ({:.1}% of vertices, {:.1} MB){}",
+            summary.policy,
+            summary.rows,
+            100.0 * summary.ratio,
+            summary.bytes as f64 / 1e6,
+            if summary.match_previous {
+                ", reusing the previous batch's rows"
+            } else {
+                ""
+            }
+        );
+        Pipeline::new(sampler.clone(), Box::new(ex), train_set, &pcfg).map_err(|e| e.to_string())?
+    };
     let split = |v: Vec<u32>| -> Result<Option<Pipeline>, String> {
         if v.is_empty() {
             Ok(None)

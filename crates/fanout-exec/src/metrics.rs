@@ -1,5 +1,6 @@
 //! Stage timers and the metrics of epochs and runs.
 
+use fanout_cache::ExtractStats;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -64,6 +65,10 @@ pub struct EpochMetrics {
     pub edges: u64,
     /// Input nodes (feature rows extracted) over the epoch's batches.
     pub input_nodes: u64,
+    /// Where the epoch's feature bytes came from (cache, reuse of the previous batch, host).
+    pub extract: ExtractStats,
+    /// `extract.hit_rate()`: share of feature bytes not gathered from the host store.
+    pub hit_rate: f64,
 }
 
 /// A whole run: the per-epoch metrics and the test accuracy of the best-validation epoch.

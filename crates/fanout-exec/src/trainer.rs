@@ -219,7 +219,7 @@ pub fn fit<B: Backend>(
         }
         drop(stream);
         let wall_s = start.elapsed().as_secs_f64();
-        let (sample_s, extract_s, _) = train.take_times();
+        let (sample_s, extract_s, extract) = train.take_times();
         let frac = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
         let mut m = EpochMetrics {
             epoch,
@@ -233,6 +233,8 @@ pub fn fit<B: Backend>(
             batches,
             edges,
             input_nodes: inputs,
+            hit_rate: extract.hit_rate(),
+            extract,
             ..EpochMetrics::default()
         };
         let last = epoch + 1 == cfg.epochs;
