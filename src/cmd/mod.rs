@@ -1,7 +1,7 @@
 //! One module per subcommand.
 
+pub mod cache_sim;
 pub mod dataset;
+pub mod eval;
 pub mod sample_bench;
 pub mod train;
-pub mod eval;
-pub mod cache_sim;

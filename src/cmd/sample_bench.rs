@@ -6,7 +6,7 @@ use fanout_graph::Dataset;
 use fanout_sample::{
     layout_note, parse_fanouts, AliasTables, KHopConfig, KHopSampler, LayerwiseConfig,
     LayerwiseSampler, Loader, LoaderConfig, RandomWalkConfig, RandomWalkSampler, RemapKind,
-    Sampler, WeightedConfig, WeightedSampler,
+    Residency, Sampler, WeightedConfig, WeightedSampler,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
@@ -65,6 +65,10 @@ pub struct SampleBenchArgs {
     /// Global-to-local id table.
     #[arg(long, value_enum, default_value = "auto")]
     remap: RemapArg,
+    /// Where rows are read from: a resident huge-page copy of the topology (auto: when it takes
+    /// at most a quarter of available memory) or the memory-mapped files.
+    #[arg(long, value_enum, default_value = "auto")]
+    residency: ResidencyArg,
     /// Random walks per vertex (randomwalk).
     #[arg(long, default_value_t = 4)]
     walks: u32,
@@ -90,6 +94,16 @@ enum SamplerArg {
     Randomwalk,
     /// LADIES-style layer-wise importance sampling.
     Layerwise,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ResidencyArg {
+    /// Resident when the topology takes at most a quarter of available memory.
+    Auto,
+    /// Always read the memory-mapped dataset files.
+    Mapped,
+    /// Always copy the topology into huge-page memory.
+    Resident,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -120,6 +134,7 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
     }
     let fanouts = parse_fanouts(&args.fanouts).map_err(|e| format!("--fanouts: {e}"))?;
     let sampler = pool.install(|| build_sampler(args, &ds, fanouts.clone()))?;
+    let resident = sampler.is_resident();
     let train = ds.train.to_vec();
     if train.is_empty() {
         return Err(format!(
@@ -195,6 +210,7 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
             "replace": args.replace,
             "threads": threads,
             "workers": args.workers,
+            "resident_topology": resident,
             "batches": batches,
             "batches_per_epoch": per_epoch,
             "sampled_edges": edges,
@@ -207,11 +223,12 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
         println!("{out}");
     } else {
         println!(
-            "{} sampler on {} ({} vertices, {} arcs), fanouts {} (hop order from the seeds), batch size {}, {} threads",
+            "{} sampler on {} ({} vertices, {} arcs, {}), fanouts {} (hop order from the seeds), batch size {}, {} threads",
             args.sampler.to_possible_value().unwrap().get_name(),
             args.dataset.display(),
             ds.num_nodes(),
             ds.num_arcs(),
+            if resident { "resident topology" } else { "mapped topology" },
             args.fanouts,
             args.batch_size,
             threads
@@ -236,6 +253,11 @@ fn build_sampler(
         RemapArg::Hash => RemapKind::Hash,
     };
     let e = |e: fanout_graph::Error| e.to_string();
+    let residency = match args.residency {
+        ResidencyArg::Auto => Residency::Auto,
+        ResidencyArg::Mapped => Residency::Mapped,
+        ResidencyArg::Resident => Residency::Resident,
+    };
     Ok(match args.sampler {
         SamplerArg::Khop => Arc::new(
             KHopSampler::new(
@@ -246,7 +268,8 @@ fn build_sampler(
                     remap,
                 },
             )
-            .map_err(e)?,
+            .map_err(e)?
+            .with_residency(residency),
         ),
         SamplerArg::Weighted => {
             let bars = crate::progress::Bars::new(args.json);
@@ -259,7 +282,11 @@ fn build_sampler(
                 replace: args.replace,
                 remap,
             };
-            Arc::new(WeightedSampler::new(ds.clone(), cfg, Arc::new(tables)).map_err(e)?)
+            Arc::new(
+                WeightedSampler::new(ds.clone(), cfg, Arc::new(tables))
+                    .map_err(e)?
+                    .with_residency(residency),
+            )
         }
         SamplerArg::Randomwalk => {
             let cfg = RandomWalkConfig {
@@ -269,14 +296,22 @@ fn build_sampler(
                 stop_prob: args.stop_prob,
                 remap,
             };
-            Arc::new(RandomWalkSampler::new(ds.clone(), cfg).map_err(e)?)
+            Arc::new(
+                RandomWalkSampler::new(ds.clone(), cfg)
+                    .map_err(e)?
+                    .with_residency(residency),
+            )
         }
         SamplerArg::Layerwise => {
             let cfg = LayerwiseConfig {
                 layer_sizes: fanouts,
                 remap,
             };
-            Arc::new(LayerwiseSampler::new(ds.clone(), cfg).map_err(e)?)
+            Arc::new(
+                LayerwiseSampler::new(ds.clone(), cfg)
+                    .map_err(e)?
+                    .with_residency(residency),
+            )
         }
     })
 }

@@ -4,13 +4,13 @@
 //! Floyd's algorithm (k random draws and a membership test over the k chosen, never touching the
 //! rest of the row), or with replacement by k independent draws. A row no longer than the fanout
 //! is taken whole (without replacement). Work per vertex is O(k): membership tests use a bit
-//! mask for rows of at most 64 arcs, a scan of the k chosen for k <= 64, a hash set above; the
-//! graph is never written. Sampling a row is split in two stages a few rows apart (draw positions
+//! map for rows of at most 4096 arcs (one word up to 64), then a scan of the k chosen for
+//! k <= 64, a hash set above; the graph is never written. Sampling a row is split in two stages a few rows apart (draw positions
 //! and prefetch those arcs, then read them) so that memory latency overlaps.
 
 use crate::graph::{
-    check_dataset, hop_stream, layout_note, offsets, par_fill, prefetch, tag, vertex_rng, vid,
-    Csr, CsrJob, AHEAD, FANOUT_ALL,
+    check_dataset, hop_stream, layout_note, offsets, par_fill, prefetch, tag, vertex_rng, vid, Csr,
+    CsrJob, AHEAD, FANOUT_ALL,
 };
 use crate::minibatch::{BatchKey, MiniBatch};
 use crate::remap::RemapKind;
@@ -85,14 +85,12 @@ impl Sampler for KHopSampler {
         let rows = &self.driver.rows;
         self.driver
             .run(seeds, key, self.cfg.fanouts.len(), |h, frontier| {
-                rows.run(
-                    UniformHop {
-                        frontier,
-                        k: self.cfg.fanouts[h],
-                        replace: self.cfg.replace,
-                        base: hop_stream(&key, tag::UNIFORM, h),
-                    },
-                )
+                rows.run(UniformHop {
+                    frontier,
+                    k: self.cfg.fanouts[h],
+                    replace: self.cfg.replace,
+                    base: hop_stream(&key, tag::UNIFORM, h),
+                })
             })
     }
     fn num_layers(&self) -> usize {
@@ -185,6 +183,19 @@ fn floyd(d: usize, out: &mut [u32], rng: &mut Rng) {
             let t = rng.below(j as u64 + 1) as u32;
             let x = if chosen >> t & 1 == 1 { j as u32 } else { t };
             chosen |= 1 << x;
+            out[c] = x;
+        }
+    } else if d <= 4096 {
+        // A 512-byte bit map on the stack.
+        let mut chosen = [0u64; 64];
+        for (c, j) in (d - k..d).enumerate() {
+            let t = rng.below(j as u64 + 1) as u32;
+            let x = if chosen[t as usize / 64] >> (t % 64) & 1 == 1 {
+                j as u32
+            } else {
+                t
+            };
+            chosen[x as usize / 64] |= 1 << (x % 64);
             out[c] = x;
         }
     } else if k <= 64 {
@@ -349,7 +360,10 @@ mod tests {
             for replace in [false, true] {
                 let counts = hub_counts(&sampler(&ds, &[5], replace), trials);
                 let x = chi2(&counts, &expect);
-                assert!(x < chi2_critical(d - 1), "hub {hub} replace {replace}: chi2 {x}");
+                assert!(
+                    x < chi2_critical(d - 1),
+                    "hub {hub} replace {replace}: chi2 {x}"
+                );
             }
             // The same test rejects a sampler that always takes the first k, or one that draws a
             // tenth of the neighbours 50% more often and another tenth 50% less.
@@ -384,9 +398,15 @@ mod tests {
             .collect();
         let x = chi2(&pairs, &[trials as f64 / 15.0; 15]);
         assert!(x < chi2_critical(14), "chi2 {x}");
-        // The three membership paths (bit mask, scan, hash set) pick the same positions for the
-        // same stream, so the choice of path never changes a sample.
-        for (d, k) in [(64usize, 10usize), (65, 10), (200, 64), (300, 65)] {
+        // The membership paths (bit mask, bit map, scan, hash set) pick the same positions for
+        // the same stream, so the choice of path never changes a sample.
+        for (d, k) in [
+            (64usize, 10usize),
+            (65, 10),
+            (4096, 64),
+            (5000, 64),
+            (5000, 65),
+        ] {
             let mut a = vec![0u32; k];
             floyd(d, &mut a, &mut Rng::new(d as u64));
             let mut b = vec![0u32; k];

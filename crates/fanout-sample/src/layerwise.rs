@@ -14,9 +14,7 @@
 //! Unlike the per-vertex samplers, work is proportional to the frontier's total degree (LADIES
 //! needs every candidate's importance), plus a sort of the (candidate, frontier) pairs.
 
-use crate::graph::{
-    check_dataset, hop_stream, par_collect, tag, vertex_rng, vid, Csr, CsrJob,
-};
+use crate::graph::{check_dataset, hop_stream, par_collect, tag, vertex_rng, vid, Csr, CsrJob};
 use crate::minibatch::{BatchKey, MiniBatch};
 use crate::remap::RemapKind;
 use crate::resident::Residency;
@@ -73,13 +71,11 @@ impl Sampler for LayerwiseSampler {
         let rows = &self.driver.rows;
         self.driver
             .run(seeds, key, self.cfg.layer_sizes.len(), |h, frontier| {
-                rows.run(
-                    LayerHop {
-                        frontier,
-                        size: self.cfg.layer_sizes[h] as usize,
-                        base: hop_stream(&key, tag::LAYER, h),
-                    },
-                )
+                rows.run(LayerHop {
+                    frontier,
+                    size: self.cfg.layer_sizes[h] as usize,
+                    base: hop_stream(&key, tag::LAYER, h),
+                })
             })
     }
     fn num_layers(&self) -> usize {

@@ -8,9 +8,7 @@
 //! with their visit counts as edge weights. Work per vertex is O(walks x length), whatever the
 //! degrees. GNNLab's PinSAGE: 3 layers, 4 walks of length 3, stop 0.5, top 5.
 
-use crate::graph::{
-    check_dataset, hop_stream, par_collect, tag, vertex_rng, vid, Csr, CsrJob,
-};
+use crate::graph::{check_dataset, hop_stream, par_collect, tag, vertex_rng, vid, Csr, CsrJob};
 use crate::minibatch::{BatchKey, MiniBatch};
 use crate::remap::RemapKind;
 use crate::resident::Residency;
@@ -97,14 +95,12 @@ impl Sampler for RandomWalkSampler {
         let rows = &self.driver.rows;
         self.driver
             .run(seeds, key, self.cfg.top_k.len(), |h, frontier| {
-                rows.run(
-                    WalkHop {
-                        frontier,
-                        k: self.cfg.top_k[h] as usize,
-                        cfg: &self.cfg,
-                        base: hop_stream(&key, tag::WALK, h),
-                    },
-                )
+                rows.run(WalkHop {
+                    frontier,
+                    k: self.cfg.top_k[h] as usize,
+                    cfg: &self.cfg,
+                    base: hop_stream(&key, tag::WALK, h),
+                })
             })
     }
     fn num_layers(&self) -> usize {

@@ -4,19 +4,28 @@
 //! FastGL's Fused-Map (Alg. 2) with the errata of NOTES.md fixed, and [`DenseMap`], one slot per
 //! graph vertex for small graphs or dense batches. [`Remapper`] picks one ([`RemapKind::Auto`]).
 //!
-//! Each slot holds a value word: a local id (< 2^31) once assigned, else `FIRST | p` where `p` is
-//! the smallest edge position at which the key occurred in the current hop (kept with
-//! `fetch_min`, so it is the same whatever the thread timing). One hop (`Remapper::extend`):
-//! 1. claim: every edge's key is inserted; the one thread whose CAS turns the slot from EMPTY
-//!    into the key owns the new key and takes a ticket with a single `fetch_add` (erratum: the
-//!    paper's read-then-increment races); probing wraps around the table (erratum);
-//! 2. canonical order: the new keys are sorted by first position, so their local ids follow the
-//!    order of first occurrence, exactly as a sequential scan assigns them (erratum: the paper's
-//!    ids depend on thread timing);
-//! 3. lookup: each edge's key is replaced by its slot's local id (edges whose key already had a
-//!    local id before the hop were rewritten during the claim).
+//! Every slot has a value word: a local id (< 2^31) once assigned, otherwise `FIRST | p` with `p`
+//! the smallest edge position at which the key occurred in the current hop. One hop
+//! ([`Remapper::extend`]), each step parallel over chunks of the edge list:
+//! 1. claim: every edge finds its key's slot, inserting the key if absent (hash table: the one
+//!    thread whose CAS turns the slot from EMPTY into the key inserts it, erratum 1: the paper
+//!    re-reads the slot and can insert a key twice; probing wraps around the table, erratum 2).
+//!    The edge then lowers the value word to its own position unless the word already holds a
+//!    local id or an earlier position, and if it did, records itself as a candidate. The key's
+//!    first occurrence is always a candidate (nothing can hold an earlier position);
+//! 2. repair: lowering is a plain load and store, not an atomic minimum (x86 has none: its
+//!    compare-exchange loop is a full barrier that stops later loads from overlapping), so a
+//!    racing store can leave a later position in a word. Each candidate that sees a position
+//!    later than its own lowers the word again with `fetch_min`. Afterwards every word holds
+//!    its key's first position, whatever the thread timing;
+//! 3. ids (erratum 3: the paper hands out ids with a shared `fetch_add` as keys are inserted, so
+//!    they depend on thread timing): the candidates whose position is their key's first are the
+//!    new keys in order of first occurrence; a prefix sum over chunks gives each chunk its first
+//!    id, and each chunk numbers its new keys in edge order, exactly as a sequential scan would;
+//! 4. lookup: every edge's key is replaced by its slot's local id.
 //!
-//! Seeds go in first through the same path, so they get ids `0..B` in the given order.
+//! Seeds go in first through the same path (erratum 4: the paper maps them with the rest), so
+//! they get ids `0..B` in the given order.
 
 use crate::graph::prefetch;
 use crate::resident::HugeBuf;
@@ -29,10 +38,10 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 const EMPTY: u32 = u32::MAX;
 /// Tag bit of a value word that holds a first position rather than a local id.
 const FIRST: u32 = 1 << 31;
-/// `edge_slot` marker of an edge whose local id was written during the claim.
-const RESOLVED: u32 = u32::MAX;
 /// Edges per parallel task.
 const GRAIN: usize = 4096;
+/// How many keys ahead a pass prefetches slots.
+const AHEAD: usize = 16;
 
 /// `n` words set to EMPTY, in huge-page memory where available (the tables are accessed at
 /// random; see [`crate::resident`]).
@@ -41,46 +50,6 @@ fn atomics(n: usize) -> HugeBuf<AtomicU32> {
     buf.par_chunks(1 << 16)
         .for_each(|c| c.iter().for_each(|w| w.store(EMPTY, Relaxed)));
     buf
-}
-
-/// What a claim found in the key's value word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Word {
-    /// The key already has this local id (it was inserted by an earlier hop or the seeds).
-    Known(u32),
-    /// The word already held an earlier (or the same) position: this is not the first occurrence.
-    Later,
-    /// This call lowered the word from the given previous value: possibly the first occurrence.
-    Lowered(u32),
-}
-
-/// Lowers a value word to `FIRST | pos` unless it already holds a local id or an earlier
-/// position (a plain load first: most repeats need no write at all).
-///
-/// With `racy`, the lowering is a plain store instead of an atomic minimum: x86 has no atomic
-/// minimum, and its compare-exchange loop is a full barrier that stops the loads behind it from
-/// overlapping, which made it the largest single cost of remapping. A racing store can then
-/// leave a later position in the word; [`Remapper::extend`] repairs that in a second pass over
-/// the (few) edges that stored. Without `racy`, the word always ends at the minimum.
-#[inline]
-fn lower(v: &AtomicU32, pos: u32, racy: bool) -> Word {
-    let want = FIRST | pos;
-    let cur = v.load(Relaxed);
-    if cur < FIRST {
-        return Word::Known(cur);
-    }
-    if cur <= want {
-        return Word::Later;
-    }
-    if racy {
-        v.store(want, Relaxed);
-        return Word::Lowered(cur);
-    }
-    match v.fetch_min(want, Relaxed) {
-        prev if prev < FIRST => Word::Known(prev),
-        prev if prev > want => Word::Lowered(prev),
-        _ => Word::Later,
-    }
 }
 
 /// Which table a [`Remapper`] uses.
@@ -109,6 +78,28 @@ impl RemapKind {
             k => k,
         }
     }
+}
+
+/// The operations the remapping algorithm needs from a table.
+trait Table: Sync {
+    /// Starts fetching the slot of `key`.
+    fn prefetch_key(&self, key: u32);
+    /// The slot of `key`, inserting the key if absent.
+    fn slot(&self, key: u32) -> u32;
+    /// The value word of a slot.
+    fn word(&self, slot: u32) -> &AtomicU32;
+}
+
+/// Lowers a value word to `FIRST | pos` (atomic minimum) unless it holds a local id; returns
+/// the previous word.
+#[inline]
+fn lower_atomic(w: &AtomicU32, pos: u32) -> u32 {
+    let want = FIRST | pos;
+    let cur = w.load(Relaxed);
+    if cur <= want {
+        return cur;
+    }
+    w.fetch_min(want, Relaxed)
 }
 
 /// FastGL's Fused-Map: a concurrent open-addressing (linear probing) table from global id to a
@@ -142,37 +133,32 @@ impl FusedMap {
         ((key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
-    /// Inserts `key` (if absent) and lowers its value word to `FIRST | pos` unless it already
-    /// holds a local id. Returns the slot and whether this call created the entry.
+    /// The slot of `key`, inserting it if absent; `true` for exactly the one caller whose CAS
+    /// inserted it.
     #[inline]
-    pub fn claim(&self, key: u32, pos: u32) -> (u32, bool) {
-        let (slot, new, _) = self.claim_word(key, pos, false);
-        (slot, new)
-    }
-
-    /// As [`FusedMap::claim`], also telling what the value word held (see [`lower`] for `racy`).
-    #[inline]
-    fn claim_word(&self, key: u32, pos: u32, racy: bool) -> (u32, bool, Word) {
+    fn insert(&self, key: u32) -> (u32, bool) {
         let mask = self.keys.len() - 1;
         let mut i = self.home(key);
         loop {
-            let k = self.keys[i].load(Relaxed);
-            let mut new = false;
-            if k == EMPTY {
-                match self.keys[i].compare_exchange(EMPTY, key, Relaxed, Relaxed) {
-                    Ok(_) => new = true,
-                    Err(other) if other == key => {}
-                    Err(_) => {
-                        i = (i + 1) & mask;
-                        continue;
-                    }
-                }
-            } else if k != key {
-                i = (i + 1) & mask;
-                continue;
+            match self.keys[i].load(Relaxed) {
+                k if k == key => return (i as u32, false),
+                EMPTY => match self.keys[i].compare_exchange(EMPTY, key, Relaxed, Relaxed) {
+                    Ok(_) => return (i as u32, true),
+                    Err(other) if other == key => return (i as u32, false),
+                    Err(_) => {}
+                },
+                _ => {}
             }
-            return (i as u32, new, lower(&self.vals[i], pos, racy));
+            i = (i + 1) & mask;
         }
+    }
+
+    /// Inserts `key` (if absent) and lowers its value word to `FIRST | pos` (atomic minimum)
+    /// unless it holds a local id. Returns the slot and whether this call inserted the key.
+    pub fn claim(&self, key: u32, pos: u32) -> (u32, bool) {
+        let (slot, new) = self.insert(key);
+        lower_atomic(&self.vals[slot as usize], pos);
+        (slot, new)
     }
 
     /// The slot holding `key`, if present.
@@ -197,6 +183,21 @@ impl FusedMap {
     }
 }
 
+impl Table for FusedMap {
+    #[inline]
+    fn prefetch_key(&self, key: u32) {
+        prefetch(&self.keys[self.home(key)]);
+    }
+    #[inline]
+    fn slot(&self, key: u32) -> u32 {
+        self.insert(key).0
+    }
+    #[inline]
+    fn word(&self, slot: u32) -> &AtomicU32 {
+        &self.vals[slot as usize]
+    }
+}
+
 /// One value slot per graph vertex (the slot of key `v` is `v`). Guarantees as for
 /// [`FusedMap::claim`]; memory is 4 bytes per graph vertex, reset cost is per batch, not per graph.
 pub struct DenseMap {
@@ -211,17 +212,10 @@ impl DenseMap {
         }
     }
 
-    /// As [`FusedMap::claim`]; panics if `key >= num_nodes`.
-    #[inline]
+    /// As [`FusedMap::claim`] ("new" for the one caller that found the word empty); panics if
+    /// `key >= num_nodes`.
     pub fn claim(&self, key: u32, pos: u32) -> (u32, bool) {
-        let (slot, new, _) = self.claim_word(key, pos, false);
-        (slot, new)
-    }
-
-    #[inline]
-    fn claim_word(&self, key: u32, pos: u32, racy: bool) -> (u32, bool, Word) {
-        let w = lower(&self.vals[key as usize], pos, racy);
-        (key, w == Word::Lowered(EMPTY), w)
+        (key, lower_atomic(&self.vals[key as usize], pos) == EMPTY)
     }
 
     /// Local id stored for `key`, if it has one.
@@ -233,49 +227,26 @@ impl DenseMap {
     }
 }
 
-static RACY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-enum Table {
-    Dense(DenseMap),
-    Hash(FusedMap),
+impl Table for DenseMap {
+    #[inline]
+    fn prefetch_key(&self, key: u32) {
+        if let Some(w) = self.vals.get(key as usize) {
+            prefetch(w);
+        }
+    }
+    #[inline]
+    fn slot(&self, key: u32) -> u32 {
+        key
+    }
+    #[inline]
+    fn word(&self, slot: u32) -> &AtomicU32 {
+        &self.vals[slot as usize]
+    }
 }
 
-impl Table {
-    /// The remapper's claim: racy lowering (repaired by `extend`); the flag is not used.
-    #[inline]
-    fn claim(&self, key: u32, pos: u32) -> (u32, Word) {
-        match self {
-            Table::Dense(m) => {
-                let (slot, _, w) = m.claim_word(key, pos, *RACY.get_or_init(|| std::env::var("NORACY").is_err()));
-                (slot, w)
-            }
-            Table::Hash(m) => {
-                let (slot, _, w) = m.claim_word(key, pos, true);
-                (slot, w)
-            }
-        }
-    }
-    #[inline]
-    fn prefetch(&self, key: u32) {
-        match self {
-            Table::Dense(m) => {
-                if let Some(v) = m.vals.get(key as usize) {
-                    prefetch(v);
-                }
-            }
-            Table::Hash(m) => prefetch(&m.keys[m.home(key)]),
-        }
-    }
-    #[inline]
-    fn prefetch_slot(&self, slot: u32) {
-        prefetch(self.val(slot));
-    }
-    #[inline]
-    fn val(&self, slot: u32) -> &AtomicU32 {
-        match self {
-            Table::Dense(m) => &m.vals[slot as usize],
-            Table::Hash(m) => &m.vals[slot as usize],
-        }
-    }
+enum Tables {
+    Dense(DenseMap),
+    Hash(FusedMap),
 }
 
 /// Maps the global ids of one mini-batch to dense local ids, hop by hop, in parallel. Reusable:
@@ -285,7 +256,7 @@ impl Table {
 /// Guarantee: for the same seeds and the same sequence of `extend` inputs, the local ids and
 /// [`Remapper::nodes`] equal [`remap_reference`]'s, whatever the table kind and thread count.
 pub struct Remapper {
-    table: Table,
+    table: Tables,
     num_nodes: u64,
     /// Global id of every local id.
     nodes: Vec<u32>,
@@ -301,8 +272,8 @@ impl Remapper {
     pub fn new(num_nodes: u64, kind: RemapKind, expected_vertices: usize) -> Self {
         assert!(num_nodes < EMPTY as u64, "remapper: too many vertices");
         let table = match kind.resolve(num_nodes, expected_vertices as u64) {
-            RemapKind::Dense => Table::Dense(DenseMap::new(num_nodes as usize)),
-            _ => Table::Hash(FusedMap::with_capacity(
+            RemapKind::Dense => Tables::Dense(DenseMap::new(num_nodes as usize)),
+            _ => Tables::Hash(FusedMap::with_capacity(
                 expected_vertices.min(num_nodes as usize),
             )),
         };
@@ -318,8 +289,8 @@ impl Remapper {
     /// The table in use (`Dense` or `Hash`).
     pub fn kind(&self) -> RemapKind {
         match self.table {
-            Table::Dense(_) => RemapKind::Dense,
-            Table::Hash(_) => RemapKind::Hash,
+            Tables::Dense(_) => RemapKind::Dense,
+            Tables::Hash(_) => RemapKind::Hash,
         }
     }
 
@@ -366,111 +337,15 @@ impl Remapper {
         );
         self.reserve((base + ids.len()).min(self.num_nodes as usize));
         self.edge_slot.resize(ids.len(), 0);
-        let table = &self.table;
-
-        // 1. Claim every key. Each task lists the edges (offsets within its chunk) that stored
-        // their position into a value word: a key's first occurrence is always among them (no
-        // other edge of the key can hold an earlier position), and repeats rarely are. Keys that
-        // already have a local id are rewritten at once and marked RESOLVED.
-        let claimed: Vec<Vec<u32>> = self
-            .edge_slot
-            .par_chunks_mut(GRAIN)
-            .zip(ids.par_chunks_mut(GRAIN))
-            .enumerate()
-            .map(|(c, (slots, keys))| {
-                let mut stored = Vec::new();
-                for j in 0..keys.len() {
-                    if let Some(&next) = keys.get(j + 16) {
-                        table.prefetch(next);
-                    }
-                    let (slot, word) = table.claim(keys[j], (c * GRAIN + j) as u32);
-                    slots[j] = match word {
-                        Word::Known(local) => {
-                            keys[j] = local;
-                            RESOLVED
-                        }
-                        Word::Lowered(_) => {
-                            stored.push(j as u32);
-                            slot
-                        }
-                        Word::Later => slot,
-                    };
-                }
-                stored
-            })
-            .collect();
-
-        // 2. Repair: a racing plain store may have left a later position in a word; every edge
-        // that stored and sees a later position lowers it atomically. Afterwards each word holds
-        // its key's first position, whatever the timing.
-        let edge_slot = &self.edge_slot;
-        claimed.par_iter().enumerate().for_each(|(c, cand)| {
-            for &j in cand {
-                let e = c * GRAIN + j as usize;
-                let v = table.val(edge_slot[e]);
-                if v.load(Relaxed) > FIRST | e as u32 {
-                    v.fetch_min(FIRST | e as u32, Relaxed);
-                }
-            }
-        });
-
-        // Canonical order: edge `e` introduces its key iff the key's first position is `e`.
-        // Each task keeps those candidates (in edge order).
-        let firsts: Vec<Vec<u32>> = claimed
-            .into_par_iter()
-            .enumerate()
-            .map(|(c, mut cand)| {
-                let e0 = c * GRAIN;
-                cand.retain(|&j| {
-                    let e = e0 + j as usize;
-                    table.val(edge_slot[e]).load(Relaxed) == FIRST | e as u32
-                });
-                cand
-            })
-            .collect();
-        let m: usize = firsts.iter().map(Vec::len).sum();
-
-        // 3. Assign ids in that order: a prefix sum over tasks gives each its first new id.
-        self.nodes.resize(base + m, 0);
-        self.slot_of.resize(base + m, 0);
-        let mut parts = Vec::with_capacity(firsts.len());
-        let (mut rn, mut rs) = (&mut self.nodes[base..], &mut self.slot_of[base..]);
-        let mut next = base;
-        for f in &firsts {
-            let (hn, tn) = rn.split_at_mut(f.len());
-            let (hs, ts) = rs.split_at_mut(f.len());
-            parts.push((next, hn, hs));
-            (rn, rs, next) = (tn, ts, next + f.len());
+        let out = Scratch {
+            nodes: &mut self.nodes,
+            slot_of: &mut self.slot_of,
+            edge_slot: &mut self.edge_slot,
+        };
+        match &self.table {
+            Tables::Dense(t) => extend_in(t, out, ids),
+            Tables::Hash(t) => extend_in(t, out, ids),
         }
-        let keys: &[u32] = ids;
-        firsts.par_iter().zip(parts).enumerate().for_each(
-            |(c, (f, (first_id, nodes, slot_of)))| {
-                for (w, &j) in f.iter().enumerate() {
-                    let e = c * GRAIN + j as usize;
-                    let s = edge_slot[e];
-                    table.val(s).store((first_id + w) as u32, Relaxed);
-                    nodes[w] = keys[e];
-                    slot_of[w] = s;
-                }
-            },
-        );
-
-        // 4. Lookup of the edges not resolved in step 1.
-        ids.par_chunks_mut(GRAIN)
-            .zip(self.edge_slot.par_chunks(GRAIN))
-            .for_each(|(ids, slots)| {
-                for (j, (x, &s)) in ids.iter_mut().zip(slots).enumerate() {
-                    if let Some(&next) = slots.get(j + 16) {
-                        if next != RESOLVED {
-                            table.prefetch_slot(next);
-                        }
-                    }
-                    if s != RESOLVED {
-                        *x = table.val(s).load(Relaxed);
-                    }
-                }
-            });
-        m
     }
 
     /// Returns the node list of the current batch and resets the table for the next one.
@@ -485,11 +360,11 @@ impl Remapper {
     /// Empties every slot the current batch used.
     fn clear(&mut self) {
         match &self.table {
-            Table::Dense(m) => self
+            Tables::Dense(m) => self
                 .slot_of
                 .par_iter()
                 .for_each(|&s| m.vals[s as usize].store(EMPTY, Relaxed)),
-            Table::Hash(m) => self.slot_of.par_iter().for_each(|&s| {
+            Tables::Hash(m) => self.slot_of.par_iter().for_each(|&s| {
                 m.keys[s as usize].store(EMPTY, Relaxed);
                 m.vals[s as usize].store(EMPTY, Relaxed);
             }),
@@ -501,19 +376,119 @@ impl Remapper {
     /// Makes sure a hash table can hold `keys` distinct keys at load at most 2/3, rehashing the
     /// current batch's keys into a larger table if not.
     fn reserve(&mut self, keys: usize) {
-        let Table::Hash(m) = &self.table else { return };
+        let Tables::Hash(m) = &self.table else { return };
         if keys * 3 <= m.slots() * 2 {
             return;
         }
         let bigger = FusedMap::with_capacity(keys * 2);
         let nodes = &self.nodes;
         self.slot_of.par_iter_mut().enumerate().for_each(|(l, s)| {
-            let (slot, _) = bigger.claim(nodes[l], 0);
+            let (slot, _) = bigger.insert(nodes[l]);
             bigger.vals[slot as usize].store(l as u32, Relaxed);
             *s = slot;
         });
-        self.table = Table::Hash(bigger);
+        self.table = Tables::Hash(bigger);
     }
+}
+
+/// The remapper's buffers, borrowed apart from its table.
+struct Scratch<'a> {
+    nodes: &'a mut Vec<u32>,
+    slot_of: &'a mut Vec<u32>,
+    edge_slot: &'a mut Vec<u32>,
+}
+
+/// One hop of remapping (module docs, steps 1-4) on table `t`.
+fn extend_in<T: Table>(t: &T, out: Scratch<'_>, ids: &mut [u32]) -> usize {
+    let base = out.nodes.len();
+    // 1. Claim: each chunk lists its candidates (offsets within the chunk, in edge order).
+    let candidates: Vec<Vec<u32>> = out
+        .edge_slot
+        .par_chunks_mut(GRAIN)
+        .zip(ids.par_chunks(GRAIN))
+        .enumerate()
+        .map(|(c, (slots, keys))| {
+            let mut cand = Vec::new();
+            for (j, (s, &k)) in slots.iter_mut().zip(keys).enumerate() {
+                if let Some(&next) = keys.get(j + AHEAD) {
+                    t.prefetch_key(next);
+                }
+                let slot = t.slot(k);
+                let w = t.word(slot);
+                let want = FIRST | (c * GRAIN + j) as u32;
+                if w.load(Relaxed) > want {
+                    w.store(want, Relaxed);
+                    cand.push(j as u32);
+                }
+                *s = slot;
+            }
+            cand
+        })
+        .collect();
+
+    // 2. Repair lost races.
+    let edge_slot: &[u32] = out.edge_slot;
+    candidates.par_iter().enumerate().for_each(|(c, cand)| {
+        for &j in cand {
+            let e = c * GRAIN + j as usize;
+            let w = t.word(edge_slot[e]);
+            if w.load(Relaxed) > FIRST | e as u32 {
+                w.fetch_min(FIRST | e as u32, Relaxed);
+            }
+        }
+    });
+
+    // 3. New keys in order of first occurrence, numbered chunk by chunk.
+    let firsts: Vec<Vec<u32>> = candidates
+        .into_par_iter()
+        .enumerate()
+        .map(|(c, mut cand)| {
+            cand.retain(|&j| {
+                let e = c * GRAIN + j as usize;
+                t.word(edge_slot[e]).load(Relaxed) == FIRST | e as u32
+            });
+            cand
+        })
+        .collect();
+    let m: usize = firsts.iter().map(Vec::len).sum();
+    out.nodes.resize(base + m, 0);
+    out.slot_of.resize(base + m, 0);
+    let mut parts = Vec::with_capacity(firsts.len());
+    let (mut rn, mut rs) = (&mut out.nodes[base..], &mut out.slot_of[base..]);
+    let mut next = base;
+    for f in &firsts {
+        let (hn, tn) = rn.split_at_mut(f.len());
+        let (hs, ts) = rs.split_at_mut(f.len());
+        parts.push((next, hn, hs));
+        (rn, rs, next) = (tn, ts, next + f.len());
+    }
+    let keys: &[u32] = ids;
+    firsts
+        .par_iter()
+        .zip(parts)
+        .enumerate()
+        .for_each(|(c, (f, (first_id, nodes, slot_of)))| {
+            for (w, &j) in f.iter().enumerate() {
+                let e = c * GRAIN + j as usize;
+                let s = edge_slot[e];
+                t.word(s).store((first_id + w) as u32, Relaxed);
+                nodes[w] = keys[e];
+                slot_of[w] = s;
+            }
+        });
+
+    // 4. Lookup.
+    ids.par_chunks_mut(GRAIN)
+        .zip(edge_slot.par_chunks(GRAIN))
+        .for_each(|(ids, slots)| {
+            for (j, (x, &s)) in ids.iter_mut().zip(slots).enumerate() {
+                if let Some(&next) = slots.get(j + AHEAD) {
+                    prefetch(t.word(next));
+                }
+                *x = t.word(s).load(Relaxed);
+            }
+        });
+    m
 }
 
 /// The sequential reference: gives `seeds` ids `0..B`, then maps each hop's ids in turn (in

@@ -78,15 +78,13 @@ impl Sampler for WeightedSampler {
         let rows = &self.driver.rows;
         self.driver
             .run(seeds, key, self.cfg.fanouts.len(), |h, frontier| {
-                rows.run(
-                    WeightedHop {
-                        frontier,
-                        k: self.cfg.fanouts[h],
-                        replace: self.cfg.replace,
-                        base: hop_stream(&key, tag::WEIGHTED, h),
-                        t: &self.tables,
-                    },
-                )
+                rows.run(WeightedHop {
+                    frontier,
+                    k: self.cfg.fanouts[h],
+                    replace: self.cfg.replace,
+                    base: hop_stream(&key, tag::WEIGHTED, h),
+                    t: &self.tables,
+                })
             })
     }
     fn num_layers(&self) -> usize {
