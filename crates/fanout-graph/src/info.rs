@@ -1,7 +1,7 @@
 //! `dataset info`: sizes, degree statistics, split sizes and bytes on disk, as a struct that
 //! prints for people and serialises to JSON for scripts.
 
-use crate::dataset::{files, Dataset, Ids, Offsets};
+use crate::dataset::{Dataset, Ids, Offsets};
 use crate::meta::{FeatDtype, Layout};
 use std::fmt;
 
@@ -195,7 +195,6 @@ impl fmt::Display for DatasetInfo {
         for file in &self.files {
             writeln!(f, "  {:<16} {:>12}", file.name, human_bytes(file.bytes))?;
         }
-        let _ = files::META;
         Ok(())
     }
 }
