@@ -15,6 +15,8 @@
 //!   errata fixed, or [`DenseMap`]), equal to the sequential [`remap_reference`].
 //! - [`Loader`]: shuffled epochs split into batches, sampled ahead by worker threads into a
 //!   bounded in-order queue.
+//! - [`Residency`]: samplers read rows from a private huge-page copy of the topology when it
+//!   fits comfortably in memory (fewer TLB misses on random row reads), else from the mapped files.
 //!
 //! Samplers walk the stored rows: in-neighbours for CSC datasets (the default, pull sampling);
 //! for CSR datasets, out-neighbours ([`layout_note`] says so to people).

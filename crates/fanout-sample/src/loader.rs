@@ -104,14 +104,21 @@ impl Loader {
     /// `prefetch` finished or in-progress batches are held ahead of the consumer. Dropping the
     /// iterator early stops the workers after the batches they are sampling.
     pub fn epoch(&self, epoch: u64) -> EpochIter {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// As [`Loader::epoch`], starting at step `first` (for resuming an epoch): yields the same
+    /// batches as `epoch(epoch).skip(first)` without sampling the skipped ones.
+    pub fn epoch_from(&self, epoch: u64, first: usize) -> EpochIter {
         let batches: Arc<Vec<Vec<u32>>> = Arc::new(epoch_batches(&self.seeds, &self.cfg, epoch));
+        let first = first.min(batches.len());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 ready: BTreeMap::new(),
-                consumed: 0,
+                consumed: first,
             }),
             cv: Condvar::new(),
-            next: AtomicUsize::new(0),
+            next: AtomicUsize::new(first),
             stop: AtomicBool::new(false),
         });
         let depth = self.cfg.prefetch.max(1);
@@ -124,6 +131,7 @@ impl Loader {
             .collect();
         EpochIter {
             shared,
+            first,
             total: batches.len(),
             workers,
         }
@@ -195,18 +203,19 @@ fn worker(
 /// that failed to sample (bad seeds, or a panic in the sampler) and ends after it.
 pub struct EpochIter {
     shared: Arc<Shared>,
+    first: usize,
     total: usize,
     workers: Vec<JoinHandle<()>>,
 }
 
 impl EpochIter {
-    /// Batches this epoch yields in total.
+    /// Batches this iterator yields in total (from its first step to the end of the epoch).
     pub fn len(&self) -> usize {
-        self.total
+        self.total - self.first
     }
-    /// True for an epoch without batches.
+    /// True when there is nothing to yield.
     pub fn is_empty(&self) -> bool {
-        self.total == 0
+        self.len() == 0
     }
 }
 
@@ -306,6 +315,13 @@ mod tests {
             let got: Vec<MiniBatch> = l.epoch(2).map(|b| b.unwrap()).collect();
             assert_eq!(got, want, "workers {w} prefetch {p} pool {t:?}");
         }
+        // Resuming mid-epoch gives the rest of the same batches.
+        let l = loader(2, 2, None);
+        let rest = l.epoch_from(2, 20);
+        assert_eq!(rest.len(), want.len() - 20);
+        let rest: Vec<MiniBatch> = rest.map(|b| b.unwrap()).collect();
+        assert_eq!(rest, want[20..]);
+        assert_eq!(l.epoch_from(2, 99).count(), 0);
     }
 
     /// Wraps a sampler and records how far ahead of the consumer sampling ever started.
