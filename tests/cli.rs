@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fails, fanout, ok_json, s, shared};
+use common::{fails, fanout, ok, ok_json, s, shared, tiny};
 
 #[test]
 fn cora_imports_verifies_and_reports_its_sizes() {
@@ -169,4 +169,95 @@ fn damaged_dataset_fails_verify_naming_the_file() {
         1,
         &["verify failed", "indices.bin", "truncated"],
     );
+}
+
+#[test]
+fn device_flag_runs_cpu_and_refuses_cuda_it_cannot_use() {
+    let t = tempfile::tempdir().unwrap();
+    // Values that are not devices: clap's exit code 2, naming the value and the accepted forms.
+    for (cmd, bad) in [("train", "gpu"), ("eval", "cuda:x"), ("train", "CUDA")] {
+        let mut args = vec![cmd, "--device", bad];
+        if cmd == "eval" {
+            args.extend(["--model", "m.safetensors"]);
+        }
+        fails(
+            &args,
+            2,
+            &["--device", &format!("\"{bad}\" is not a device"), "cuda:"],
+        );
+    }
+    fails(
+        &["train", "--device", "gpu"],
+        2,
+        &["expected cpu, cuda or cuda:N"],
+    );
+
+    // cpu runs as without the flag.
+    let ds = tiny(t.path());
+    let model = t.path().join("m.safetensors");
+    let train = |device: &'static str| {
+        vec![
+            "train",
+            "--dataset",
+            &ds,
+            "--fanouts",
+            "3,3",
+            "--batch-size",
+            "256",
+            "--hidden",
+            "8",
+            "--epochs",
+            "1",
+            "--device",
+            device,
+        ]
+    };
+    let mut args = train("cpu");
+    args.extend(["--save-model", s(&model)]);
+    ok(&args);
+    let eval = |device: &'static str| {
+        vec![
+            "eval",
+            "--model",
+            s(&model),
+            "--dataset",
+            &ds,
+            "--device",
+            device,
+        ]
+    };
+    assert!(ok(&eval("cpu")).contains("test accuracy"));
+
+    // cuda never silently falls back to the CPU: without the feature, the error says how to
+    // rebuild; with it, there is no driver here, or (on a GPU) the compute path is missing.
+    for args in [train("cuda"), eval("cuda:1")] {
+        let device = if args[0] == "train" {
+            "cuda:0"
+        } else {
+            "cuda:1"
+        };
+        if cfg!(feature = "cuda") {
+            let o = fanout(&args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{err}");
+            assert!(err.contains(&format!("--device {device}: ")), "{err}");
+            assert!(
+                err.contains("no CUDA driver found (libcuda.so)")
+                    || err.contains("CUDA compute path is not implemented")
+                    || err.contains("CUDA driver"),
+                "{err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        } else {
+            fails(
+                &args,
+                1,
+                &[
+                    &format!("--device {device}: "),
+                    "built without CUDA support",
+                    "cargo build --release --features cuda",
+                ],
+            );
+        }
+    }
 }

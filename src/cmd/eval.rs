@@ -33,6 +33,10 @@ pub struct EvalArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
+    /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
+    #[arg(long, default_value = "cpu")]
+    pub device: fanout_cuda::DeviceSpec,
 }
 
 /// The split `--split` accepts.
@@ -48,6 +52,7 @@ pub enum SplitArg {
 
 /// Runs `fanout eval`.
 pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
+    let _device = crate::cmd::device::open_for_compute(a.device)?;
     set_threads(a.threads)?;
     let bytes = std::fs::read(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
     let bad = |e: String| format!("{}: {e}", a.model.display());

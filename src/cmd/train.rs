@@ -93,6 +93,10 @@ pub struct TrainArgs {
     /// sampled batch order.)
     #[arg(long)]
     pub match_reorder: bool,
+    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
+    /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
+    #[arg(long, default_value = "cpu")]
+    pub device: fanout_cuda::DeviceSpec,
 }
 
 /// The model kinds `--model` accepts.
@@ -266,6 +270,7 @@ impl FitObserver for Observer {
 
 /// Runs `fanout train`.
 pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
+    let _device = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
     set_threads(a.threads)?;
     let kind = ModelKind::from(a.model);
