@@ -121,6 +121,19 @@ pub struct SplitFractions {
 /// Disjoint train/valid/test vertex sets of sizes round(fraction x n), drawn uniformly without
 /// replacement, each sorted ascending. Deterministic per seed.
 pub fn split_vertices(n: u64, f: SplitFractions, seed: u64) -> Result<[Vec<u32>; 3]> {
+    split_vertices_from(n, None, f, seed)
+}
+
+/// Like [`split_vertices`], but drawn from `pool` (distinct ids below `n`) when given: the
+/// sizes are still round(fraction x n), so a pool concentrates a split of the usual size in one
+/// region of the graph. Errors when the fractions are out of range or the sizes do not fit in
+/// the pool (naming both). Deterministic per (pool, seed).
+pub fn split_vertices_from(
+    n: u64,
+    pool: Option<&[u32]>,
+    f: SplitFractions,
+    seed: u64,
+) -> Result<[Vec<u32>; 3]> {
     let fr = [f.train, f.valid, f.test];
     if fr.iter().any(|x| !(0.0..=1.0).contains(x)) || fr.iter().sum::<f64>() > 1.0 + 1e-9 {
         return Err(Error::Invalid(format!(
@@ -133,13 +146,28 @@ pub fn split_vertices(n: u64, f: SplitFractions, seed: u64) -> Result<[Vec<u32>;
             "{n} vertices: splits support at most 2^32 - 1"
         )));
     }
+    let mut perm: Vec<u32> = match pool {
+        Some(p) => p.to_vec(),
+        None => (0..n as u32).collect(),
+    };
     let sizes: Vec<usize> = fr.iter().map(|x| (x * n as f64).round() as usize).collect();
-    let total = sizes.iter().sum::<usize>().min(n as usize);
-    let mut perm: Vec<u32> = (0..n as u32).collect();
+    let wanted = sizes.iter().sum::<usize>();
+    if pool.is_some() && wanted > perm.len() {
+        return Err(Error::Invalid(format!(
+            "split of {wanted} vertices (train {} / valid {} / test {} of {n}) does not fit in \
+             the {} labelled vertices",
+            sizes[0],
+            sizes[1],
+            sizes[2],
+            perm.len()
+        )));
+    }
+    let total = wanted.min(perm.len());
+    let len = perm.len();
     let mut r = Rng::keyed(&[seed, SPLIT_STREAM]);
     // Partial Fisher-Yates: only the first `total` positions are needed.
     for i in 0..total {
-        let j = i + r.below((n as usize - i) as u64) as usize;
+        let j = i + r.below((len - i) as u64) as usize;
         perm.swap(i, j);
     }
     let mut out: [Vec<u32>; 3] = Default::default();
@@ -176,6 +204,14 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), 350);
         assert_eq!(a, split_vertices(1000, f, 3).unwrap());
+        // From a pool (500 even ids): the same sizes, every vertex from the pool; a pool smaller
+        // than the 350 wanted is an error.
+        let pool: Vec<u32> = (0..1000).filter(|v| v % 2 == 0).collect();
+        let b = split_vertices_from(1000, Some(&pool), f, 3).unwrap();
+        assert_eq!(b.each_ref().map(Vec::len), a.each_ref().map(Vec::len));
+        assert!(b.iter().flatten().all(|v| v % 2 == 0));
+        let e = split_vertices_from(1000, Some(&pool[..100]), f, 3).unwrap_err();
+        assert!(e.to_string().contains("100 labelled vertices"), "{e}");
         assert_ne!(a, split_vertices(1000, f, 4).unwrap());
         let bad = SplitFractions {
             train: 0.9,

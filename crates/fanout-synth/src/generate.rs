@@ -6,7 +6,7 @@
 //! depends on the seed only, never on the thread count.
 
 use crate::calibrate::calibrate;
-use crate::features::{split_vertices, write_class_features, ClassFeatures};
+use crate::features::{split_vertices_from, write_class_features, ClassFeatures};
 use crate::model::Model;
 use crate::preset::PresetConfig;
 use fanout_graph::{
@@ -160,7 +160,16 @@ pub fn generate(
     };
     write_class_features(&mut writer, &labels, &spec, progress)?;
     drop(labels);
-    let [train, valid, test] = split_vertices(n, cfg.split, mix_keys(&[seed, 0x5917]))?;
+    // The labelled region: every vertex, or those of the first `labelled_classes` classes.
+    let pool: Option<Vec<u32>> = (cfg.labelled_classes > 0).then(|| {
+        let k = cfg.labelled_classes as u32;
+        (0..n as u32)
+            .filter(|&v| model.labels[v as usize] < k)
+            .collect()
+    });
+    let [train, valid, test] =
+        split_vertices_from(n, pool.as_deref(), cfg.split, mix_keys(&[seed, 0x5917]))?;
+    drop(pool);
     writer.write_array(files::TRAIN, &train)?;
     writer.write_array(files::VALID, &valid)?;
     writer.write_array(files::TEST, &test)?;

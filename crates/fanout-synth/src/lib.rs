@@ -11,7 +11,8 @@ pub mod preset;
 mod tests;
 
 pub use features::{
-    split_vertices, uniform_labels, write_class_features, ClassFeatures, SplitFractions,
+    split_vertices, split_vertices_from, uniform_labels, write_class_features, ClassFeatures,
+    SplitFractions,
 };
 pub use generate::{generate, GenOptions, GenSummary};
 pub use preset::{Preset, PresetConfig};

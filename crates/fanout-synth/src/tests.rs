@@ -132,6 +132,15 @@ fn splits_have_exact_sizes_and_are_disjoint() {
             assert_eq!(set.len(), (frac * n).round() as usize, "{p}");
             assert!(set.windows(2).all(|w| w[0] < w[1]), "{p}: unsorted split");
         }
+        let labels = ds.labels.as_ref().unwrap();
+        let region = |v: &u32| {
+            cfg.labelled_classes == 0 || (labels[*v as usize] as u64) < cfg.labelled_classes
+        };
+        assert!(
+            sets.iter().all(|s| s.iter().all(region)),
+            "{p}: a split vertex outside the labelled classes 0..{}",
+            cfg.labelled_classes
+        );
         let mut all: Vec<u32> = sets.iter().flat_map(|s| s.iter().copied()).collect();
         let len = all.len();
         all.sort_unstable();
