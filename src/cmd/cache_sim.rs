@@ -13,13 +13,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Simulate feature caches on one epoch's sampled trace: hit rate and host bytes per epoch
+/// Simulate feature caches on sampled epochs: hit rate and host bytes per epoch
 ///
-/// Samples the evaluated epoch once and scores every (policy, ratio) on it by counting bytes
-/// (no feature is copied). Hit rate = bytes served from the cache / feature bytes needed, input
-/// nodes counted once per mini-batch. alpha = cached rows / |V|. PreSC pre-samples its own
-/// epochs (keyed apart from the evaluated one); `optimal` caches the evaluated epoch's most
-/// visited vertices (an oracle). Fanouts are in hop order from the seeds ("15,10,5": seeds
+/// Samples the evaluated epochs (--epochs, default 10: a static cache serves a whole training
+/// run, and GNNLab's optimal is over the run's footprints) once and scores every
+/// (policy, ratio) on them by counting bytes (no feature is copied). Hit rate = bytes served
+/// from the cache / feature bytes needed, input nodes counted once per mini-batch. alpha =
+/// cached rows / |V|. PreSC pre-samples its own epochs (keyed apart from the evaluated ones);
+/// `optimal` caches the evaluated epochs' most visited vertices (an oracle). Fanouts are in hop order from the seeds ("15,10,5": seeds
 /// draw 15; DGL lists them reversed).
 ///
 /// Example: fanout cache-sim --dataset data/papers --fanouts 15,10,5 --batch-size 8000 --similarity
@@ -62,8 +63,10 @@ pub struct CacheSimArgs {
     #[arg(long, default_value_t = 0)]
     epoch: u64,
     /// Evaluated epochs: hit rates and the oracle are over all of them (GNNLab's optimal is
-    /// over a training run's footprints); bytes are reported per epoch.
-    #[arg(long, default_value_t = 1)]
+    /// over a training run's footprints); bytes are reported per epoch. 1 scores a single
+    /// epoch against its own oracle (harsher: the oracle then knows which rarely visited
+    /// vertices that one epoch draws).
+    #[arg(long, default_value_t = 10)]
     epochs: u64,
     /// Sample neighbours with replacement (khop, weighted).
     #[arg(long)]

@@ -12,7 +12,8 @@
 //!   ([`crate::presc`]).
 //! - **optimal**: presence counts of the evaluated trace itself ([`crate::optimal`]).
 //!
-//! Ties: larger vertex id first for every score-based policy (GNNLab artifact).
+//! Ties: larger vertex id first for every score-based policy (GNNLab artifact); PreSC first
+//! breaks count ties by degree ([`crate::presc`]).
 
 use fanout_graph::Topology;
 use fanout_rand::Rng;
@@ -84,6 +85,27 @@ pub fn rank_by_scores<T: Copy + Ord + Send + Sync>(scores: &[T]) -> Vec<u32> {
     order
 }
 
+/// All vertices ordered by decreasing `primary`, ties by decreasing `secondary`, then larger id
+/// first. Guarantee: a permutation of `0..primary.len()`, a pure function of both slices (which
+/// must have the same length).
+pub fn rank_by_scores_then<P, S>(primary: &[P], secondary: &[S]) -> Vec<u32>
+where
+    P: Copy + Ord + Send + Sync,
+    S: Copy + Ord + Send + Sync,
+{
+    assert_eq!(
+        primary.len(),
+        secondary.len(),
+        "score slices differ in length"
+    );
+    let mut order: Vec<u32> = (0..primary.len() as u32).collect();
+    order.par_sort_unstable_by(|&a, &b| {
+        let (a, b) = (a as usize, b as usize);
+        (primary[b], secondary[b], b).cmp(&(primary[a], secondary[a], a))
+    });
+    order
+}
+
 /// The random policy's order: a permutation of `0..num_nodes` keyed by `seed` only.
 pub fn random_ranking(num_nodes: usize, seed: u64) -> Vec<u32> {
     let mut order: Vec<u32> = (0..num_nodes as u32).collect();
@@ -131,6 +153,12 @@ mod tests {
     #[test]
     fn ranking_breaks_ties_toward_larger_ids() {
         assert_eq!(rank_by_scores(&[3u32, 5, 3, 0, 5]), vec![4, 1, 2, 0, 3]);
+        // Secondary scores break primary ties; the id breaks what is left.
+        let second = [9u64, 1, 2, 7, 1];
+        assert_eq!(
+            rank_by_scores_then(&[3u32, 5, 3, 0, 5], &second),
+            vec![4, 1, 0, 2, 3]
+        );
         let r = random_ranking(100, 7);
         assert_eq!(r, random_ranking(100, 7));
         assert_ne!(r, random_ranking(100, 8));

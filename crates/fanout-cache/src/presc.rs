@@ -1,12 +1,18 @@
 //! GNNLab's pre-sampling based cache policy (PreSC#K): run K sampling-only epochs, count for
 //! each vertex the number of mini-batches whose input nodes contain it, and cache the top
-//! alpha x |V| (ties: larger id first, as the artifact does).
+//! alpha x |V|.
+//!
+//! Ties: by degree in the sampling direction (the degree policy's score), then larger id
+//! first. The artifact breaks ties by id alone; that matters when an epoch has few
+//! mini-batches, where the counts are 0..K x batches and most visited vertices tie: among
+//! vertices pre-sampled equally often, the one that more sampled rows list is the likelier to
+//! be drawn again (docs/caching.md measures both rules).
 //!
 //! Pre-sampling epochs are numbered from [`PRESAMPLE_EPOCH_BASE`], so their shuffles and
 //! sampling keys differ from every training epoch's (NOTES.md: PreSC is evaluated on a
 //! different epoch than the one it pre-sampled).
 
-use crate::policy::rank_by_scores;
+use crate::policy::{degree_scores, rank_by_scores_then};
 use crate::trace::Trace;
 use fanout_graph::{Error, Result};
 use fanout_sample::{LoaderConfig, Sampler};
@@ -48,12 +54,23 @@ pub fn presample_counts(
     Ok(acc)
 }
 
-/// PreSC#K's order of all vertices, hottest first (ties larger id first).
+/// PreSC#K's order of all vertices, hottest first (ties by sampling-direction degree, then
+/// larger id first).
 pub fn presc_ranking(
     sampler: &Arc<dyn Sampler>,
     seeds: &[u32],
     cfg: &LoaderConfig,
     k: u32,
 ) -> Result<Vec<u32>> {
-    Ok(rank_by_scores(&presample_counts(sampler, seeds, cfg, k)?))
+    let counts = presample_counts(sampler, seeds, cfg, k)?;
+    Ok(presc_order(
+        &counts,
+        &degree_scores(&sampler.dataset().topology),
+    ))
+}
+
+/// PreSC's order from pre-sampling `counts` and the degree policy's scores `degrees`:
+/// decreasing count, ties by decreasing degree, then larger id first.
+pub fn presc_order(counts: &[u32], degrees: &[u64]) -> Vec<u32> {
+    rank_by_scores_then(counts, degrees)
 }

@@ -8,8 +8,10 @@
 
 use crate::match_reorder::{match_stats, reorder_windows, MatchStats};
 use crate::optimal::{hits, optimal_hits};
-use crate::policy::{degree_ranking, positions, random_ranking, rank_by_scores, Policy};
-use crate::presc::presample_epoch;
+use crate::policy::{
+    degree_ranking, degree_scores, positions, random_ranking, rank_by_scores, Policy,
+};
+use crate::presc::{presample_epoch, presc_order};
 use crate::trace::Trace;
 use fanout_graph::Result;
 use fanout_sample::{LoaderConfig, Sampler};
@@ -139,6 +141,7 @@ pub fn simulate(
         ((0..sets.len()).collect::<Vec<usize>>(), reordered)
     });
     let mut presc_epochs: Vec<Vec<u32>> = Vec::new();
+    let mut degrees: Option<Vec<u64>> = None;
     let mut rows = Vec::new();
     let per_epoch = |b: u64| b as f64 / epochs as f64;
     for &p in &cfg.policies {
@@ -155,7 +158,10 @@ pub fn simulate(
                 for e in &presc_epochs[..k as usize] {
                     acc.iter_mut().zip(e).for_each(|(a, b)| *a += b);
                 }
-                rank_by_scores(&acc)
+                presc_order(
+                    &acc,
+                    degrees.get_or_insert_with(|| degree_scores(&ds.topology)),
+                )
             }
         };
         let pos = cfg.match_reorder.then(|| positions(&ranking));

@@ -187,6 +187,14 @@ fn presc_is_deterministic_per_seed_and_builds_through_the_trainer_entry_point() 
     assert_eq!(a, b);
     assert_ne!(a, presample_counts(&s, &seeds, &loader(6), 2).unwrap());
     assert!(presample_counts(&s, &seeds, &loader(5), 0).is_err());
+    // The ranking is the counts, ties by sampling-direction degree, then larger id.
+    let ranking = presc_ranking(&s, &seeds, &loader(5), 2).unwrap();
+    let deg = crate::policy::degree_scores(&ds.topology);
+    assert_eq!(ranking, crate::presc::presc_order(&a, &deg));
+    assert!(ranking.windows(2).all(|w| {
+        let (x, y) = (w[0] as usize, w[1] as usize);
+        (a[x], deg[x], x) > (a[y], deg[y], y)
+    }));
 
     let pre = PreSampling {
         sampler: s.clone(),
