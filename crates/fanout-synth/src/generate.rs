@@ -160,9 +160,24 @@ pub fn generate(
     };
     write_class_features(&mut writer, &labels, &spec, progress)?;
     drop(labels);
-    // The labelled region: every vertex, or those of the first `labelled_classes` classes.
+    // The labelled region: every vertex, or those of the first `labelled_classes` classes,
+    // widened class by class when they hold fewer vertices than the splits need (small graphs).
     let pool: Option<Vec<u32>> = (cfg.labelled_classes > 0).then(|| {
-        let k = cfg.labelled_classes as u32;
+        let f = cfg.split;
+        let wanted: u64 = [f.train, f.valid, f.test]
+            .iter()
+            .map(|x| (x * n as f64).round() as u64)
+            .sum();
+        let mut per_class = vec![0u64; cfg.classes as usize];
+        model
+            .labels
+            .iter()
+            .for_each(|&l| per_class[l as usize] += 1);
+        let mut k = (cfg.labelled_classes as usize).min(per_class.len());
+        while k < per_class.len() && per_class[..k].iter().sum::<u64>() < wanted {
+            k += 1;
+        }
+        let k = k as u32;
         (0..n as u32)
             .filter(|&v| model.labels[v as usize] < k)
             .collect()

@@ -249,7 +249,8 @@ pub struct PresetConfig {
     pub split: SplitFractions,
     /// The labelled region: 0 = every vertex; k > 0 = the vertices of classes `0..k` only, so
     /// the splits sit in k communities (papers100M's labelled arXiv papers inside the citation
-    /// graph). The splits must fit: their total fraction of `nodes` at most ~k / classes.
+    /// graph). When those classes hold fewer vertices than the splits need (small graphs), the
+    /// generator adds classes `k, k + 1, ..` until they fit.
     pub labelled_classes: u64,
 }
 

@@ -332,3 +332,39 @@ fn progress_phases_have_totals_that_their_advances_reach() {
         }
     }
 }
+
+#[test]
+fn papers_splits_sit_in_few_communities_and_widen_on_small_graphs() {
+    // At 600 vertices, 3 of 172 classes hold ~10 vertices, fewer than the 8 + 1 + 1 the splits
+    // need for some seeds: the region widens class by class instead of failing.
+    for seed in 0..6 {
+        let cfg = Preset::Papers.config(Some(600));
+        let opts = GenOptions {
+            seed,
+            ..GenOptions::default()
+        };
+        let (ds, _) = generate(&cfg, &opts, None, &NoProgress).unwrap();
+        let labels = ds.labels.as_ref().unwrap();
+        let split: Vec<u32> = [&ds.train, &ds.valid, &ds.test]
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .collect();
+        let f = cfg.split;
+        let wanted: usize = [f.train, f.valid, f.test]
+            .iter()
+            .map(|x| (x * 600.0).round() as usize)
+            .sum();
+        assert_eq!(split.len(), wanted, "seed {seed}");
+        // The region is the smallest prefix of classes (at least 3) that holds the splits.
+        let k = split.iter().map(|&v| labels[v as usize]).max().unwrap() + 1;
+        let in_prefix = |k: i64| labels.iter().filter(|&&l| l < k).count();
+        assert!(
+            k <= 3 || in_prefix(k - 1) < wanted,
+            "seed {seed}: region wider than needed"
+        );
+    }
+    // At the default scale the region is exactly 3 classes.
+    let s = sample(Preset::Papers);
+    let labels = s.ds.labels.as_ref().unwrap();
+    assert!(s.ds.train.iter().all(|&v| labels[v as usize] < 3));
+}
