@@ -155,6 +155,18 @@ pub(crate) fn glorot(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
     Tensor::glorot(rows, cols, rows, cols, rng)
 }
 
+/// PyTorch's `calculate_gain("relu")`, the gain DGL's `SAGEConv` and PinSAGE example put on
+/// their Glorot initialisations.
+pub(crate) const RELU_GAIN: f32 = std::f32::consts::SQRT_2;
+
+/// Glorot-uniform weight scaled by `gain` (PyTorch `xavier_uniform_(w, gain)`: bound
+/// `gain * sqrt(6 / (fan_in + fan_out))`).
+pub(crate) fn glorot_gain(rows: usize, cols: usize, gain: f32, rng: &mut Rng) -> Tensor {
+    let mut t = glorot(rows, cols, rng);
+    t.data_mut().iter_mut().for_each(|x| *x *= gain);
+    t
+}
+
 /// Checks `h_src` against `block` and the layer's input width; returns the block's sizes.
 pub(crate) fn check_input<B: Backend>(
     be: &B,

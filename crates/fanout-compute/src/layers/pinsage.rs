@@ -3,7 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, Layer, Param,
+    acc_at_b, acc_bias, check_grad, check_input, glorot_gain, no_cache, Activation, Layer, Param,
+    RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -57,10 +58,15 @@ impl<B: Backend> PinSageLayer<B> {
         normalize: bool,
         rng: &mut Rng,
     ) -> Self {
-        let q = Param::new(&be, "q", &glorot(in_dim, hidden, rng));
+        // DGL's PinSAGE example: xavier_uniform_ with the ReLU gain.
+        let q = Param::new(&be, "q", &glorot_gain(in_dim, hidden, RELU_GAIN, rng));
         let q_bias = Param::new(&be, "q_bias", &Tensor::zeros(1, hidden));
-        let w_neigh = Param::new(&be, "w_neigh", &glorot(hidden, out_dim, rng));
-        let w_self = Param::new(&be, "w_self", &glorot(in_dim, out_dim, rng));
+        let w_neigh = Param::new(
+            &be,
+            "w_neigh",
+            &glorot_gain(hidden, out_dim, RELU_GAIN, rng),
+        );
+        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng));
         let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
         PinSageLayer {
             be,

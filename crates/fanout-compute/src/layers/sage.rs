@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, AggregateOrder,
-    Layer, Param,
+    acc_at_b, acc_bias, check_grad, check_input, glorot_gain, no_cache, Activation, AggregateOrder,
+    Layer, Param, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -42,8 +42,13 @@ struct Cache<B: Backend> {
 impl<B: Backend> SageLayer<B> {
     /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
     pub fn new(be: B, in_dim: usize, out_dim: usize, act: Activation, rng: &mut Rng) -> Self {
-        let w_self = Param::new(&be, "w_self", &glorot(in_dim, out_dim, rng));
-        let w_neigh = Param::new(&be, "w_neigh", &glorot(in_dim, out_dim, rng));
+        // DGL SAGEConv: xavier_uniform_ with the ReLU gain on both weights, zero bias.
+        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng));
+        let w_neigh = Param::new(
+            &be,
+            "w_neigh",
+            &glorot_gain(in_dim, out_dim, RELU_GAIN, rng),
+        );
         let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
         SageLayer {
             be,
