@@ -118,6 +118,13 @@ pub struct SplitFractions {
     pub test: f64,
 }
 
+impl SplitFractions {
+    /// The train / valid / test sizes on `n` vertices: round(fraction x n) each.
+    pub fn sizes(&self, n: u64) -> [usize; 3] {
+        [self.train, self.valid, self.test].map(|x| (x * n as f64).round() as usize)
+    }
+}
+
 /// Disjoint train/valid/test vertex sets of sizes round(fraction x n), drawn uniformly without
 /// replacement, each sorted ascending. Deterministic per seed.
 pub fn split_vertices(n: u64, f: SplitFractions, seed: u64) -> Result<[Vec<u32>; 3]> {
@@ -150,7 +157,7 @@ pub fn split_vertices_from(
         Some(p) => p.to_vec(),
         None => (0..n as u32).collect(),
     };
-    let sizes: Vec<usize> = fr.iter().map(|x| (x * n as f64).round() as usize).collect();
+    let sizes = f.sizes(n);
     let wanted = sizes.iter().sum::<usize>();
     if pool.is_some() && wanted > perm.len() {
         return Err(Error::Invalid(format!(

@@ -163,11 +163,7 @@ pub fn generate(
     // The labelled region: every vertex, or those of the first `labelled_classes` classes,
     // widened class by class when they hold fewer vertices than the splits need (small graphs).
     let pool: Option<Vec<u32>> = (cfg.labelled_classes > 0).then(|| {
-        let f = cfg.split;
-        let wanted: u64 = [f.train, f.valid, f.test]
-            .iter()
-            .map(|x| (x * n as f64).round() as u64)
-            .sum();
+        let wanted = cfg.split.sizes(n).iter().sum::<usize>() as u64;
         let mut per_class = vec![0u64; cfg.classes as usize];
         model
             .labels

@@ -349,11 +349,7 @@ fn papers_splits_sit_in_few_communities_and_widen_on_small_graphs() {
             .iter()
             .flat_map(|s| s.iter().copied())
             .collect();
-        let f = cfg.split;
-        let wanted: usize = [f.train, f.valid, f.test]
-            .iter()
-            .map(|x| (x * 600.0).round() as usize)
-            .sum();
+        let wanted: usize = cfg.split.sizes(600).iter().sum();
         assert_eq!(split.len(), wanted, "seed {seed}");
         // The region is the smallest prefix of classes (at least 3) that holds the splits.
         let k = split.iter().map(|&v| labels[v as usize]).max().unwrap() + 1;
