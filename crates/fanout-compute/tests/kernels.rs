@@ -193,6 +193,43 @@ fn dropout_is_keyed_and_has_the_right_rate() {
 }
 
 #[test]
+fn dropout_rate_product_and_independence_hold_for_odd_widths() {
+    // Widths around the kernel's 64-element blocks and its two draws per 64-bit word.
+    for &(rows, cols) in &[(400, 67), (150, 130), (3000, 1)] {
+        let x = rand_tensor(rows, cols, &mut Rng::new(cols as u64));
+        for &p in &[0.1f32, 0.5, 0.9] {
+            let (y, m) = BE.dropout(&x, p, 7);
+            let keep = 1.0 / (1.0 - p);
+            let n = (rows * cols) as f64;
+            let dropped = m.data().iter().filter(|&&v| v == 0.0).count() as f64;
+            // 5 standard deviations of a binomial count.
+            let sd = (n * p as f64 * (1.0 - p as f64)).sqrt();
+            assert!(
+                (dropped - n * p as f64).abs() < 5.0 * sd,
+                "{rows}x{cols} p={p}: dropped {dropped} of {n}"
+            );
+            assert!(m.data().iter().all(|&v| v == 0.0 || v == keep));
+            for ((&yv, &xv), &mv) in y.data().iter().zip(x.data()).zip(m.data()) {
+                assert_eq!(yv, xv * mv);
+            }
+            // Neighbouring elements (which share a random word) are independent: both dropped
+            // about p^2 of the time.
+            let d = m.data();
+            let pairs = d.len() / 2;
+            let both = (0..pairs)
+                .filter(|&i| d[2 * i] == 0.0 && d[2 * i + 1] == 0.0)
+                .count() as f64;
+            let q = (p * p) as f64;
+            let sd2 = (pairs as f64 * q * (1.0 - q)).sqrt();
+            assert!(
+                (both - pairs as f64 * q).abs() < 5.0 * sd2,
+                "{rows}x{cols} p={p}: both dropped {both} of {pairs} pairs"
+            );
+        }
+    }
+}
+
+#[test]
 fn cross_entropy_and_accuracy_on_known_values() {
     let logits = Tensor::new(3, 2, vec![0.0, 0.0, 2.0, 0.0, 0.0, 5.0]);
     let ce = BE.softmax_cross_entropy(&logits, &[1, 0, -1]).unwrap();

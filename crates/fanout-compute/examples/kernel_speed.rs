@@ -1,0 +1,86 @@
+//! Throughput of the CPU kernels that dominate a GraphSAGE training step, on the shapes of its
+//! input layer: `cargo run --release -p fanout-compute --example kernel_speed -- [ROWS]`
+//! (ROWS = destination rows of the input layer, default 5000; set `RAYON_NUM_THREADS`).
+//! Prints the median of 30 runs per kernel; compare GEMM rates with another library's on the
+//! same shapes (e.g. `torch.matmul` with `torch.set_num_threads`).
+use fanout_compute::cpu::gemm::gemm;
+use fanout_compute::{Backend, CpuBackend, Tensor};
+use std::time::Instant;
+
+fn median_s(mut f: impl FnMut()) -> f64 {
+    let mut t: Vec<f64> = (0..30)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn filled(r: usize, c: usize) -> Tensor {
+    Tensor::from_fn(r, c, |i, j| {
+        ((i * 31 + j * 17) % 1000) as f32 / 1000.0 - 0.5
+    })
+}
+
+fn main() {
+    let rows: usize = match std::env::args().nth(1).map(|s| s.parse()) {
+        None => 5000,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            eprintln!("kernel_speed: ROWS must be a positive integer ({e})");
+            std::process::exit(2);
+        }
+    };
+    println!("threads {}, rows {rows}", rayon::current_num_threads());
+    for (label, m, k, n, ta) in [
+        (
+            "gemm X W      (rows x 128 . 128 x 256)",
+            rows,
+            128,
+            256,
+            false,
+        ),
+        (
+            "gemm X W      (rows x 256 . 256 x 256)",
+            rows,
+            256,
+            256,
+            false,
+        ),
+        (
+            "gemm X^T G    (128 x rows . rows x 256)",
+            128,
+            rows,
+            256,
+            true,
+        ),
+        (
+            "gemm X^T G    (256 x rows . rows x 256)",
+            256,
+            rows,
+            256,
+            true,
+        ),
+    ] {
+        let a = if ta { filled(k, m) } else { filled(m, k) };
+        let b = filled(k, n);
+        let mut c = Tensor::zeros(m, n);
+        let s = median_s(|| gemm(1.0, &a, ta, &b, false, 0.0, &mut c));
+        let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
+        println!("{label}  {:8.3} ms  {gflops:6.1} GFLOP/s", s * 1e3);
+    }
+    let x = filled(rows, 256);
+    let mut key = 0;
+    let s = median_s(|| {
+        key += 1;
+        std::hint::black_box(CpuBackend.dropout(&x, 0.5, key));
+    });
+    println!(
+        "dropout p=0.5 (rows x 256)               {:8.3} ms  {:6.2} ns/element",
+        s * 1e3,
+        s * 1e9 / (rows * 256) as f64
+    );
+}
