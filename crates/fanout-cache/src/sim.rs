@@ -11,7 +11,7 @@ use crate::optimal::{hits, optimal_hits};
 use crate::policy::{
     degree_ranking, degree_scores, positions, random_ranking, rank_by_scores, Policy,
 };
-use crate::presc::{presample_epoch, presc_order};
+use crate::presc::{presample_epoch, presc_order, PreSampled};
 use crate::trace::Trace;
 use fanout_graph::Result;
 use fanout_sample::{LoaderConfig, Sampler};
@@ -140,7 +140,7 @@ pub fn simulate(
         }
         ((0..sets.len()).collect::<Vec<usize>>(), reordered)
     });
-    let mut presc_epochs: Vec<Vec<u32>> = Vec::new();
+    let mut presc_epochs: Vec<PreSampled> = Vec::new();
     let mut degrees: Option<Vec<u64>> = None;
     let mut rows = Vec::new();
     let per_epoch = |b: u64| b as f64 / epochs as f64;
@@ -154,9 +154,9 @@ pub fn simulate(
                     let i = presc_epochs.len() as u64;
                     presc_epochs.push(presample_epoch(&sampler, seeds, loader, i)?);
                 }
-                let mut acc = vec![0u32; n];
-                for e in &presc_epochs[..k as usize] {
-                    acc.iter_mut().zip(e).for_each(|(a, b)| *a += b);
+                let mut acc = presc_epochs[0].clone();
+                for e in &presc_epochs[1..k as usize] {
+                    acc.add(e);
                 }
                 presc_order(
                     &acc,

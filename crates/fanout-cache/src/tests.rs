@@ -187,13 +187,20 @@ fn presc_is_deterministic_per_seed_and_builds_through_the_trainer_entry_point() 
     assert_eq!(a, b);
     assert_ne!(a, presample_counts(&s, &seeds, &loader(6), 2).unwrap());
     assert!(presample_counts(&s, &seeds, &loader(5), 0).is_err());
-    // The ranking is the counts, ties by sampling-direction degree, then larger id.
+    // The ranking is the presence counts, ties by expected draws, then sampling-direction
+    // degree, then larger id.
     let ranking = presc_ranking(&s, &seeds, &loader(5), 2).unwrap();
     let deg = crate::policy::degree_scores(&ds.topology);
     assert_eq!(ranking, crate::presc::presc_order(&a, &deg));
+    let (p, d) = (&a.presence, &a.draws);
     assert!(ranking.windows(2).all(|w| {
         let (x, y) = (w[0] as usize, w[1] as usize);
-        (a[x], deg[x], x) > (a[y], deg[y], y)
+        (p[x], d[x] as f32, deg[x], x) > (p[y], d[y] as f32, deg[y], y)
+    }));
+    // Equal presence but different expected draws does occur, so the tie-break is exercised.
+    assert!(ranking.windows(2).any(|w| {
+        let (x, y) = (w[0] as usize, w[1] as usize);
+        p[x] == p[y] && d[x] > d[y]
     }));
 
     let pre = PreSampling {
@@ -268,4 +275,44 @@ fn degree_policy_follows_the_sampling_direction() {
     assert_eq!(degree_ranking(&csr.topology)[0], 2);
     // Ties (vertices 1 and 3 in CSC: out-degree 1 each) go to the larger id.
     assert_eq!(&degree_ranking(&csc.topology)[1..3], &[3, 1]);
+}
+
+#[test]
+fn presc_expected_draws_are_the_draws_when_every_neighbour_is_taken() {
+    // With fanouts above every degree each expansion takes its whole row, so the expected
+    // draw count (k / deg to each of the row's vertices) must equal the number of sampled
+    // edges leaving each vertex, counted here from the blocks directly.
+    let ds = dataset(FeatDtype::F32);
+    let max_deg = ds.topology.row_lengths().into_iter().max().unwrap() as u32;
+    let cfg = KHopConfig {
+        fanouts: vec![max_deg + 1, max_deg + 1],
+        replace: false,
+        remap: RemapKind::Auto,
+    };
+    let s: Arc<dyn Sampler> = Arc::new(KHopSampler::new(ds.clone(), cfg).unwrap());
+    let seeds: Vec<u32> = ds.train.to_vec()[..40].to_vec();
+    let lc = loader(2);
+    let got = crate::presc::presample_epoch(&s, &seeds, &lc, 0).unwrap();
+    let n = ds.num_nodes() as usize;
+    let (mut presence, mut draws) = (vec![0u32; n], vec![0.0f64; n]);
+    let l = fanout_sample::Loader::new(s.clone(), seeds.clone(), lc).unwrap();
+    for mb in l.epoch(crate::presc::PRESAMPLE_EPOCH_BASE) {
+        let mb = mb.unwrap();
+        mb.input_nodes
+            .iter()
+            .for_each(|&v| presence[v as usize] += 1);
+        for b in &mb.blocks {
+            for &src in &b.indices {
+                draws[mb.input_nodes[src as usize] as usize] += 1.0;
+            }
+        }
+    }
+    assert_eq!(got.presence, presence);
+    assert!(draws.iter().sum::<f64>() > 0.0);
+    for (v, (g, w)) in got.draws.iter().zip(&draws).enumerate() {
+        assert!(
+            (g - w).abs() < 1e-9,
+            "vertex {v}: expected draws {g}, draws {w}"
+        );
+    }
 }
