@@ -27,9 +27,10 @@ impl Tensor {
         Tensor { rows, cols, data }
     }
 
-    /// A `rows x cols` tensor of zeros.
+    /// A `rows x cols` tensor of zeros (zero-filled in parallel on the current rayon pool when
+    /// large).
     pub fn zeros(rows: usize, cols: usize) -> Self {
-        Tensor::new(rows, cols, vec![0.0; rows * cols])
+        Tensor::new(rows, cols, crate::cpu::par::zeros(rows * cols))
     }
 
     /// A `rows x cols` tensor filled with `value`.

@@ -3,7 +3,9 @@
 use fanout_rand::Rng;
 use rayon::prelude::*;
 
-use crate::cpu::par::{axpy_slice, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK};
+use crate::cpu::par::{
+    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK,
+};
 use crate::tensor::Tensor;
 
 /// See [`crate::Backend::add_bias`].
@@ -54,7 +56,7 @@ pub(crate) fn axpy_prefix(alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
 /// See [`crate::Backend::prefix_rows`].
 pub(crate) fn prefix_rows(x: &Tensor, rows: usize) -> Tensor {
     assert!(rows <= x.rows(), "prefix_rows: {rows} > {}", x.rows());
-    Tensor::new(rows, x.cols(), x.data()[..rows * x.cols()].to_vec())
+    Tensor::new(rows, x.cols(), copy(&x.data()[..rows * x.cols()]))
 }
 
 /// See [`crate::Backend::scale`].
@@ -134,39 +136,45 @@ pub(crate) fn dropout(x: &Tensor, p: f32, key: u64) -> (Tensor, Tensor) {
     let keep = 1.0 / (1.0 - p);
     let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
     let (rows, cols) = x.shape();
-    let mut mask = Tensor::zeros(rows, cols);
-    let mut out = Tensor::zeros(rows, cols);
-    if cols == 0 || rows == 0 {
-        return (out, mask);
+    let len = rows * cols;
+    let (mut out, mut mask): (Vec<f32>, Vec<f32>) =
+        (Vec::with_capacity(len), Vec::with_capacity(len));
+    if len > 0 {
+        const BLOCK: usize = 64;
+        out.spare_capacity_mut()[..len]
+            .par_chunks_mut(cols)
+            .zip(mask.spare_capacity_mut()[..len].par_chunks_mut(cols))
+            .enumerate()
+            .with_min_len((2048 / cols).max(1))
+            .for_each(|(r, (orow, mrow))| {
+                let mut rng = Rng::keyed(&[key, r as u64]);
+                let xrow = x.row(r);
+                let mut draws = [0u32; BLOCK];
+                for ((o, m), xs) in orow
+                    .chunks_mut(BLOCK)
+                    .zip(mrow.chunks_mut(BLOCK))
+                    .zip(xrow.chunks(BLOCK))
+                {
+                    for pair in draws[..o.len().div_ceil(2) * 2].chunks_exact_mut(2) {
+                        let bits = rng.next_u64();
+                        pair[0] = bits as u32;
+                        pair[1] = (bits >> 32) as u32;
+                    }
+                    for (((o, m), &xv), &d) in o.iter_mut().zip(m.iter_mut()).zip(xs).zip(&draws) {
+                        let mv = keep * (d >= thr) as u32 as f32;
+                        m.write(mv);
+                        o.write(xv * mv);
+                    }
+                }
+            });
+        // SAFETY: the rows cover all `len` elements of both buffers, and every element of each
+        // row's blocks (which cover the row: `xs` is as long as the row) was written above.
+        unsafe {
+            out.set_len(len);
+            mask.set_len(len);
+        }
     }
-    const BLOCK: usize = 64;
-    out.data_mut()
-        .par_chunks_mut(cols)
-        .zip(mask.data_mut().par_chunks_mut(cols))
-        .enumerate()
-        .with_min_len((2048 / cols).max(1))
-        .for_each(|(r, (orow, mrow))| {
-            let mut rng = Rng::keyed(&[key, r as u64]);
-            let xrow = x.row(r);
-            let mut draws = [0u32; BLOCK];
-            for ((o, m), xs) in orow
-                .chunks_mut(BLOCK)
-                .zip(mrow.chunks_mut(BLOCK))
-                .zip(xrow.chunks(BLOCK))
-            {
-                for pair in draws[..o.len().div_ceil(2) * 2].chunks_exact_mut(2) {
-                    let bits = rng.next_u64();
-                    pair[0] = bits as u32;
-                    pair[1] = (bits >> 32) as u32;
-                }
-                for (((o, m), &xv), &d) in o.iter_mut().zip(m.iter_mut()).zip(xs).zip(&draws) {
-                    let mv = keep * (d >= thr) as u32 as f32;
-                    *m = mv;
-                    *o = xv * mv;
-                }
-            }
-        });
-    (out, mask)
+    (Tensor::new(rows, cols, out), Tensor::new(rows, cols, mask))
 }
 
 /// See [`crate::Backend::l2_normalize_rows`].

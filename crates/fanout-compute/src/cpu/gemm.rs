@@ -17,6 +17,7 @@
 //! bit-identical whatever `RAYON_NUM_THREADS` is.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use crate::tensor::Tensor;
 
@@ -48,6 +49,47 @@ pub fn gemm(
     beta: f32,
     c: &mut Tensor,
 ) {
+    let (m, n) = product_shape(a, trans_a, b, trans_b);
+    assert_eq!(
+        c.shape(),
+        (m, n),
+        "gemm: C is {:?}, expected ({m}, {n})",
+        c.shape()
+    );
+    let cd = c.data_mut();
+    // SAFETY: `cd` is initialised, and viewing it as MaybeUninit only lets `gemm_into` write
+    // floats into it; it reads it only when beta != 0, which it may as it is initialised.
+    unsafe {
+        let len = cd.len();
+        let cu = std::slice::from_raw_parts_mut(cd.as_mut_ptr().cast::<MaybeUninit<f32>>(), len);
+        gemm_into(alpha, a, trans_a, b, trans_b, beta, cu);
+    }
+}
+
+/// `op(A) * op(B)` as a new tensor (see [`gemm`]), written into fresh memory without zeroing
+/// it first (a GEMM with `beta == 0` writes every element of C).
+pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
+    let (m, n) = product_shape(a, trans_a, b, trans_b);
+    let mut data: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: with beta == 0, `gemm_into` writes every one of the m * n elements and reads
+    // none (its contract), so all `m * n` elements are initialised before `set_len`.
+    unsafe {
+        gemm_into(
+            1.0,
+            a,
+            trans_a,
+            b,
+            trans_b,
+            0.0,
+            &mut data.spare_capacity_mut()[..m * n],
+        );
+        data.set_len(m * n);
+    }
+    Tensor::new(m, n, data)
+}
+
+/// `(m, n)` of `op(A) * op(B)`; panics if the inner dimensions differ.
+fn product_shape(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> (usize, usize) {
     let (m, k) = if trans_a {
         (a.cols(), a.rows())
     } else {
@@ -62,21 +104,39 @@ pub fn gemm(
         k, kb,
         "gemm: inner dimensions differ (op(A) is {m} x {k}, op(B) is {kb} x {n})"
     );
-    assert_eq!(
-        c.shape(),
-        (m, n),
-        "gemm: C is {:?}, expected ({m}, {n})",
-        c.shape()
-    );
+    (m, n)
+}
+
+/// The body of [`gemm`] over a C given as `m x n` row-major possibly uninitialised memory.
+///
+/// # Safety
+/// `c.len() == m * n` for the product's shape. When `beta != 0`, every element of `c` must be
+/// initialised (it is read). When `beta == 0`, `c` is only written, and on return every
+/// element of it has been written.
+unsafe fn gemm_into(
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut [MaybeUninit<f32>],
+) {
+    let (m, n) = product_shape(a, trans_a, b, trans_b);
+    let k = if trans_a { a.rows() } else { a.cols() };
+    assert_eq!(c.len(), m * n, "gemm: C has the wrong length");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        let cd = c.data_mut();
-        if beta == 0.0 {
-            cd.fill(0.0);
-        } else {
-            cd.iter_mut().for_each(|x| *x *= beta);
+        for x in c.iter_mut() {
+            // SAFETY (read): beta != 0 only with an initialised C (this function's contract).
+            let v = if beta == 0.0 {
+                0.0
+            } else {
+                beta * x.assume_init()
+            };
+            x.write(v);
         }
         return;
     }
@@ -93,14 +153,16 @@ pub fn gemm(
     };
     let (ad, bd) = (a.data(), b.data());
     // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows`.
-    let block = |row0: usize, c_rows: &mut [f32]| {
+    let block = |row0: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let rows = c_rows.len() / n;
         // Offset of op(A)'s row `row0` in `ad`.
         let a_off = if trans_a { row0 } else { row0 * a.cols() };
         // SAFETY: op(A) rows `row0..row0+rows` with strides (rsa, csa) address only elements of
         // `ad` (checked shapes: the last one is at a_off + (rows-1)*rsa + (k-1)*csa < ad.len()),
         // op(B) with (rsb, csb) stays inside `bd`, and `c_rows` is an exclusive `rows x n`
-        // row-major slice, so (n, 1) strides address each of its elements once.
+        // row-major slice, so (n, 1) strides address each of its elements once. sgemm reads C
+        // only when beta != 0 (then C is initialised, by `gemm_into`'s contract) and writes
+        // every element of it.
         unsafe {
             matrixmultiply::sgemm(
                 rows,
@@ -114,14 +176,14 @@ pub fn gemm(
                 rsb,
                 csb,
                 beta,
-                c_rows.as_mut_ptr(),
+                c_rows.as_mut_ptr().cast::<f32>(),
                 n as isize,
                 1,
             );
         }
     };
     if m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
-        block(0, c.data_mut());
+        block(0, c);
         return;
     }
     if k >= K_SPLIT_MIN && k >= 4 * m {
@@ -133,10 +195,11 @@ pub fn gemm(
             .map(|p| {
                 let k0 = p * chunk;
                 let kk = chunk.min(k - k0);
-                let mut part = vec![0.0f32; m * n];
+                let mut part: Vec<f32> = Vec::with_capacity(m * n);
                 // SAFETY: op(A) columns k0..k0+kk and op(B) rows k0..k0+kk lie inside `ad` and
                 // `bd` (same bounds argument as `block`, shifted by k0 along the inner
-                // dimension), and `part` is an exclusive m x n row-major buffer.
+                // dimension), and `part` has room for an exclusive m x n row-major buffer,
+                // every element of which sgemm writes (beta == 0), so `set_len` is sound.
                 unsafe {
                     matrixmultiply::sgemm(
                         m,
@@ -154,24 +217,23 @@ pub fn gemm(
                         n as isize,
                         1,
                     );
+                    part.set_len(m * n);
                 }
                 part
             })
             .collect();
-        c.data_mut()
-            .par_chunks_mut(1 << 14)
-            .enumerate()
-            .for_each(|(ci, cc)| {
-                let off = ci << 14;
-                for (j, out) in cc.iter_mut().enumerate() {
-                    let s: f32 = partials.iter().map(|p| p[off + j]).sum();
-                    *out = if beta == 0.0 {
-                        alpha * s
-                    } else {
-                        alpha * s + beta * *out
-                    };
-                }
-            });
+        c.par_chunks_mut(1 << 14).enumerate().for_each(|(ci, cc)| {
+            let off = ci << 14;
+            for (j, out) in cc.iter_mut().enumerate() {
+                let s: f32 = partials.iter().map(|p| p[off + j]).sum();
+                // SAFETY (read): beta != 0 only with an initialised C (the contract).
+                out.write(if beta == 0.0 {
+                    alpha * s
+                } else {
+                    alpha * s + beta * unsafe { out.assume_init() }
+                });
+            }
+        });
         return;
     }
     // Row blocks: about four per thread for load balance when rows allow, at least
@@ -186,20 +248,10 @@ pub fn gemm(
         .div_ceil(TILE_ALIGN)
         * TILE_ALIGN;
     if per >= m {
-        block(0, c.data_mut());
+        block(0, c);
         return;
     }
-    c.data_mut()
-        .par_chunks_mut(per * n)
+    c.par_chunks_mut(per * n)
         .enumerate()
         .for_each(|(i, chunk)| block(i * per, chunk));
-}
-
-/// `op(A) * op(B)` as a new tensor (see [`gemm`]).
-pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
-    let m = if trans_a { a.cols() } else { a.rows() };
-    let n = if trans_b { b.rows() } else { b.cols() };
-    let mut c = Tensor::zeros(m, n);
-    gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c);
-    c
 }

@@ -11,7 +11,7 @@ pub mod gemm;
 pub mod graph;
 mod loss;
 mod optim;
-mod par;
+pub(crate) mod par;
 
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
 use crate::block::{BlockDims, BlockRef};
@@ -69,6 +69,9 @@ impl Backend for CpuBackend {
         c: &mut Tensor,
     ) {
         gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c)
+    }
+    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
+        gemm::matmul(a, trans_a, b, trans_b)
     }
     fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
         dense::add_bias(x, bias)

@@ -4,6 +4,7 @@
 //! thread count, so reductions add their partial results in the same order on any machine.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Elements per task for elementwise loops.
 pub(crate) const ELEM_CHUNK: usize = 1 << 14;
@@ -93,31 +94,86 @@ where
     total
 }
 
+/// Vectors shorter than this are built on the calling thread.
+const PAR_BUILD_MIN: usize = 1 << 15;
+
+/// A vector of `len` floats built without zero-filling it first: `write(start, out)` is
+/// called, in parallel for long vectors, on consecutive chunks of at most [`ELEM_CHUNK`]
+/// elements (`out` holds elements `start..start + out.len()`) and writes each of them.
+/// Saves the sequential `memset` of `vec![0.0; len]` on the caller's thread, which is most of
+/// the train stage's single-threaded time otherwise.
+///
+/// # Safety
+/// `write` must initialise every element of every chunk it is given.
+pub(crate) unsafe fn par_build<F>(len: usize, write: F) -> Vec<f32>
+where
+    F: Fn(usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+{
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let spare = &mut v.spare_capacity_mut()[..len];
+    if len < PAR_BUILD_MIN {
+        for (i, c) in spare.chunks_mut(ELEM_CHUNK).enumerate() {
+            write(i * ELEM_CHUNK, c);
+        }
+    } else {
+        spare
+            .par_chunks_mut(ELEM_CHUNK)
+            .enumerate()
+            .for_each(|(i, c)| write(i * ELEM_CHUNK, c));
+    }
+    // SAFETY: the chunks cover all `len` elements and `write` initialised each (the contract).
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// `len` zeros, zero-filled in parallel for long vectors.
+pub(crate) fn zeros(len: usize) -> Vec<f32> {
+    if len < PAR_BUILD_MIN {
+        return vec![0.0; len];
+    }
+    // SAFETY: every element of every chunk is written.
+    unsafe { par_build(len, |_, out| out.fill(MaybeUninit::new(0.0))) }
+}
+
+/// A copy of `a`, copied in parallel for long slices.
+pub(crate) fn copy(a: &[f32]) -> Vec<f32> {
+    // SAFETY: each chunk `out` is zipped with `a[start..start + out.len()]` (in bounds: the
+    // chunks cover `0..a.len()`), so every element of it is written.
+    unsafe {
+        par_build(a.len(), |start, out| {
+            let src = &a[start..start + out.len()];
+            for (o, &x) in out.iter_mut().zip(src) {
+                o.write(x);
+            }
+        })
+    }
+}
+
 /// `out[i] = f(a[i])`, in parallel.
 pub(crate) fn map1(a: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
-    let mut out = vec![0.0; a.len()];
-    out.par_chunks_mut(ELEM_CHUNK)
-        .zip(a.par_chunks(ELEM_CHUNK))
-        .for_each(|(o, a)| {
-            for (o, &a) in o.iter_mut().zip(a) {
-                *o = f(a);
+    // SAFETY: as in `copy`, every element of each chunk is written.
+    unsafe {
+        par_build(a.len(), |start, out| {
+            let src = &a[start..start + out.len()];
+            for (o, &x) in out.iter_mut().zip(src) {
+                o.write(f(x));
             }
-        });
-    out
+        })
+    }
 }
 
 /// `out[i] = f(a[i], b[i])`, in parallel. Panics if the lengths differ.
 pub(crate) fn map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
     assert_eq!(a.len(), b.len(), "elementwise operands differ in length");
-    let mut out = vec![0.0; a.len()];
-    out.par_chunks_mut(ELEM_CHUNK)
-        .zip(a.par_chunks(ELEM_CHUNK).zip(b.par_chunks(ELEM_CHUNK)))
-        .for_each(|(o, (a, b))| {
-            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
-                *o = f(a, b);
+    // SAFETY: as in `copy` (both inputs are as long as the output), every element is written.
+    unsafe {
+        par_build(a.len(), |start, out| {
+            let end = start + out.len();
+            for ((o, &x), &y) in out.iter_mut().zip(&a[start..end]).zip(&b[start..end]) {
+                o.write(f(x, y));
             }
-        });
-    out
+        })
+    }
 }
 
 /// `y[i] += alpha * x[i]` over a slice pair of equal length.
