@@ -317,6 +317,7 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
         seed: a.seed,
         prefetch: a.prefetch.max(1),
         sample_workers: 1,
+        reorder_window: 0,
     };
     let eval_cfg = PipelineConfig {
         shuffle: false,

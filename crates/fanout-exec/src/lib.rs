@@ -7,9 +7,11 @@
 //! sample (Loader workers) --queue--> extract (1 thread, an Extractor) --queue--> train (caller)
 //! ```
 //!
-//! so an epoch costs close to its slowest stage rather than the sum. Every stage has a busy
-//! timer ([`StageClock`]); [`EpochMetrics`] reports them with the wall time, the loss and the
-//! accuracies, and [`RunMetrics`] a whole run (the JSON of `fanout train --metrics-out`).
+//! so an epoch costs close to its slowest stage rather than the sum. With a reorder window the
+//! extract stage passes each window of sampled batches on in FastGL's Greedy Reorder order
+//! ([`PipelineConfig::reorder_window`]). Every stage has a busy timer ([`StageClock`]);
+//! [`EpochMetrics`] reports them with the wall time, the loss and the accuracies, and
+//! [`RunMetrics`] a whole run (the JSON of `fanout train --metrics-out`).
 //!
 //! [`Trainer`] owns a model and its optimiser on one [`Backend`](fanout_compute::Backend) and
 //! turns prepared batches into steps; [`fit`] drives epochs with evaluation on the validation

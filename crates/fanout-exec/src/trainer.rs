@@ -208,7 +208,9 @@ pub fn fit<B: Backend>(
             let t = Instant::now();
             edges += p.batch.num_edges() as u64;
             inputs += p.batch.input_nodes.len() as u64;
-            let key = (epoch << 32) | batches;
+            // Dropout is keyed by the batch's own step, so a reordered epoch trains every
+            // batch with the mask it would get in sampled order.
+            let key = (epoch << 32) | p.batch.key.step;
             let out = trainer.train_batch(p, key)?;
             train_s += t.elapsed().as_secs_f64();
             loss_sum += out.loss * out.labelled as f64;
