@@ -1,7 +1,13 @@
 //! `fanout`: the command line of the fanout GNN training engine.
 
 mod cmd;
+mod memory;
 mod progress;
+
+/// Counts heap bytes so that `fanout train --cache-ratio auto` can measure a trial batch's peak
+/// (see `memory.rs`).
+#[global_allocator]
+static ALLOC: memory::CountingAlloc = memory::CountingAlloc;
 
 use clap::{Parser, Subcommand};
 

@@ -195,3 +195,204 @@ fn bad_flags_and_bad_data_fail_cleanly() {
         &["g.txt"],
     );
 }
+
+/// The tensors of a safetensors file by name (the header's key order is not fixed, so files
+/// are compared tensor by tensor).
+fn tensors(file: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let data = &file[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .map(|(k, v)| {
+            let o = &v["data_offsets"];
+            let (a, b) = (
+                o[0].as_u64().unwrap() as usize,
+                o[1].as_u64().unwrap() as usize,
+            );
+            (k.clone(), data[a..b].to_vec())
+        })
+        .collect()
+}
+
+/// Bytes per row and vertex count of a dataset, from `dataset info --json`.
+fn shape(ds: &str) -> (u64, u64) {
+    let v: Value = serde_json::from_str(ok(&["dataset", "info", ds, "--json"]).trim()).unwrap();
+    let v = if v["info"].is_object() {
+        &v["info"]
+    } else {
+        &v
+    };
+    let dim = v["feat_dim"].as_u64().unwrap();
+    (dim * 4, v["num_nodes"].as_u64().unwrap())
+}
+
+#[test]
+fn auto_cache_size_follows_the_trial_batch_and_leaves_training_unchanged() {
+    let t = tempfile::tempdir().unwrap();
+    // 82k vertices with 1 KiB feature rows (84 MB): a 64 MiB budget caches part of them.
+    let ds = t.path().join("slashdot");
+    ok(&[
+        "dataset",
+        "import",
+        "--format",
+        "npy",
+        s(&common::shared("slashdot")),
+        s(&ds),
+        "--random-features",
+        "256",
+        "--classes",
+        "4",
+        "--train-frac",
+        "0.01",
+    ]);
+    let ds = s(&ds).to_string();
+    let (row_bytes, num_nodes) = shape(&ds);
+    assert_eq!(row_bytes, 1024);
+    let run = |size: &str, extra: &[&str], name: &str| {
+        let (m, model) = (
+            t.path().join(format!("{name}.json")),
+            t.path().join(format!("{name}.safetensors")),
+        );
+        let mut args = vec!["--cache-policy", "degree", "--cache-ratio", size];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--metrics-out", s(&m), "--save-model", s(&model)]);
+        let mut v = small(&ds, &args);
+        v[6] = "128"; // batch size
+        let out = ok(&v);
+        (out, read_json(&m), tensors(&std::fs::read(&model).unwrap()))
+    };
+    let (out, j, weights) = run("auto", &["--device-memory", "64MiB"], "auto");
+    let a = &j["cache"]["auto"];
+    let get = |k: &str| a[k].as_u64().unwrap_or_else(|| panic!("no {k} in {a}"));
+    let dm = get("device_memory");
+    assert_eq!(dm, 64 << 20);
+    assert_eq!(get("margin"), (dm / 16).min(1 << 30));
+    assert_eq!(
+        get("trial_peak"),
+        get("trial_step_peak") + get("model_state")
+    );
+    // The step holds the batch's feature matrix, so the measured peak cannot be below it.
+    assert!(get("trial_feature_bytes") > 0);
+    assert!(get("trial_step_peak") >= get("trial_feature_bytes"), "{a}");
+    assert!(get("prefetch_buffers") >= get("trial_feature_bytes"), "{a}");
+    let budget = dm - get("trial_peak") - get("prefetch_buffers") - get("margin");
+    assert_eq!(get("budget"), budget);
+    let rows = (budget / row_bytes).min(num_nodes);
+    assert_eq!(get("rows"), rows);
+    assert_eq!(j["cache"]["rows"].as_u64(), Some(rows));
+    assert_eq!(j["cache"]["size_chosen"], "auto");
+    assert!(rows > 0 && rows < num_nodes, "{rows} of {num_nodes} rows");
+    assert!(
+        out.contains(&format!("feature cache: degree holding {rows} rows"))
+            && out.contains("size auto: device memory 64.0 MiB, trial-batch peak")
+            && out.contains(&format!("= {rows} rows")),
+        "{out}"
+    );
+
+    // The same rows set by hand: the trial step changed nothing, the weights are identical.
+    let bytes = format!("{}B", rows * row_bytes);
+    let (out_h, jh, weights_h) = run(&bytes, &[], "hand");
+    assert!(out_h.contains(&format!("holding {rows} rows")), "{out_h}");
+    assert!(out_h.contains("size set by hand"), "{out_h}");
+    assert_eq!(jh["cache"]["size_chosen"], "by hand");
+    assert!(jh["cache"]["auto"].is_null());
+    assert!(!weights.is_empty());
+    assert!(
+        weights == weights_h,
+        "the trial batch changed the trained model"
+    );
+    for e in 0..3 {
+        assert_eq!(j["epochs"][e]["loss"], jh["epochs"][e]["loss"]);
+        assert_eq!(j["epochs"][e]["extract"], jh["epochs"][e]["extract"]);
+    }
+
+    // Errors name the flag and what is expected.
+    let with = |extra: &[&'static str]| {
+        let mut v = small(&ds, extra);
+        v[10] = "1";
+        v
+    };
+    fails(
+        &with(&["--cache-ratio", "auto", "--device-memory", "64MiB"]),
+        1,
+        &["--cache-ratio auto", "--cache-policy"],
+    );
+    fails(
+        &with(&[
+            "--cache-policy",
+            "degree",
+            "--cache-ratio",
+            "auto",
+            "--device-memory",
+            "1MiB",
+        ]),
+        1,
+        &["--device-memory", "trial batch", "peak"],
+    );
+    fails(
+        &with(&[
+            "--cache-policy",
+            "degree",
+            "--cache-ratio",
+            "auto",
+            "--device-memory",
+            "lots",
+        ]),
+        1,
+        &["--device-memory", "lots", "64MiB"],
+    );
+    fails(
+        &with(&["--cache-policy", "degree", "--device-memory", "64MiB"]),
+        1,
+        &["--device-memory", "--cache-ratio auto"],
+    );
+    fails(
+        &with(&["--cache-policy", "degree", "--cache-ratio", "automatic"]),
+        1,
+        &["--cache-ratio", "auto"],
+    );
+}
+
+#[test]
+fn reorder_window_permutes_batches_and_reuses_at_least_as_much() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let (plain, reord) = (t.path().join("plain.json"), t.path().join("reord.json"));
+    let one_epoch = |extra: &[&'static str], m: &std::path::Path| {
+        let mut v = small(&ds, extra);
+        v[10] = "1";
+        v.extend_from_slice(&["--metrics-out", s(m)]);
+        ok(&v)
+    };
+    // No static cache, so every shared row is reused; a window larger than the epoch (4
+    // batches) reorders it whole, and one epoch has no previous epoch's batch to reuse.
+    let out_p = one_epoch(&["--match-reorder"], &plain);
+    let out_r = one_epoch(&["--match-reorder", "--reorder-window", "16"], &reord);
+    assert!(!out_p.contains("Greedy Reorder"), "{out_p}");
+    assert!(
+        out_r.contains("Greedy Reorder in windows of 16 batches"),
+        "{out_r}"
+    );
+    let (jp, jr) = (read_json(&plain), read_json(&reord));
+    assert_eq!(jp["reorder_window"].as_u64(), Some(1));
+    assert_eq!(jr["reorder_window"].as_u64(), Some(16));
+    let (ep, er) = (&jp["epochs"][0], &jr["epochs"][0]);
+    // The same batches: counts, edges, input nodes and bytes needed agree.
+    for k in ["batches", "edges", "input_nodes"] {
+        assert_eq!(ep[k], er[k], "{k}");
+    }
+    assert_eq!(ep["extract"]["bytes_total"], er["extract"]["bytes_total"]);
+    let reused = |e: &Value| e["extract"]["bytes_reused"].as_u64().unwrap();
+    assert!(reused(ep) > 0);
+    assert!(reused(er) >= reused(ep), "{} < {}", reused(er), reused(ep));
+    // Reordering without Match is refused; evaluation is unaffected by the flag's parsing.
+    fails(
+        &small(&ds, &["--reorder-window", "4"]),
+        1,
+        &["--reorder-window", "--match-reorder"],
+    );
+}

@@ -101,6 +101,7 @@ pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
         seed,
         prefetch: 2,
         sample_workers: 1,
+        reorder_window: 0,
     };
     let pipe = make_pipeline(&ds, &sampler, set, &pcfg)?;
     let mut trainer = Trainer::new(model, Box::new(fanout_compute::Sgd::new(CpuBackend, 0.0)));

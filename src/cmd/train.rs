@@ -1,12 +1,16 @@
 //! `fanout train`: sample-based training through the sample -> extract -> train pipeline, with
 //! evaluation, per-epoch summaries, a metrics JSON file and a checkpoint.
 
+use crate::memory::HostHeap;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
-use fanout_cache::{build_extractor, CacheConfig, CacheSize, PlainExtractor, Policy, PreSampling};
+use fanout_cache::{
+    auto_cache_size, build_extractor, parse_bytes, CacheConfig, CacheSize, CacheSizeSpec,
+    PlainExtractor, Policy, PreSampling,
+};
 use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig, ModelKind, PaperSetting};
 use fanout_exec::{fit, BatchOutcome, EpochMetrics, FitConfig, FitObserver, Pipeline};
-use fanout_exec::{PipelineConfig, Trainer};
+use fanout_exec::{measure_trial_batch, MemoryProbe, PipelineConfig, Trainer};
 use fanout_graph::Dataset;
 use fanout_sample::{
     parse_fanouts, KHopConfig, KHopSampler, LoaderConfig, RandomWalkConfig, RandomWalkSampler,
@@ -85,14 +89,29 @@ pub struct TrainArgs {
     /// and the bytes gathered from the host store.
     #[arg(long, default_value = "none")]
     pub cache_policy: String,
-    /// Cache size: a ratio of all vertices ("0.1", "10%") or bytes ("512MiB", "2GB").
+    /// Cache size: a ratio of all vertices ("0.1", "10%"), bytes ("512MiB", "2GB"), or "auto"
+    /// (PaGraph): one trial training step (sample, extract, forward, backward of the first
+    /// batch, no optimiser step) measures its peak memory, and the cache gets what is left of
+    /// --device-memory after that peak, the batches queued in the pipeline and a safety margin
+    /// of min(1 GiB, device memory / 16). auto needs a --cache-policy.
     #[arg(long, default_value = "0.1")]
     pub cache_ratio: String,
+    /// Device memory budget of --cache-ratio auto, in bytes ("2GiB", "512MB" or a whole
+    /// number). Default on the CPU backend: MemAvailable of /proc/meminfo (the "device" is the
+    /// host heap there).
+    #[arg(long, value_name = "BYTES")]
+    pub device_memory: Option<String>,
     /// FastGL Match: reuse the rows of the previous mini-batch and gather only the new ones.
-    /// (Batch reordering is evaluated by `fanout cache-sim --match-reorder`; training keeps the
-    /// sampled batch order.)
+    /// The batches keep their sampled order unless --reorder-window is given too.
     #[arg(long)]
     pub match_reorder: bool,
+    /// FastGL Greedy Reorder (needs --match-reorder): take N sampled batches at a time and
+    /// train them in the order where consecutive batches share the most input nodes, so Match
+    /// reuses more rows. Every batch is still trained once per epoch; the order (and so the
+    /// trained model) depends on N. 0 or 1: sampled order. The loader samples max(N,
+    /// --prefetch) batches ahead, so up to 2N sampled batches are held in memory.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub reorder_window: usize,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
@@ -253,7 +272,7 @@ impl FitObserver for Observer {
         }
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |v| format!("{v:.4}"));
         println!(
-            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  hit {:.1}%",
+            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%",
             m.epoch,
             m.wall_s,
             m.sample_s,
@@ -263,9 +282,15 @@ impl FitObserver for Observer {
             m.train_acc,
             acc(m.val_acc),
             m.extract.bytes_from_host as f64 / 1e6,
+            m.extract.bytes_reused as f64 / 1e6,
             100.0 * m.hit_rate
         );
     }
+}
+
+/// Bytes as MiB with one decimal, for summaries.
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
 /// Runs `fanout train`.
@@ -311,29 +336,92 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
         return Err(format!("{}: the training set is empty", ds.dir.display()));
     }
     let sampler = make_sampler(&ds, kind, fanouts.clone())?;
+    if a.reorder_window > 1 && !a.match_reorder {
+        return Err(format!(
+            "--reorder-window {}: reordering only helps Match (reuse of the previous batch's \
+             rows); add --match-reorder",
+            a.reorder_window
+        ));
+    }
     let pcfg = PipelineConfig {
         batch_size,
         shuffle: true,
         seed: a.seed,
         prefetch: a.prefetch.max(1),
         sample_workers: 1,
+        reorder_window: if a.match_reorder { a.reorder_window } else { 0 },
     };
-    let eval_cfg = PipelineConfig {
-        shuffle: false,
-        ..pcfg.clone()
+    // Evaluation never reorders.
+    let eval_cfg = pcfg.for_evaluation();
+    let policy = match a.cache_policy.trim() {
+        "none" => None,
+        p => Some(
+            p.parse::<Policy>()
+                .map_err(|e| format!("--cache-policy: {e}"))?,
+        ),
+    };
+    let size_spec =
+        CacheSizeSpec::parse(&a.cache_ratio).map_err(|e| format!("--cache-ratio: {e}, or auto"))?;
+    if size_spec == CacheSizeSpec::Auto && policy.is_none() {
+        return Err(
+            "--cache-ratio auto sizes a feature cache: give --cache-policy random, degree or presc"
+                .into(),
+        );
+    }
+    if a.device_memory.is_some() && size_spec != CacheSizeSpec::Auto {
+        return Err(
+            "--device-memory is the budget of --cache-ratio auto; add --cache-ratio auto".into(),
+        );
+    }
+
+    let be = CpuBackend;
+    let model = Model::new(be, config.clone()).map_err(|e| e.to_string())?;
+    let opt = Adam::new(be, lr).with_weight_decay(a.weight_decay);
+    let mut trainer = Trainer::new(model, Box::new(opt));
+
+    let (size, auto) = match size_spec {
+        CacheSizeSpec::Fixed(s) => (s, None),
+        CacheSizeSpec::Auto => {
+            let probe = HostHeap;
+            let device_memory = match &a.device_memory {
+                Some(t) => parse_bytes(t).map_err(|e| format!("--device-memory: {e}"))?,
+                None => probe.available().map_err(|e| {
+                    format!(
+                        "--cache-ratio auto: no --device-memory given and the {}'s size is \
+                         unknown: {e}; give --device-memory BYTES",
+                        probe.name()
+                    )
+                })?,
+            };
+            let mut ex = PlainExtractor::new(ds.clone()).map_err(|e| e.to_string())?;
+            let trial =
+                measure_trial_batch(&mut trainer, &sampler, &mut ex, &train_set, &pcfg, &probe)
+                    .map_err(|e| format!("--cache-ratio auto: the trial batch failed: {e}"))?;
+            let f = ds.features.as_ref().ok_or("the dataset has no features")?;
+            let sized = auto_cache_size(
+                device_memory,
+                trial.peak(),
+                trial.queued_bytes(&pcfg),
+                ds.num_nodes() as usize,
+                f.row_bytes(),
+            )
+            .map_err(|e| {
+                format!(
+                    "--cache-ratio auto with --device-memory {}: {e}; raise --device-memory or \
+                     lower --batch-size",
+                    mib(device_memory)
+                )
+            })?;
+            (CacheSize::Rows(sized.rows), Some((trial, sized)))
+        }
     };
     let cache = CacheConfig {
-        policy: match a.cache_policy.trim() {
-            "none" => None,
-            p => Some(
-                p.parse::<Policy>()
-                    .map_err(|e| format!("--cache-policy: {e}"))?,
-            ),
-        },
-        size: CacheSize::parse(&a.cache_ratio).map_err(|e| format!("--cache-ratio: {e}"))?,
+        policy,
+        size,
         match_previous: a.match_reorder,
         seed: a.seed,
     };
+    let mut cache_json = serde_json::json!({ "policy": "none", "rows": 0 });
     let train = if cache.policy.is_none() && !cache.match_previous {
         make_pipeline(&ds, &sampler, train_set, &pcfg)?
     } else {
@@ -349,8 +437,32 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
         };
         let (ex, summary) =
             build_extractor(ds.clone(), &cache, Some(&pre)).map_err(|e| e.to_string())?;
+        let how = match &auto {
+            None if cache.policy.is_none() => String::new(),
+            None => format!(
+                "; size set by hand (--cache-ratio {})",
+                a.cache_ratio.trim()
+            ),
+            Some((t, z)) => format!(
+                "; size auto: device memory {}, trial-batch peak {} (step {} + model state {}), \
+                 queued batches {}, margin {} -> cache {} = {} rows{}",
+                mib(z.device_memory),
+                mib(z.trial_peak),
+                mib(t.step_peak),
+                mib(t.model_state),
+                mib(z.prefetch_buffers),
+                mib(z.margin),
+                mib(z.budget),
+                z.rows,
+                if z.rows == 0 {
+                    " (no memory left for a cache: 0 rows)"
+                } else {
+                    ""
+                }
+            ),
+        };
         println!(
-            "feature cache: {} holding {} rows ({:.1}% of vertices, {:.1} MB){}",
+            "feature cache: {} holding {} rows ({:.1}% of vertices, {:.1} MB){}{}{}",
             summary.policy,
             summary.rows,
             100.0 * summary.ratio,
@@ -359,8 +471,38 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
                 ", reusing the previous batch's rows"
             } else {
                 ""
-            }
+            },
+            if pcfg.window() > 1 {
+                format!(", Greedy Reorder in windows of {} batches", pcfg.window())
+            } else {
+                String::new()
+            },
+            how
         );
+        cache_json = serde_json::json!({
+            "policy": summary.policy,
+            "rows": summary.rows,
+            "ratio": summary.ratio,
+            "bytes": summary.bytes,
+            "match_previous": summary.match_previous,
+            "size_chosen": if auto.is_some() { "auto" } else { "by hand" },
+            "cache_ratio": a.cache_ratio.trim(),
+            "auto": auto.map(|(t, z)| serde_json::json!({
+                "device_memory": z.device_memory,
+                "trial_peak": z.trial_peak,
+                "trial_step_peak": t.step_peak,
+                "model_state": t.model_state,
+                "trial_batch_bytes": t.batch_bytes,
+                "trial_feature_bytes": t.feature_bytes,
+                "trial_input_nodes": t.input_nodes,
+                "prefetch_buffers": z.prefetch_buffers,
+                "margin": z.margin,
+                "budget": z.budget,
+                "row_bytes": ds.features.as_ref().map_or(0, |f| f.row_bytes()),
+                "num_nodes": ds.num_nodes(),
+                "rows": z.rows,
+            })),
+        });
         Pipeline::new(sampler.clone(), Box::new(ex), train_set, &pcfg).map_err(|e| e.to_string())?
     };
     let split = |v: Vec<u32>| -> Result<Option<Pipeline>, String> {
@@ -373,10 +515,6 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
     let valid = split(ds.valid.to_vec())?;
     let test = split(ds.test.to_vec())?;
 
-    let be = CpuBackend;
-    let model = Model::new(be, config.clone()).map_err(|e| e.to_string())?;
-    let opt = Adam::new(be, lr).with_weight_decay(a.weight_decay);
-    let mut trainer = Trainer::new(model, Box::new(opt));
     let fanout_str: Vec<String> = fanouts.iter().map(|k| k.to_string()).collect();
     println!(
         "{} on {} ({} vertices, {} train / {} valid / {} test): {} layers, hidden {}, fanouts {}, batch {}, lr {lr}, {} parameters",
@@ -430,6 +568,8 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
             "best_val_acc": run.best_val_acc,
             "best_epoch": run.best_epoch,
             "median_epoch_s": run.median_epoch_s,
+            "cache": cache_json,
+            "reorder_window": pcfg.window(),
             "epochs": run.epochs,
         });
         let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;

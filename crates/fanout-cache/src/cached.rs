@@ -150,7 +150,8 @@ pub struct CacheConfig {
     /// Cache size (ignored without a policy).
     pub size: CacheSize,
     /// Reuse the previous batch's rows (FastGL Match). Reordering is the caller's: buffer a
-    /// window of batches and run [`crate::reorder_batches`] on it.
+    /// window of batches and run [`crate::reorder_batches`] on it (the trainer's pipeline does,
+    /// with `PipelineConfig::reorder_window`).
     pub match_previous: bool,
     /// Seed of the random policy.
     pub seed: u64,

@@ -3,7 +3,8 @@
 //! - [`Extractor`]: the extract stage's interface (input nodes -> feature rows, with byte
 //!   accounting in [`ExtractStats`]); [`PlainExtractor`] is the uncached reference path.
 //! - [`table`]: the device cache ([`FeatureCache`]: byte budget or ratio -> rows, vertex -> slot
-//!   table, rows in the stored dtype) and PaGraph's budget rule ([`pagraph_budget`]).
+//!   table, rows in the stored dtype) and PaGraph's budget rule ([`pagraph_budget`],
+//!   [`auto_cache_size`]: the size left after a trial batch's peak).
 //! - [`policy`]: random, degree (in the sampling direction), PreSC#K ([`presc`]) and the
 //!   optimal oracle ([`optimal`]) as hotness rankings.
 //! - [`match_reorder`]: FastGL Match degree, Greedy Reorder (Algorithm 1 with the NOTES.md
@@ -31,7 +32,10 @@ pub use extract::{ExtractStats, Extractor, PlainExtractor};
 pub use match_reorder::{greedy_reorder, match_stats, reorder_batches, MatchStats};
 pub use policy::{parse_policies, Policy};
 pub use sim::{simulate, SimConfig, SimReport, SimRow};
-pub use table::{pagraph_budget, CacheSize, FeatureCache, PAGRAPH_SLACK};
+pub use table::{
+    auto_cache_size, auto_margin, pagraph_budget, parse_bytes, AutoSize, CacheSize, CacheSizeSpec,
+    FeatureCache, PAGRAPH_SLACK,
+};
 pub use trace::Trace;
 
 #[cfg(test)]

@@ -52,33 +52,135 @@ impl CacheSize {
         if let Ok(a) = t.parse::<f64>() {
             return ratio(a, s);
         }
-        let units: [(&str, u64); 9] = [
-            ("KiB", 1 << 10),
-            ("MiB", 1 << 20),
-            ("GiB", 1 << 30),
-            ("TiB", 1 << 40),
-            ("KB", 1_000),
-            ("MB", 1_000_000),
-            ("GB", 1_000_000_000),
-            ("TB", 1_000_000_000_000),
-            ("B", 1),
-        ];
-        for (u, m) in units {
-            if let Some(n) = t.strip_suffix(u) {
-                let x: f64 = n
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("bad byte size {s:?}"))?;
-                if !(x >= 0.0 && x.is_finite()) {
-                    return Err(format!("bad byte size {s:?}"));
-                }
-                return Ok(CacheSize::Bytes((x * m as f64) as u64));
-            }
+        match parse_bytes_with_unit(t) {
+            Some(Ok(b)) => Ok(CacheSize::Bytes(b)),
+            Some(Err(())) => Err(format!("bad byte size {s:?}")),
+            None => Err(format!(
+                "cache size {s:?}: expected a ratio of |V| (0.1 or 10%) or bytes (512MiB, 2GB)"
+            )),
         }
-        Err(format!(
-            "cache size {s:?}: expected a ratio of |V| (0.1 or 10%) or bytes (512MiB, 2GB)"
-        ))
     }
+}
+
+/// Byte units: K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti powers of 1024, B is one byte.
+const UNITS: [(&str, u64); 9] = [
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("TiB", 1 << 40),
+    ("KB", 1_000),
+    ("MB", 1_000_000),
+    ("GB", 1_000_000_000),
+    ("TB", 1_000_000_000_000),
+    ("B", 1),
+];
+
+/// `None` without a unit suffix; `Some(Err)` with a unit but no valid non-negative number.
+fn parse_bytes_with_unit(t: &str) -> Option<Result<u64, ()>> {
+    for (u, m) in UNITS {
+        if let Some(n) = t.strip_suffix(u) {
+            let x: f64 = match n.trim().parse() {
+                Ok(x) => x,
+                Err(_) => return Some(Err(())),
+            };
+            if !(x >= 0.0 && x.is_finite()) {
+                return Some(Err(()));
+            }
+            return Some(Ok((x * m as f64) as u64));
+        }
+    }
+    None
+}
+
+/// Parses a byte count: a number with a unit as [`CacheSize::parse`] takes them (`64MiB`,
+/// `2GB`, `1.5GiB`, `4096B`) or a plain non-negative integer of bytes. Errors on anything else.
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    if let Ok(b) = t.parse::<u64>() {
+        return Ok(b);
+    }
+    match parse_bytes_with_unit(t) {
+        Some(Ok(b)) => Ok(b),
+        _ => Err(format!(
+            "{s:?}: expected bytes with a unit (64MiB, 2GiB, 8GB) or a whole number of bytes"
+        )),
+    }
+}
+
+/// What `--cache-ratio` asks for: a size set by hand, or PaGraph's automatic size (`auto`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CacheSizeSpec {
+    /// A ratio, bytes or rows set by hand.
+    Fixed(CacheSize),
+    /// Sized from the device memory left after a trial batch ([`auto_cache_size`]).
+    Auto,
+}
+
+impl CacheSizeSpec {
+    /// `auto` (any case), else [`CacheSize::parse`].
+    pub fn parse(s: &str) -> std::result::Result<CacheSizeSpec, String> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            Ok(CacheSizeSpec::Auto)
+        } else {
+            CacheSize::parse(s).map(CacheSizeSpec::Fixed)
+        }
+    }
+}
+
+/// Safety margin of the automatic size: PaGraph's 1 GiB of slack ([`PAGRAPH_SLACK`]), but at
+/// most 1/16 of the device memory, so that small budgets (tests, small GPUs) are not swallowed
+/// by it: `min(1 GiB, device_memory / 16)`. It covers what the trial batch does not show:
+/// allocator fragmentation, batches larger than the trial's, kernels' workspace.
+pub fn auto_margin(device_memory: u64) -> u64 {
+    (device_memory / 16).min(PAGRAPH_SLACK)
+}
+
+/// The figures of an automatic cache size (all bytes except `rows`), for logs and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AutoSize {
+    /// Device memory budget.
+    pub device_memory: u64,
+    /// Peak memory of the trial batch (model state included).
+    pub trial_peak: u64,
+    /// Batches queued in the pipeline besides the one trained (PaGraph's prefetch buffers).
+    pub prefetch_buffers: u64,
+    /// Safety margin ([`auto_margin`]).
+    pub margin: u64,
+    /// Bytes left for the cache: `device_memory - trial_peak - prefetch_buffers - margin`,
+    /// at least 0 ([`pagraph_budget`]).
+    pub budget: u64,
+    /// Cached rows: `floor(budget / row_bytes)`, clamped to `[0, |V|]`.
+    pub rows: usize,
+}
+
+/// PaGraph's automatic cache size. Guarantees: `rows = min(|V|, floor(budget / row_bytes))`
+/// with `budget = max(0, device_memory - trial_peak - prefetch_buffers - auto_margin(device_memory))`;
+/// a budget that cannot hold the trial batch itself (`device_memory < trial_peak`) is an
+/// error, since training would not fit; one that holds the batch but leaves nothing for the
+/// cache gives 0 rows.
+pub fn auto_cache_size(
+    device_memory: u64,
+    trial_peak: u64,
+    prefetch_buffers: u64,
+    num_nodes: usize,
+    row_bytes: usize,
+) -> std::result::Result<AutoSize, String> {
+    if device_memory < trial_peak {
+        return Err(format!(
+            "device memory {device_memory} bytes is smaller than the trial batch's peak \
+             {trial_peak} bytes: one training step does not fit, so no cache can be sized"
+        ));
+    }
+    let margin = auto_margin(device_memory);
+    let budget = pagraph_budget(device_memory, trial_peak, margin, prefetch_buffers);
+    Ok(AutoSize {
+        device_memory,
+        trial_peak,
+        prefetch_buffers,
+        margin,
+        budget,
+        rows: CacheSize::Bytes(budget).rows(num_nodes, row_bytes),
+    })
 }
 
 fn ratio(a: f64, s: &str) -> std::result::Result<CacheSize, String> {
@@ -237,5 +339,55 @@ mod tests {
             11 << 30
         );
         assert_eq!(pagraph_budget(1, 4, 0, 0), 0);
+    }
+
+    #[test]
+    fn byte_counts_and_auto_parse() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes(" 2GiB "), Ok(2 << 30));
+        assert_eq!(parse_bytes("1.5KB"), Ok(1500));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "-1MiB", "0.5", "lots", "MiB", "1e400GB", "auto"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(CacheSizeSpec::parse("auto"), Ok(CacheSizeSpec::Auto));
+        assert_eq!(CacheSizeSpec::parse(" AUTO"), Ok(CacheSizeSpec::Auto));
+        assert_eq!(
+            CacheSizeSpec::parse("10%"),
+            Ok(CacheSizeSpec::Fixed(CacheSize::Ratio(0.1)))
+        );
+        assert_eq!(
+            CacheSizeSpec::parse("3MB"),
+            Ok(CacheSizeSpec::Fixed(CacheSize::Bytes(3_000_000)))
+        );
+        assert!(CacheSizeSpec::parse("automatic").is_err());
+    }
+
+    #[test]
+    fn auto_size_is_device_memory_less_peak_queue_and_margin() {
+        // The margin is 1/16 of the budget below 16 GiB, PaGraph's 1 GiB above.
+        assert_eq!(auto_margin(64 << 20), 4 << 20);
+        assert_eq!(auto_margin(16 << 30), 1 << 30);
+        assert_eq!(auto_margin(80 << 30), PAGRAPH_SLACK);
+        // 64 MiB - 10 MiB peak - 6 MiB queued - 4 MiB margin = 44 MiB of 400-byte rows.
+        let a = auto_cache_size(64 << 20, 10 << 20, 6 << 20, 1_000_000, 400).unwrap();
+        assert_eq!(a.margin, 4 << 20);
+        assert_eq!(a.budget, 44 << 20);
+        assert_eq!(a.rows, (44 << 20) / 400);
+        assert_eq!(
+            (a.device_memory, a.trial_peak, a.prefetch_buffers),
+            (64 << 20, 10 << 20, 6 << 20)
+        );
+        // Clamped to |V|.
+        assert_eq!(
+            auto_cache_size(64 << 20, 0, 0, 1000, 400).unwrap().rows,
+            1000
+        );
+        // Fits the step but leaves nothing: 0 rows, not an error.
+        let z = auto_cache_size(64 << 20, 60 << 20, 1 << 20, 1000, 400).unwrap();
+        assert_eq!((z.budget, z.rows), (0, 0));
+        // Cannot hold the step: an error naming both figures.
+        let e = auto_cache_size(1 << 20, 2 << 20, 0, 1000, 400).unwrap_err();
+        assert!(e.contains("1048576") && e.contains("2097152"), "{e}");
     }
 }

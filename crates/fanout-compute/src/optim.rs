@@ -20,6 +20,10 @@ pub trait Optimizer<B: Backend> {
     fn lr(&self) -> f32;
     /// Changes the learning rate for later steps.
     fn set_lr(&mut self, lr: f32);
+    /// Tensors of state the optimiser keeps per parameter tensor once it has stepped (each of
+    /// the parameter's shape): Adam 2 (first and second moments), SGD with momentum 1, plain
+    /// SGD 0. Lets memory budgets count the state before the first step allocates it.
+    fn state_per_param(&self) -> usize;
 }
 
 /// Allocates zero state like `params` on first use, then checks that it still matches.
@@ -127,6 +131,9 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     fn set_lr(&mut self, lr: f32) {
         self.lr = lr;
     }
+    fn state_per_param(&self) -> usize {
+        2
+    }
 }
 
 /// Stochastic gradient descent with optional momentum, `torch.optim.SGD` semantics (no
@@ -194,5 +201,8 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     }
     fn set_lr(&mut self, lr: f32) {
         self.lr = lr;
+    }
+    fn state_per_param(&self) -> usize {
+        usize::from(self.momentum != 0.0)
     }
 }

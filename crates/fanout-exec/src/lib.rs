@@ -7,9 +7,15 @@
 //! sample (Loader workers) --queue--> extract (1 thread, an Extractor) --queue--> train (caller)
 //! ```
 //!
-//! so an epoch costs close to its slowest stage rather than the sum. Every stage has a busy
-//! timer ([`StageClock`]); [`EpochMetrics`] reports them with the wall time, the loss and the
-//! accuracies, and [`RunMetrics`] a whole run (the JSON of `fanout train --metrics-out`).
+//! so an epoch costs close to its slowest stage rather than the sum. With a reorder window the
+//! extract stage passes each window of sampled batches on in FastGL's Greedy Reorder order
+//! ([`PipelineConfig::reorder_window`]). Every stage has a busy timer ([`StageClock`]);
+//! [`EpochMetrics`] reports them with the wall time, the loss and the accuracies, and
+//! [`RunMetrics`] a whole run (the JSON of `fanout train --metrics-out`).
+//!
+//! [`measure_trial_batch`] runs PaGraph's trial batch (one step that changes nothing) and
+//! measures its peak through a [`MemoryProbe`], the device-agnostic memory interface a backend
+//! implements, for sizing the feature cache.
 //!
 //! [`Trainer`] owns a model and its optimiser on one [`Backend`](fanout_compute::Backend) and
 //! turns prepared batches into steps; [`fit`] drives epochs with evaluation on the validation
@@ -25,11 +31,13 @@
 //! extract/train split of one batch. None of those exist yet.
 
 pub mod error;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod trainer;
 
 pub use error::{ExecError, Result};
+pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, StageClock};
 pub use pipeline::{EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
 pub use trainer::{fit, BatchOutcome, FitConfig, FitObserver, Trainer, EVAL_EPOCH};

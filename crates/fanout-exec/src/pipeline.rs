@@ -5,10 +5,18 @@
 //! pushes it into a second bounded queue; the caller (the train stage) pulls [`Prepared`]
 //! batches from the [`EpochStream`]. Each queue holds at most `prefetch` batches, so memory is
 //! bounded and a slow stage back-pressures the ones before it.
+//!
+//! With [`PipelineConfig::reorder_window`] `W >= 2` the extract thread first takes `W` sampled
+//! batches (fewer at the end of the epoch), puts them in FastGL's Greedy Reorder order
+//! ([`fanout_cache::reorder_batches`]: adjacent batches share more input nodes, so Match reuses
+//! more rows) and then extracts them in that order. The window is a buffer inside the extract
+//! thread, not a queue, so it cannot deadlock with the bounded queues; the loader samples up to
+//! `max(prefetch, W)` batches ahead so that the next window is sampled while this one is
+//! extracted and trained.
 
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
-use fanout_cache::{ExtractStats, Extractor};
+use fanout_cache::{reorder_batches, ExtractStats, Extractor};
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, Loader, LoaderConfig, MiniBatch, Sampler};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -61,11 +69,16 @@ pub struct PipelineConfig {
     pub prefetch: usize,
     /// Threads sampling batches concurrently (at least 1).
     pub sample_workers: usize,
+    /// FastGL Greedy Reorder window: the extract stage takes this many sampled batches at a
+    /// time and extracts them in Greedy Reorder order. 0 or 1 = off (sampled order). Larger
+    /// than the epoch = the whole epoch in one window. Only useful with an extractor that
+    /// reuses the previous batch's rows (Match); evaluation pipelines keep it 0.
+    pub reorder_window: usize,
 }
 
 impl Default for PipelineConfig {
     /// Batch 1024, shuffled, seed 0, queues of 2, one sampling worker (each batch is itself
-    /// sampled in parallel on the rayon pool).
+    /// sampled in parallel on the rayon pool), no reordering.
     fn default() -> Self {
         PipelineConfig {
             batch_size: 1024,
@@ -73,7 +86,48 @@ impl Default for PipelineConfig {
             seed: 0,
             prefetch: 2,
             sample_workers: 1,
+            reorder_window: 0,
         }
+    }
+}
+
+impl PipelineConfig {
+    /// The configuration of an evaluation pipeline derived from a training one: same batch
+    /// size, seed, queues and workers, but seeds in their given order and no reordering.
+    pub fn for_evaluation(&self) -> PipelineConfig {
+        PipelineConfig {
+            shuffle: false,
+            reorder_window: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The reorder window in effect: `reorder_window` when it is at least 2, else 1 (off).
+    pub fn window(&self) -> usize {
+        self.reorder_window.max(1)
+    }
+
+    /// How many batches the loader samples ahead of the extract stage: `prefetch` (at least
+    /// 1), raised to the reorder window when reordering so that a whole window can be sampled
+    /// while the previous one is extracted.
+    pub fn loader_depth(&self) -> usize {
+        let p = self.prefetch.max(1);
+        if self.window() > 1 {
+            p.max(self.window())
+        } else {
+            p
+        }
+    }
+
+    /// Upper bounds on the batches one pipeline holds besides the one in the train stage:
+    /// `(sampled, prepared)`. Sampled batches wait in the loader's queue ([`Self::loader_depth`])
+    /// and in the reorder window; prepared batches (features extracted) wait in the extract
+    /// queue (`prefetch`) plus the one being extracted. Used to size PaGraph's prefetch
+    /// buffers.
+    pub fn batches_in_flight(&self) -> (usize, usize) {
+        let w = self.window();
+        let window_held = if w > 1 { w } else { 0 };
+        (self.loader_depth() + window_held, self.prefetch.max(1) + 1)
     }
 }
 
@@ -92,13 +146,17 @@ pub struct Prepared {
 }
 
 /// Sample and extract stages over one seed set (the training set, or a set to evaluate).
-/// Guarantee: the batches of an epoch, their order and their features are a pure function of
+/// Guarantees: the batches of an epoch, their order and their features are a pure function of
 /// (dataset, sampler configuration, seeds, [`PipelineConfig::batch_size`], `shuffle`, `seed`,
-/// epoch), whatever the queue depths and thread counts.
+/// `reorder_window`, epoch), whatever the queue depths and thread counts; with reordering an
+/// epoch still yields every sampled batch exactly once (a permutation of the sampled order
+/// that keeps each window's batches together), so every seed is trained once per epoch.
 pub struct Pipeline {
     loader: Loader,
     extractor: Arc<Mutex<Box<dyn Extractor>>>,
     prefetch: usize,
+    window: usize,
+    num_nodes: usize,
     sample_clock: Arc<StageClock>,
     extract_clock: Arc<StageClock>,
     extract_stats: Arc<Mutex<ExtractStats>>,
@@ -117,6 +175,7 @@ impl Pipeline {
             return Err(ExecError::Invalid("the seed set is empty".into()));
         }
         let sample_clock = Arc::new(StageClock::default());
+        let num_nodes = sampler.dataset().num_nodes() as usize;
         let timed: Arc<dyn Sampler> = Arc::new(TimedSampler::new(sampler, sample_clock.clone()));
         let loader = Loader::new(
             timed,
@@ -126,7 +185,7 @@ impl Pipeline {
                 shuffle: cfg.shuffle,
                 drop_last: false,
                 seed: cfg.seed,
-                prefetch: cfg.prefetch.max(1),
+                prefetch: cfg.loader_depth(),
                 workers: cfg.sample_workers.max(1),
                 pool: None,
             },
@@ -135,6 +194,8 @@ impl Pipeline {
             loader,
             extractor: Arc::new(Mutex::new(extractor)),
             prefetch: cfg.prefetch.max(1),
+            window: cfg.window(),
+            num_nodes,
             sample_clock,
             extract_clock: Arc::new(StageClock::default()),
             extract_stats: Arc::new(Mutex::new(ExtractStats::default())),
@@ -144,6 +205,11 @@ impl Pipeline {
     /// Batches per epoch.
     pub fn num_batches(&self) -> usize {
         self.loader.num_batches()
+    }
+
+    /// The Greedy Reorder window in effect (1 = batches in sampled order).
+    pub fn reorder_window(&self) -> usize {
+        self.window
     }
 
     /// Busy time of the sample stage since the last call to [`Pipeline::take_times`].
@@ -159,37 +225,66 @@ impl Pipeline {
     }
 
     /// Starts sampling and extracting `epoch` in the background and returns its prepared
-    /// batches in step order. Dropping the stream early stops both stages.
+    /// batches: in step order, or with a reorder window in Greedy Reorder order within each
+    /// window of `W` consecutive steps. Dropping the stream early stops both stages.
     pub fn epoch(&self, epoch: u64) -> EpochStream {
         let (tx, rx) = sync_channel::<Result<Prepared>>(self.prefetch);
-        let batches = self.loader.epoch(epoch);
+        let mut batches = self.loader.epoch(epoch);
         let total = batches.len();
         let ex = self.extractor.clone();
         let clock = self.extract_clock.clone();
         let stats = self.extract_stats.clone();
+        let (window, num_nodes) = (self.window, self.num_nodes);
         let handle = std::thread::spawn(move || {
             let mut ex = ex.lock().unwrap();
             let dim = ex.dim();
-            for mb in batches {
-                let item = match mb {
-                    Ok(batch) => {
-                        let t = Instant::now();
-                        let mut features = Vec::new();
-                        let s = ex.extract(&batch.input_nodes, &mut features);
-                        clock.add_since(t);
-                        stats.lock().unwrap().add(&s);
-                        Ok(Prepared {
-                            batch,
-                            features,
-                            dim,
-                            extract: s,
-                        })
+            let mut extract = |batch: MiniBatch| {
+                let t = Instant::now();
+                let mut features = Vec::new();
+                let s = ex.extract(&batch.input_nodes, &mut features);
+                clock.add_since(t);
+                stats.lock().unwrap().add(&s);
+                Prepared {
+                    batch,
+                    features,
+                    dim,
+                    extract: s,
+                }
+            };
+            loop {
+                // Take the next window (one batch without reordering). A sampling error is
+                // passed on at once and ends the epoch; the window's other batches are dropped.
+                let mut win = Vec::with_capacity(window.min(total));
+                let mut failed = None;
+                for mb in batches.by_ref() {
+                    match mb {
+                        Ok(b) => win.push(b),
+                        Err(e) => {
+                            failed = Some(ExecError::from(e));
+                            break;
+                        }
                     }
-                    Err(e) => Err(ExecError::from(e)),
-                };
-                let failed = item.is_err();
-                if tx.send(item).is_err() || failed {
+                    if win.len() == window {
+                        break;
+                    }
+                }
+                if let Some(e) = failed {
+                    let _ = tx.send(Err(e));
                     return;
+                }
+                if win.is_empty() {
+                    return;
+                }
+                if window > 1 {
+                    // Reordering is extract-stage work: its time counts as extraction.
+                    let t = Instant::now();
+                    win = reorder_batches(win, num_nodes);
+                    clock.add_since(t);
+                }
+                for b in win {
+                    if tx.send(Ok(extract(b))).is_err() {
+                        return;
+                    }
                 }
             }
         });
@@ -201,8 +296,8 @@ impl Pipeline {
     }
 }
 
-/// The prepared batches of one epoch, in step order. Yields `Err` for a batch that failed to
-/// sample and ends after it.
+/// The prepared batches of one epoch, in the order [`Pipeline::epoch`] describes. Yields `Err`
+/// for a batch that failed to sample and ends after it.
 pub struct EpochStream {
     rx: Option<Receiver<Result<Prepared>>>,
     handle: Option<JoinHandle<()>>,

@@ -110,6 +110,24 @@ impl<B: Backend> Trainer<B> {
         Ok(out)
     }
 
+    /// A step that changes nothing: forward and backward of one batch (so its memory peak is
+    /// that of a real training step), then the gradients are zeroed and the cached activations
+    /// dropped; the optimiser does not step. Guarantee: the parameters and the optimiser state
+    /// are exactly as before, so later training is unaffected (PaGraph's trial batch).
+    pub fn trial_step(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
+        let out = self.compute_gradients(p, dropout_key);
+        self.model.zero_grad();
+        self.model.clear_cache();
+        out
+    }
+
+    /// Bytes of the model's persistent state once training has stepped: parameters, their
+    /// gradients and the optimiser's per-parameter state (Adam: two moments), 4 bytes a value.
+    pub fn state_bytes(&self) -> u64 {
+        let per_value = 2 + self.opt.state_per_param() as u64;
+        self.model.num_params() as u64 * 4 * per_value
+    }
+
     /// `(correct, labelled)` predictions of one batch in evaluation mode (no dropout).
     pub fn eval_batch(&mut self, p: Prepared) -> Result<(usize, usize)> {
         let labels = labels(&p)?.to_vec();
@@ -208,7 +226,9 @@ pub fn fit<B: Backend>(
             let t = Instant::now();
             edges += p.batch.num_edges() as u64;
             inputs += p.batch.input_nodes.len() as u64;
-            let key = (epoch << 32) | batches;
+            // Dropout is keyed by the batch's own step, so a reordered epoch trains every
+            // batch with the mask it would get in sampled order.
+            let key = (epoch << 32) | p.batch.key.step;
             let out = trainer.train_batch(p, key)?;
             train_s += t.elapsed().as_secs_f64();
             loss_sum += out.loss * out.labelled as f64;

@@ -28,6 +28,7 @@ fn pipeline(ds: &Arc<Dataset>, fanouts: Vec<u32>, seeds: Vec<u32>, shuffle: bool
         seed: 1,
         prefetch: 2,
         sample_workers: 2,
+        reorder_window: 0,
     };
     let ex = PlainExtractor::new(ds.clone()).unwrap();
     Pipeline::new(s, Box::new(ex), seeds, &pc).unwrap()
