@@ -4,7 +4,7 @@
 //! Prints the median of 30 runs per kernel; compare GEMM rates with another library's on the
 //! same shapes (e.g. `torch.matmul` with `torch.set_num_threads`).
 use fanout_compute::cpu::gemm::gemm;
-use fanout_compute::{Backend, CpuBackend, Tensor};
+use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use std::time::Instant;
 
 fn median_s(mut f: impl FnMut()) -> f64 {
@@ -78,6 +78,38 @@ fn main() {
         key += 1;
         std::hint::black_box(CpuBackend.dropout(&x, 0.5, key));
     });
+    // Mean aggregation over a products-like input block: `rows` destinations, 25 sampled
+    // sources each out of 20 x rows sources, 100-wide rows.
+    let (num_src, fan, width) = (20 * rows, 25, 100);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let indices: Vec<u32> = (0..rows * fan)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % num_src as u64) as u32
+        })
+        .collect();
+    let indptr: Vec<u32> = (0..=rows).map(|d| (d * fan) as u32).collect();
+    let block = CpuBackend
+        .prepare_block(&BlockRef {
+            num_dst: rows,
+            num_src,
+            indptr: &indptr,
+            indices: &indices,
+            weights: None,
+        })
+        .expect("a valid block");
+    let xs = filled(num_src, width);
+    let coeff = CpuBackend.edge_coefficients(&block, Aggregation::Mean);
+    let t = median_s(|| {
+        std::hint::black_box(CpuBackend.spmm(&block, coeff.as_ref(), &xs));
+    });
+    println!(
+        "spmm mean ({rows} dst x {fan} of {num_src} src, width {width}) {:8.3} ms  {:6.2} ns/edge",
+        t * 1e3,
+        t * 1e9 / (rows * fan) as f64
+    );
     println!(
         "dropout p=0.5 (rows x 256)               {:8.3} ms  {:6.2} ns/element",
         s * 1e3,

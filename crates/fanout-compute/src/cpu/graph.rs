@@ -10,7 +10,9 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::Aggregation;
 use crate::block::{BlockDims, BlockRef};
-use crate::cpu::par::{add_slice, axpy_slice, dot_slice, par_dst_edges, par_rows};
+use crate::cpu::par::{
+    add_slice, axpy_slice, dot_slice, par_dst_edges, par_rows, prefetch_row, PREFETCH_AHEAD,
+};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -191,6 +193,9 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
     let mut out = Tensor::zeros(dims.num_dst, cols);
     par_rows(out.data_mut(), cols, |d, row| {
         for e in b.edges(d) {
+            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
+                prefetch_row(x.row(ahead as usize));
+            }
             let xs = x.row(idx[e] as usize);
             match coeff {
                 None => add_slice(xs, row),
@@ -217,6 +222,9 @@ pub(crate) fn spmm_backward_x(b: &CpuBlock, coeff: Option<&Tensor>, grad: &Tenso
     let mut out = Tensor::zeros(dims.num_src, cols);
     par_rows(out.data_mut(), cols, |s, row| {
         for i in t.indptr[s] as usize..t.indptr[s + 1] as usize {
+            if let Some(&ahead) = t.dst.get(i + PREFETCH_AHEAD) {
+                prefetch_row(grad.row(ahead as usize));
+            }
             let g = grad.row(t.dst[i] as usize);
             match coeff {
                 None => add_slice(g, row),

@@ -52,7 +52,10 @@ struct Cache<B: Backend> {
     z_dst: B::Tensor,
     scores: B::Tensor,
     alpha: B::Tensor,
-    out: B::Tensor,
+    /// Shape of the output (checked against the incoming gradient).
+    out_shape: (usize, usize),
+    /// What the activation's backward needs ([`Activation::forward_keep`]).
+    act_in: Option<B::Tensor>,
 }
 
 impl<B: Backend> GatLayer<B> {
@@ -126,7 +129,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
             HeadMerge::Concat => rst,
             HeadMerge::Mean => be.head_mean(&rst, self.heads),
         };
-        let out = self.act.forward(be, merged);
+        let (out, act_in) = self.act.forward_keep(be, merged);
         self.cache = train.then(|| Cache {
             block: block.clone(),
             h_src,
@@ -134,7 +137,8 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
             z_dst,
             scores,
             alpha,
-            out: out.clone(),
+            out_shape: be.shape(&out),
+            act_in,
         });
         Ok(out)
     }
@@ -142,8 +146,10 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gat"))?;
         let be = &self.be;
-        check_grad(be, "gat", grad_out, be.shape(&c.out))?;
-        let g = self.act.backward(be, grad_out, &c.out);
+        check_grad(be, "gat", grad_out, c.out_shape)?;
+        let g = self
+            .act
+            .backward_from_input(be, grad_out, c.act_in.as_ref());
         let g_rst = match self.merge {
             HeadMerge::Concat => g.into_owned(),
             HeadMerge::Mean => be.head_mean_backward(g.as_ref(), self.heads),

@@ -34,7 +34,10 @@ struct Cache<B: Backend> {
     /// `h_src` if the product came first, else the aggregated rows (`D x in`).
     input: B::Tensor,
     project_first: bool,
-    out: B::Tensor,
+    /// Shape of the output (checked against the incoming gradient).
+    out_shape: (usize, usize),
+    /// What the activation's backward needs ([`Activation::forward_keep`]).
+    act_in: Option<B::Tensor>,
 }
 
 impl<B: Backend> GcnLayer<B> {
@@ -85,13 +88,14 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
             (be.matmul(&agg, false, &self.weight.value, false), agg)
         };
         be.add_bias(&mut out, &self.bias.value);
-        let out = self.act.forward(be, out);
+        let (out, act_in) = self.act.forward_keep(be, out);
         self.cache = train.then(|| Cache {
             block: block.clone(),
             coeff,
             input,
             project_first,
-            out: out.clone(),
+            out_shape: be.shape(&out),
+            act_in,
         });
         Ok(out)
     }
@@ -99,8 +103,10 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gcn"))?;
         let be = &self.be;
-        check_grad(be, "gcn", grad_out, be.shape(&c.out))?;
-        let g = self.act.backward(be, grad_out, &c.out);
+        check_grad(be, "gcn", grad_out, c.out_shape)?;
+        let g = self
+            .act
+            .backward_from_input(be, grad_out, c.act_in.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
         if c.project_first {

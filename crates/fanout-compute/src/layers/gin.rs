@@ -36,7 +36,10 @@ struct Cache<B: Backend> {
     h_dst: B::Tensor,
     agg: B::Tensor,
     hid: B::Tensor,
-    out: B::Tensor,
+    /// Shape of the output (checked against the incoming gradient).
+    out_shape: (usize, usize),
+    /// What the activation's backward needs ([`Activation::forward_keep`]).
+    act_in: Option<B::Tensor>,
 }
 
 impl<B: Backend> GinLayer<B> {
@@ -98,14 +101,15 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
         let hid = be.relu(&hid);
         let mut out = be.matmul(&hid, false, &self.w2.value, false);
         be.add_bias(&mut out, &self.b2.value);
-        let out = self.act.forward(be, out);
+        let (out, act_in) = self.act.forward_keep(be, out);
         self.cache = train.then(|| Cache {
             block: block.clone(),
             eps,
             h_dst: be.prefix_rows(&h_src, dims.num_dst),
             agg,
             hid,
-            out: out.clone(),
+            out_shape: be.shape(&out),
+            act_in,
         });
         Ok(out)
     }
@@ -113,8 +117,10 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gin"))?;
         let be = &self.be;
-        check_grad(be, "gin", grad_out, be.shape(&c.out))?;
-        let g = self.act.backward(be, grad_out, &c.out);
+        check_grad(be, "gin", grad_out, c.out_shape)?;
+        let g = self
+            .act
+            .backward_from_input(be, grad_out, c.act_in.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.b2);
         acc_at_b(be, &c.hid, g, &mut self.w2);

@@ -102,6 +102,32 @@ impl Activation {
         }
     }
 
+    /// Applies the activation and keeps what [`Activation::backward_from_input`] needs, without
+    /// copying: the input itself for ReLU (moved; `relu'(z) = [z > 0] = [relu(z) > 0]`),
+    /// nothing for the identity.
+    pub fn forward_keep<B: Backend>(self, be: &B, x: B::Tensor) -> (B::Tensor, Option<B::Tensor>) {
+        match self {
+            Activation::None => (x, None),
+            Activation::Relu => (be.relu(&x), Some(x)),
+        }
+    }
+
+    /// The gradient at the input, given the gradient at the output and what
+    /// [`Activation::forward_keep`] kept. Same values as [`Activation::backward`].
+    pub fn backward_from_input<'a, B: Backend>(
+        self,
+        be: &B,
+        grad: &'a B::Tensor,
+        kept: Option<&B::Tensor>,
+    ) -> Cow<'a, B::Tensor> {
+        match (self, kept) {
+            // The mask `z > 0` equals `relu(z) > 0`, so the output-based kernel applies.
+            (Activation::Relu, Some(z)) => Cow::Owned(be.relu_backward(grad, z)),
+            (Activation::Relu, None) => panic!("ReLU backward without its kept input"),
+            (Activation::None, _) => Cow::Borrowed(grad),
+        }
+    }
+
     /// The gradient at the input, given the gradient at the output and the output itself.
     pub fn backward<'a, B: Backend>(
         self,

@@ -36,7 +36,10 @@ struct Cache<B: Backend> {
     /// `h_src` if the product came first, else the aggregated rows (`D x in`).
     neigh_in: B::Tensor,
     project_first: bool,
-    out: B::Tensor,
+    /// Shape of the output (checked against the incoming gradient).
+    out_shape: (usize, usize),
+    /// What the activation's backward needs ([`Activation::forward_keep`]).
+    act_in: Option<B::Tensor>,
 }
 
 impl<B: Backend> SageLayer<B> {
@@ -99,14 +102,15 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             agg
         };
         be.add_bias(&mut out, &self.bias.value);
-        let out = self.act.forward(be, out);
+        let (out, act_in) = self.act.forward_keep(be, out);
         self.cache = train.then(|| Cache {
             block: block.clone(),
             coeff,
             h_dst,
             neigh_in,
             project_first,
-            out: out.clone(),
+            out_shape: be.shape(&out),
+            act_in,
         });
         Ok(out)
     }
@@ -114,8 +118,10 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
         let be = &self.be;
-        check_grad(be, "sage", grad_out, be.shape(&c.out))?;
-        let g = self.act.backward(be, grad_out, &c.out);
+        check_grad(be, "sage", grad_out, c.out_shape)?;
+        let g = self
+            .act
+            .backward_from_input(be, grad_out, c.act_in.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
         acc_at_b(be, &c.h_dst, g, &mut self.w_self);
