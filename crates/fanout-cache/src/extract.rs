@@ -81,8 +81,7 @@ impl Extractor for PlainExtractor {
 
     fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats {
         let f = self.ds.features.as_ref().expect("checked in new");
-        out.resize(input_nodes.len() * f.dim, 0.0);
-        f.gather(input_nodes, out);
+        f.gather_into(input_nodes, out);
         let bytes = (input_nodes.len() * f.row_bytes()) as u64;
         ExtractStats {
             rows: input_nodes.len() as u64,

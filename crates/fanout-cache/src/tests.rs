@@ -316,3 +316,31 @@ fn presc_expected_draws_are_the_draws_when_every_neighbour_is_taken() {
         );
     }
 }
+
+#[test]
+fn gather_into_writes_exactly_the_stored_rows_over_old_contents() {
+    // PlainExtractor's gather writes into uninitialised capacity; every element must come from
+    // the store, whatever the vector held before (NaN garbage here), for f32 and f16 rows.
+    for dtype in [FeatDtype::F32, FeatDtype::F16] {
+        let ds = dataset(dtype);
+        let f = ds.features.as_ref().unwrap();
+        let n = ds.num_nodes() as u32;
+        let ids: Vec<u32> = (0..2500u32).map(|i| (i * 7919 + i / 3) % n).collect();
+        let mut out = vec![f32::NAN; ids.len() * f.dim * 2];
+        f.gather_into(&ids, &mut out);
+        assert_eq!(out.len(), ids.len() * f.dim);
+        let mut row = vec![0.0f32; f.dim];
+        for (i, &v) in ids.iter().enumerate() {
+            f.copy_row(v as usize, &mut row);
+            assert_eq!(
+                bits(&out[i * f.dim..(i + 1) * f.dim]),
+                bits(&row),
+                "row {i}"
+            );
+        }
+        f.gather_into(&ids[..10], &mut out);
+        assert_eq!(out.len(), 10 * f.dim);
+        f.gather_into(&[], &mut out);
+        assert!(out.is_empty());
+    }
+}
