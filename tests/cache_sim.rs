@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{fanout, tiny};
+use common::{fails, fanout, ok, tiny};
 use serde_json::Value;
 
 #[test]
@@ -86,5 +86,70 @@ fn bad_flags_fail_with_a_message() {
         assert!(!o.status.success());
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains(want), "{flag} {value}: {e}");
+    }
+}
+
+#[test]
+fn weighted_sampling_runs_after_dataset_weights_writes_them() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let sim = |scheme_note: &str| {
+        let o = fanout(&[
+            "cache-sim",
+            "--dataset",
+            &ds,
+            "--sampler",
+            "weighted",
+            "--fanouts",
+            "5,3",
+            "--batch-size",
+            "64",
+            "--ratios",
+            "0.1",
+            "--policies",
+            "degree,presc1,optimal",
+            "--json",
+        ]);
+        assert!(
+            o.status.success(),
+            "{scheme_note}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    // Without weight.bin the weighted sampler refuses, naming the file.
+    fails(
+        &["cache-sim", "--dataset", &ds, "--sampler", "weighted"],
+        1,
+        &["weight.bin"],
+    );
+    let out = ok(&["dataset", "weights", &ds, "--scheme", "newer"]);
+    assert!(out.contains("weight.bin") && out.contains("newer"), "{out}");
+    let weights = std::fs::read(std::path::Path::new(&ds).join("weight.bin")).unwrap();
+    let newer = sim("newer");
+    // An existing file is kept unless --force.
+    fails(
+        &["dataset", "weights", &ds],
+        1,
+        &["weight.bin exists", "--force"],
+    );
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&ds).join("weight.bin")).unwrap(),
+        weights
+    );
+    ok(&[
+        "dataset", "weights", &ds, "--scheme", "random", "--seed", "3", "--force",
+    ]);
+    assert_ne!(
+        std::fs::read(std::path::Path::new(&ds).join("weight.bin")).unwrap(),
+        weights
+    );
+    // Other weights, other samples: the simulated hit rates change (the alias tables are
+    // rebuilt from the new file).
+    let random = sim("random");
+    assert_ne!(newer, random);
+    for l in random.lines() {
+        let r: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(r["sampler"], "weighted");
     }
 }

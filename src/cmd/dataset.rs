@@ -1,9 +1,11 @@
-//! `fanout dataset import | gen | info | verify`.
+//! `fanout dataset import | gen | weights | info | verify`.
 
 use crate::progress::Bars;
 use clap::{Args, Subcommand, ValueEnum};
 use fanout_graph::{verify, BuildOptions, Dataset, DatasetInfo, FeatDtype, Layout, VerifyReport};
 use fanout_import::{import, Format, ImportOptions, RandomFeatures};
+use fanout_sample::alias::write_weights;
+use fanout_sample::{make_weights, WeightScheme};
 use fanout_synth::{generate, GenOptions, Preset};
 use std::path::PathBuf;
 
@@ -23,6 +25,16 @@ pub enum DatasetCommand {
     /// Example: fanout dataset gen --preset products --nodes 2449029 data/products
     #[command(verbatim_doc_comment)]
     Gen(GenArgs),
+    /// Write `weight.bin` (one f32 weight per stored arc) for `--sampler weighted`.
+    ///
+    /// Schemes: random = uniform in (0, 1] keyed by --seed; newer = GNNLab's weighted setting
+    /// (neighbours weighted by registration order, the vertex id: the arc listing u weighs
+    /// (u + 1) / N). Refuses to replace an existing weight.bin without --force; the alias tables
+    /// are rebuilt on the next weighted run.
+    ///
+    /// Example: fanout dataset weights data/twitter --scheme newer
+    #[command(verbatim_doc_comment)]
+    Weights(WeightsArgs),
     /// Print sizes, degree statistics, split sizes and bytes on disk.
     Info(InfoArgs),
     /// Check every entry (checksums, offsets, ids, labels, splits, features); exit code 0 when
@@ -148,6 +160,29 @@ fn parse_preset(s: &str) -> Result<Preset, String> {
     s.parse::<Preset>().map_err(|e| e.to_string())
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SchemeArg {
+    /// Uniform in (0, 1], independent per arc (keyed by --seed).
+    Random,
+    /// (u + 1) / N for the arc listing neighbour u: newer (larger id) neighbours are likelier.
+    Newer,
+}
+
+#[derive(Args)]
+pub struct WeightsArgs {
+    /// Dataset directory.
+    dir: PathBuf,
+    /// How the weights are made.
+    #[arg(long, value_enum, default_value = "random")]
+    scheme: SchemeArg,
+    /// Seed of the random scheme.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Replace an existing weight.bin.
+    #[arg(long)]
+    force: bool,
+}
+
 #[derive(Args)]
 pub struct InfoArgs {
     /// Dataset directory.
@@ -238,6 +273,43 @@ pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
             let mut summary = serde_json::to_value(&s).unwrap();
             summary["config"] = serde_json::to_value(&cfg).unwrap();
             finish_write(&a.out, &a.write, &bars, headline, summary)
+        }
+        DatasetCommand::Weights(a) => {
+            let ds = Dataset::open(&a.dir).map_err(|e| e.to_string())?;
+            let path = a.dir.join(fanout_sample::alias::files::WEIGHT);
+            if path.exists() && !a.force {
+                return Err(format!(
+                    "{} exists; pass --force to replace it",
+                    path.display()
+                ));
+            }
+            let (scheme, name) = match a.scheme {
+                SchemeArg::Random => (WeightScheme::Random, "random"),
+                SchemeArg::Newer => (WeightScheme::Newer, "newer"),
+            };
+            let t = std::time::Instant::now();
+            let w = make_weights(&ds, scheme, a.seed);
+            write_weights(&a.dir, &w).map_err(|e| e.to_string())?;
+            // Alias tables built from the old weights would pass the freshness check when
+            // the file system's timestamps are coarser than the gap between the two writes.
+            for f in [
+                fanout_sample::alias::files::ALIAS_PROB,
+                fanout_sample::alias::files::ALIAS_IDX,
+            ] {
+                let p = a.dir.join(f);
+                if p.exists() {
+                    std::fs::remove_file(&p).map_err(|e| {
+                        format!("{}: cannot remove stale alias table: {e}", p.display())
+                    })?;
+                }
+            }
+            println!(
+                "wrote {} ({} weights, scheme {name}) in {:.2} s",
+                path.display(),
+                w.len(),
+                t.elapsed().as_secs_f64()
+            );
+            Ok(())
         }
         DatasetCommand::Info(a) => {
             let ds = Dataset::open(&a.dir).map_err(|e| e.to_string())?;

@@ -7,7 +7,8 @@
 //!
 //! - [`MiniBatch`] / [`Block`] / [`BatchKey`]: what every later stage consumes.
 //! - Samplers ([`Sampler`]): [`KHopSampler`] (uniform, with or without replacement),
-//!   [`WeightedSampler`] (per-arc alias tables, [`AliasTables`]), [`RandomWalkSampler`] (PinSAGE),
+//!   [`WeightedSampler`] (per-arc alias tables, [`AliasTables`], over `weight.bin`, which
+//!   [`make_weights`] produces), [`RandomWalkSampler`] (PinSAGE),
 //!   [`LayerwiseSampler`] (LADIES-style importance sampling of a fixed number of vertices per
 //!   layer). All are deterministic for a given (seed, epoch, step), whatever the thread count:
 //!   every random stream is keyed by (seed, epoch, step, sampler, hop, vertex).
@@ -22,6 +23,7 @@
 //! for CSR datasets, out-neighbours ([`layout_note`] says so to people).
 
 pub mod alias;
+pub mod arc_weights;
 pub mod graph;
 pub mod khop;
 pub mod layerwise;
@@ -36,6 +38,7 @@ mod testutil;
 pub mod weighted;
 
 pub use alias::AliasTables;
+pub use arc_weights::{make_weights, WeightScheme};
 pub use graph::{check_dataset, layout_note, parse_fanouts, FANOUT_ALL};
 pub use khop::{KHopConfig, KHopSampler};
 pub use layerwise::{LayerwiseConfig, LayerwiseSampler};
