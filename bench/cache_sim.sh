@@ -2,7 +2,8 @@
 # Reproduces the tables of docs/caching.md: cache-sim on the papers, products, twitter and uk
 # presets (default scales) and on cnr2000 (1% random training vertices) in GNNLab's GCN setting
 # (fanouts 15,10,5 in hop order, batch 8000), then with the batch size scaled so that an epoch
-# has as many batches as on the real dataset, then GraphSAGE's 10,25. Hit rates and the oracle
+# has as many batches as on the real dataset, then GraphSAGE's 10,25, then weighted k-hop on papers,
+# twitter and cnr2000 (it writes weight.bin there with `fanout dataset weights --scheme newer`). Hit rates and the oracle
 # are over 10 evaluated epochs (cache-sim's default, GNNLab's footnote 4: the optimal cache is
 # computed from a training run's footprints); the "1 epoch" tables score a single epoch against
 # its own oracle.
@@ -37,5 +38,12 @@ for db in $A; do sim A1 "${db%%:*}" "${db##*:}" --fanouts 15,10,5 --epochs 1; do
 for db in $B; do sim B1 "${db%%:*}" "${db##*:}" --fanouts 15,10,5 --epochs 1; done
 for db in $A $B; do
   sim C "${db%%:*}" "${db##*:}" --fanouts 10,25 --policies degree,presc1,optimal
+done
+# D: weighted k-hop (GNNLab Figure 11a) with the newer-neighbour weights (`dataset weights`).
+for d in papers twitter cnr2000; do
+  "$BIN" --quiet dataset weights "$DATA/$d" --scheme newer --force > /dev/null
+done
+for db in papers:8000 papers:73 twitter:8000 twitter:96 cnr2000:8000 cnr2000:64; do
+  sim D "${db%%:*}" "${db##*:}" --fanouts 15,10,5 --sampler weighted
 done
 python3 "$HERE/cache_table.py" "$OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables of docs/caching.md from the JSON lines bench/cache_sim.sh writes.
 
-Usage: bench/cache_table.py OUT_DIR   (reads A, B, A1, B1, C .jsonl; any missing is skipped)
+Usage: bench/cache_table.py OUT_DIR   (reads A, B, A1, B1, C, D .jsonl; any missing is skipped)
 """
 import json
 import os
@@ -14,6 +14,7 @@ TITLES = {
     "A1": "A1. As A, one evaluated epoch against its own oracle",
     "B1": "B1. As B, one evaluated epoch against its own oracle",
     "C": "C. GraphSAGE fanouts 10,25 (10 evaluated epochs)",
+    "D": "D. Weighted k-hop, GNNLab's newer-neighbour weights, fanouts 15,10,5 (10 evaluated epochs)",
 }
 POLICIES = ["random", "degree", "presc1", "presc2", "optimal"]
 
