@@ -3,7 +3,8 @@
 
 use crate::error::{ExecError, Result};
 use crate::metrics::{EpochMetrics, RunMetrics};
-use crate::pipeline::{Pipeline, Prepared};
+use crate::pipeline::{EpochStream, Pipeline, Prepared};
+use fanout_cache::ExtractStats;
 use fanout_compute::{Backend, BlockRef, Mode, Model, Optimizer, Tensor};
 use std::time::Instant;
 
@@ -210,22 +211,33 @@ pub fn fit<B: Backend>(
     }
     let mut run = RunMetrics::default();
     let mut best: Option<(f64, Vec<Tensor>)> = None;
+    train.take_times();
+    // The next epoch's stream, started while this epoch's last batch trains, so that its first
+    // batches are sampled and extracted behind that step instead of in front of the epoch.
+    let mut next: Option<EpochStream> = None;
     for epoch in 0..cfg.epochs {
         obs.epoch_start(epoch, train.num_batches());
-        train.take_times();
         let start = Instant::now();
         let (mut train_s, mut wait_s) = (0.0, 0.0);
         let (mut loss_sum, mut correct, mut labelled) = (0.0, 0usize, 0usize);
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
-        let mut stream = train.epoch(epoch);
+        let mut extract = ExtractStats::default();
+        let mut stream = next.take().unwrap_or_else(|| train.epoch(epoch));
+        let total = stream.len() as u64;
         loop {
             let t = Instant::now();
             let Some(p) = stream.next() else { break };
             wait_s += t.elapsed().as_secs_f64();
             let p = p?;
+            if batches + 1 == total && epoch + 1 < cfg.epochs {
+                // The last batch of this epoch is in hand: the extract thread is done with
+                // the extractor, so the next epoch can start sampling and extracting.
+                next = Some(train.epoch(epoch + 1));
+            }
             let t = Instant::now();
             edges += p.batch.num_edges() as u64;
             inputs += p.batch.input_nodes.len() as u64;
+            extract.add(&p.extract);
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
             let key = (epoch << 32) | p.batch.key.step;
@@ -239,7 +251,10 @@ pub fn fit<B: Backend>(
         }
         drop(stream);
         let wall_s = start.elapsed().as_secs_f64();
-        let (sample_s, extract_s, extract) = train.take_times();
+        // Busy times of the stages since the last call: with the next epoch started early,
+        // its first batches' sampling and extraction count here (they ran in this epoch's
+        // wall time). Bytes are summed per batch above, so they belong to their own epoch.
+        let (sample_s, extract_s, _) = train.take_times();
         let frac = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
         let mut m = EpochMetrics {
             epoch,

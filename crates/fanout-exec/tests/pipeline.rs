@@ -86,8 +86,26 @@ fn runs_are_deterministic_and_clocks_tick() {
         );
         assert!(x.sample_s > 0.0 && x.extract_s > 0.0 && x.train_s > 0.0);
         assert!(x.batches > 0 && x.edges > 0 && x.input_nodes > 0);
+        // The next epoch starts extracting while this one's last batch trains; the bytes
+        // still count in the epoch whose batches they fed.
+        let row_bytes = ds.features.as_ref().unwrap().row_bytes() as u64;
+        assert_eq!(x.extract.rows, x.input_nodes, "epoch {}", x.epoch);
+        assert_eq!(x.extract.bytes_total, x.input_nodes * row_bytes);
     }
     assert_eq!(a.test_acc, b.test_acc);
+    // Starting the next epoch early changes nothing in this one: epoch 0 of the 3-epoch run
+    // equals a 1-epoch run, which starts nothing ahead.
+    let one = {
+        let train = pipeline(&ds, vec![5, 5], ds.train.to_vec(), true);
+        let mut t = trainer(&ds, ModelKind::Gcn, 0.5);
+        let cfg = FitConfig {
+            epochs: 1,
+            eval_every: 0,
+        };
+        fit(&mut t, &train, None, None, cfg, &mut ()).unwrap()
+    };
+    assert_eq!(one.epochs[0].input_nodes, a.epochs[0].input_nodes);
+    assert_eq!(one.epochs[0].loss, a.epochs[0].loss);
 }
 
 #[test]
