@@ -319,3 +319,20 @@ fn results_do_not_depend_on_the_thread_count() {
     assert!(one.4 == three.4, "column sums differ");
     assert!(one.5 == three.5, "dot product differs");
 }
+
+#[test]
+fn on_compute_threads_runs_on_a_pool_worker_and_returns_the_value() {
+    // Test threads are not rayon workers; the CPU backend moves the closure onto one, which is
+    // what lets kernels fork inside the pool.
+    assert!(rayon::current_thread_index().is_none());
+    let (idx, v) = BE.on_compute_threads(|| (rayon::current_thread_index(), 6 * 7));
+    assert!(idx.is_some());
+    assert_eq!(v, 42);
+    // Kernels give the same result there as on the calling thread.
+    let a = Tensor::from_fn(300, 70, |r, c| ((r * 7 + c * 3) % 11) as f32 - 5.0);
+    let b = Tensor::from_fn(70, 90, |r, c| ((r * 5 + c) % 13) as f32 * 0.25);
+    assert_eq!(
+        BE.on_compute_threads(|| BE.matmul(&a, false, &b, false)),
+        BE.matmul(&a, false, &b, false)
+    );
+}

@@ -140,8 +140,10 @@ impl<B: Backend> Trainer<B> {
     /// [`EVAL_EPOCH`]. The pipeline's stage clocks are reset afterwards.
     pub fn evaluate(&mut self, pipe: &Pipeline) -> Result<f64> {
         let (mut correct, mut labelled) = (0usize, 0usize);
+        let be = self.model.backend().clone();
         for p in pipe.epoch(EVAL_EPOCH) {
-            let (c, l) = self.eval_batch(p?)?;
+            let p = p?;
+            let (c, l) = be.on_compute_threads(|| self.eval_batch(p))?;
             correct += c;
             labelled += l;
         }
@@ -241,7 +243,8 @@ pub fn fit<B: Backend>(
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
             let key = (epoch << 32) | p.batch.key.step;
-            let out = trainer.train_batch(p, key)?;
+            let be = trainer.model.backend().clone();
+            let out = be.on_compute_threads(|| trainer.train_batch(p, key))?;
             train_s += t.elapsed().as_secs_f64();
             loss_sum += out.loss * out.labelled as f64;
             correct += out.correct;

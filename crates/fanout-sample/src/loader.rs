@@ -180,9 +180,12 @@ fn worker(
             step: step as u64,
         };
         let run = || sampler.sample(&batches[step], key);
+        // The batch is sampled on a worker of the pool (`install`, or `scope` for the global
+        // pool, which moves its body there), so the sampler's parallel loops fork inside the
+        // pool instead of each being handed over from this thread and waited for.
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &pool {
             Some(p) => p.install(run),
-            None => run(),
+            None => rayon::scope(|_| run()),
         }))
         .unwrap_or_else(|p| {
             let msg = p

@@ -32,6 +32,11 @@ impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
     }
+    fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // `scope` runs its body on a worker of the current pool (moving there when called from
+        // outside it); the kernels' loops then fork and join inside the pool.
+        rayon::scope(|_| f())
+    }
 
     fn upload(&self, host: &Tensor) -> Tensor {
         host.clone()
