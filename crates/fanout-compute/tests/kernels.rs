@@ -25,7 +25,8 @@ fn naive_matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool) -> Tensor {
 fn matmul_matches_naive_triple_loop_for_all_transposes() {
     let mut rng = Rng::new(1);
     // Small and odd shapes, row-block-parallel shapes (m * n * k above the threading
-    // threshold), and inner-dimension-split shapes (k >= 2048 and k >= 4 m).
+    // threshold), inner-dimension-split shapes (k >= 2048 and k >= 4 m, C one tile) and
+    // tiled long-inner-dimension shapes (C at least two 128 x 128 tiles, edge tiles partial).
     let shapes = [
         (1, 1, 1),
         (3, 5, 2),
@@ -34,6 +35,8 @@ fn matmul_matches_naive_triple_loop_for_all_transposes() {
         (64, 257, 33),
         (20, 3000, 30),
         (7, 5001, 9),
+        (130, 2500, 300),
+        (40, 2100, 129),
     ];
     for &(m, k, n) in &shapes {
         for ta in [false, true] {
@@ -296,8 +299,12 @@ fn results_do_not_depend_on_the_thread_count() {
         let v = rand_tensor(300, 40, &mut rng);
         let mut acc = rand_tensor(5000, 40, &mut rng);
         BE.gemm(0.7, &z, false, &v, false, 1.0, &mut acc);
+        // A weight gradient on the tiled path (C = 130 x 300: six tiles), accumulating.
+        let (g1, g2) = (rand_tensor(2600, 130, &mut rng), rand_tensor(2600, 300, &mut rng));
+        let mut dw2 = rand_tensor(130, 300, &mut rng);
+        BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2);
         let s = BE.sum_rows(&y);
-        (y, agg, back, (dw, acc), s, BE.dot(&x, &x))
+        (y, agg, back, (dw, acc, dw2), s, BE.dot(&x, &x))
     };
     let pool = |n| {
         rayon::ThreadPoolBuilder::new()
