@@ -300,7 +300,10 @@ fn results_do_not_depend_on_the_thread_count() {
         let mut acc = rand_tensor(5000, 40, &mut rng);
         BE.gemm(0.7, &z, false, &v, false, 1.0, &mut acc);
         // A weight gradient on the tiled path (C = 130 x 300: six tiles), accumulating.
-        let (g1, g2) = (rand_tensor(2600, 130, &mut rng), rand_tensor(2600, 300, &mut rng));
+        let (g1, g2) = (
+            rand_tensor(2600, 130, &mut rng),
+            rand_tensor(2600, 300, &mut rng),
+        );
         let mut dw2 = rand_tensor(130, 300, &mut rng);
         BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2);
         let s = BE.sum_rows(&y);
