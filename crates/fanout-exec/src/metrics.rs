@@ -32,7 +32,10 @@ impl StageClock {
 }
 
 /// What one epoch cost and achieved. Times are seconds; `sample_s`, `extract_s` and `train_s`
-/// are busy times of the three stages during the training pass (not evaluation), `wait_s` the
+/// are busy times of the three stages during the training pass (not evaluation); the sample
+/// and extract stages of the next epoch start while this epoch's last batch trains, so their
+/// first batches' busy time counts here (an epoch whose batches were all prepared ahead shows
+/// none of its own), while bytes (`extract`) count in the epoch they fed. `wait_s` is the
 /// time the train stage waited for input (0 when the pipeline kept up). Accuracies are in
 /// `0..=1`; `val_acc` / `test_acc` are `None` in epochs without evaluation.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

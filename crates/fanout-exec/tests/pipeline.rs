@@ -84,7 +84,7 @@ fn runs_are_deterministic_and_clocks_tick() {
             (x.loss, x.train_acc, x.val_acc),
             (y.loss, y.train_acc, y.val_acc)
         );
-        assert!(x.sample_s > 0.0 && x.extract_s > 0.0 && x.train_s > 0.0);
+        assert!(x.train_s > 0.0);
         assert!(x.batches > 0 && x.edges > 0 && x.input_nodes > 0);
         // The next epoch starts extracting while this one's last batch trains; the bytes
         // still count in the epoch whose batches they fed.
@@ -92,6 +92,12 @@ fn runs_are_deterministic_and_clocks_tick() {
         assert_eq!(x.extract.rows, x.input_nodes, "epoch {}", x.epoch);
         assert_eq!(x.extract.bytes_total, x.input_nodes * row_bytes);
     }
+    // Stage clocks tick. Busy time counts in the epoch during whose wall time it was spent:
+    // the next epoch's first batches are sampled and extracted while this one's last batch
+    // trains, so on a graph this small a later epoch can show none of its own.
+    assert!(a.epochs.iter().map(|e| e.sample_s).sum::<f64>() > 0.0);
+    assert!(a.epochs.iter().map(|e| e.extract_s).sum::<f64>() > 0.0);
+    assert!(a.epochs[0].sample_s > 0.0 && a.epochs[0].extract_s > 0.0);
     assert_eq!(a.test_acc, b.test_acc);
     // Starting the next epoch early changes nothing in this one: epoch 0 of the 3-epoch run
     // equals a 1-epoch run, which starts nothing ahead.
