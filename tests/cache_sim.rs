@@ -137,9 +137,13 @@ fn weighted_sampling_runs_after_dataset_weights_writes_them() {
         std::fs::read(std::path::Path::new(&ds).join("weight.bin")).unwrap(),
         weights
     );
-    ok(&[
-        "dataset", "weights", &ds, "--scheme", "random", "--seed", "3", "--force",
-    ]);
+    let j: Value = serde_json::from_str(&ok(&[
+        "dataset", "weights", &ds, "--scheme", "random", "--seed", "3", "--force", "--json",
+    ]))
+    .expect("one JSON object");
+    assert_eq!(j["scheme"], "random");
+    assert_eq!(j["seed"], 3);
+    assert_eq!(j["weights"].as_u64().unwrap() as usize * 4, weights.len());
     assert_ne!(
         std::fs::read(std::path::Path::new(&ds).join("weight.bin")).unwrap(),
         weights

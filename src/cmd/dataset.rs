@@ -181,6 +181,9 @@ pub struct WeightsArgs {
     /// Replace an existing weight.bin.
     #[arg(long)]
     force: bool,
+    /// Print the summary as JSON (path, weights, scheme, seed, seconds).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -303,12 +306,23 @@ pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
                     })?;
                 }
             }
-            println!(
-                "wrote {} ({} weights, scheme {name}) in {:.2} s",
-                path.display(),
-                w.len(),
-                t.elapsed().as_secs_f64()
-            );
+            let secs = t.elapsed().as_secs_f64();
+            if a.json {
+                let v = serde_json::json!({
+                    "path": path.display().to_string(),
+                    "weights": w.len(),
+                    "scheme": name,
+                    "seed": a.seed,
+                    "seconds": secs,
+                });
+                println!("{v}");
+            } else {
+                println!(
+                    "wrote {} ({} weights, scheme {name}) in {secs:.2} s",
+                    path.display(),
+                    w.len()
+                );
+            }
             Ok(())
         }
         DatasetCommand::Info(a) => {
