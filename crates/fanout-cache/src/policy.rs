@@ -13,7 +13,7 @@
 //! - **optimal**: presence counts of the evaluated trace itself ([`crate::optimal`]).
 //!
 //! Ties: larger vertex id first for every score-based policy (GNNLab artifact); PreSC first
-//! breaks count ties by degree ([`crate::presc`]).
+//! breaks count ties by expected draws, then degree ([`crate::presc`]).
 
 use fanout_graph::Topology;
 use fanout_rand::Rng;
