@@ -159,7 +159,6 @@ pub struct Pipeline {
     num_nodes: usize,
     sample_clock: Arc<StageClock>,
     extract_clock: Arc<StageClock>,
-    extract_stats: Arc<Mutex<ExtractStats>>,
 }
 
 impl Pipeline {
@@ -198,7 +197,6 @@ impl Pipeline {
             num_nodes,
             sample_clock,
             extract_clock: Arc::new(StageClock::default()),
-            extract_stats: Arc::new(Mutex::new(ExtractStats::default())),
         })
     }
 
@@ -217,11 +215,10 @@ impl Pipeline {
         &self.sample_clock
     }
 
-    /// Returns `(sample_s, extract_s, extract stats)` accumulated since the last call, and
-    /// resets them. Call it after an epoch's stream has been consumed or dropped.
-    pub fn take_times(&self) -> (f64, f64, ExtractStats) {
-        let stats = std::mem::take(&mut *self.extract_stats.lock().unwrap());
-        (self.sample_clock.take(), self.extract_clock.take(), stats)
+    /// Returns `(sample_s, extract_s)` of busy time accumulated since the last call, and
+    /// resets them. (Bytes are per batch: [`Prepared::extract`].)
+    pub fn take_times(&self) -> (f64, f64) {
+        (self.sample_clock.take(), self.extract_clock.take())
     }
 
     /// Starts sampling and extracting `epoch` in the background and returns its prepared
@@ -233,7 +230,6 @@ impl Pipeline {
         let total = batches.len();
         let ex = self.extractor.clone();
         let clock = self.extract_clock.clone();
-        let stats = self.extract_stats.clone();
         let (window, num_nodes) = (self.window, self.num_nodes);
         let handle = std::thread::spawn(move || {
             let mut ex = ex.lock().unwrap();
@@ -243,7 +239,6 @@ impl Pipeline {
                 let mut features = Vec::new();
                 let s = ex.extract(&batch.input_nodes, &mut features);
                 clock.add_since(t);
-                stats.lock().unwrap().add(&s);
                 Prepared {
                     batch,
                     features,

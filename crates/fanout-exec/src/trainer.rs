@@ -143,11 +143,7 @@ impl<B: Backend> Trainer<B> {
         let be = self.model.backend().clone();
         for p in pipe.epoch(EVAL_EPOCH) {
             let p = p?;
-            let (c, l) = if runs_on_compute_threads(&p) {
-                be.on_compute_threads(|| self.eval_batch(p))?
-            } else {
-                self.eval_batch(p)?
-            };
+            let (c, l) = run_step(&be, p, |p| self.eval_batch(p))?;
             correct += c;
             labelled += l;
         }
@@ -187,13 +183,24 @@ impl<B: Backend> Trainer<B> {
 /// made no difference. Larger steps therefore call the backend from the trainer's own thread.
 pub const COMPUTE_THREAD_STEP_MAX_DST: usize = 8192;
 
-/// Whether [`fit`] and [`Trainer::evaluate`] run this batch's step on the backend's compute
-/// threads (see [`COMPUTE_THREAD_STEP_MAX_DST`]).
-fn runs_on_compute_threads(p: &Prepared) -> bool {
-    p.batch
+/// Runs `step` (the training or evaluation step of `p`) through
+/// [`Backend::on_compute_threads`] when `p`'s input layer has at most
+/// [`COMPUTE_THREAD_STEP_MAX_DST`] destinations, else on the calling thread.
+fn run_step<B: Backend, R: Send>(
+    be: &B,
+    p: Prepared,
+    step: impl FnOnce(Prepared) -> R + Send,
+) -> R {
+    let small = p
+        .batch
         .blocks
         .first()
-        .is_some_and(|b| b.num_dst <= COMPUTE_THREAD_STEP_MAX_DST)
+        .is_some_and(|b| b.num_dst <= COMPUTE_THREAD_STEP_MAX_DST);
+    if small {
+        be.on_compute_threads(|| step(p))
+    } else {
+        step(p)
+    }
 }
 
 /// How [`fit`] runs.
@@ -267,12 +274,8 @@ pub fn fit<B: Backend>(
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
             let key = (epoch << 32) | p.batch.key.step;
-            let out = if runs_on_compute_threads(&p) {
-                let be = trainer.model.backend().clone();
-                be.on_compute_threads(|| trainer.train_batch(p, key))?
-            } else {
-                trainer.train_batch(p, key)?
-            };
+            let be = trainer.model.backend().clone();
+            let out = run_step(&be, p, |p| trainer.train_batch(p, key))?;
             train_s += t.elapsed().as_secs_f64();
             loss_sum += out.loss * out.labelled as f64;
             correct += out.correct;
@@ -285,7 +288,7 @@ pub fn fit<B: Backend>(
         // Busy times of the stages since the last call: with the next epoch started early,
         // its first batches' sampling and extraction count here (they ran in this epoch's
         // wall time). Bytes are summed per batch above, so they belong to their own epoch.
-        let (sample_s, extract_s, _) = train.take_times();
+        let (sample_s, extract_s) = train.take_times();
         let frac = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
         let mut m = EpochMetrics {
             epoch,

@@ -298,26 +298,9 @@ impl Features {
         }
     }
 
-    /// Gathers the rows `ids` into `out` (`ids.len() * dim` values), in parallel.
-    pub fn gather(&self, ids: &[u32], out: &mut [f32]) {
-        assert_eq!(out.len(), ids.len() * self.dim, "gather: output size");
-        if self.dim == 0 {
-            return;
-        }
-        out.par_chunks_mut(self.dim)
-            .zip(ids.par_iter())
-            .enumerate()
-            .for_each(|(i, (o, &v))| {
-                if let Some(&ahead) = ids.get(i + GATHER_PREFETCH_AHEAD) {
-                    self.prefetch_row(ahead as usize);
-                }
-                self.copy_row(v as usize, o)
-            });
-    }
-
     /// Replaces `out`'s contents with the rows `ids` (`ids.len() * dim` values, converted to
-    /// f32), gathered in parallel straight into `out`'s memory: the same values as
-    /// [`Features::gather`] into a zeroed buffer, without the sequential zero-fill.
+    /// f32, each row as [`Features::copy_row`] writes it), gathered in parallel straight into
+    /// `out`'s memory (no zero-fill first), prefetching the rows a few ids ahead.
     pub fn gather_into(&self, ids: &[u32], out: &mut Vec<f32>) {
         let d = self.dim;
         let len = ids.len() * d;
@@ -393,7 +376,7 @@ impl Features {
     }
 }
 
-/// Rows ahead of the current one that [`Features::gather`] prefetches.
+/// Rows ahead of the current one that [`Features::gather_into`] prefetches.
 const GATHER_PREFETCH_AHEAD: usize = 8;
 
 /// An opened dataset. Fields are public for read access; the struct is immutable after open.
