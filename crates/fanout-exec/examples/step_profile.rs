@@ -5,7 +5,7 @@
 //! (fanouts 10,25, hidden 256, dropout 0.5, Adam lr 0.003, as `bench/train_vs_dgl.sh`; set
 //! `RAYON_NUM_THREADS` for the thread count). One epoch of shuffled batches is sampled and
 //! its features gathered into memory first; then the model trains on those batches EPOCHS
-//! times (default 4) and the median per-step milliseconds of forward, loss, backward and
+//! times (default 4, at least 2) and the median per-step milliseconds of forward, loss, backward and
 //! optimiser are printed, over every epoch after the first. In `fanout train` the same steps
 //! share the cores with the sample and extract stages, so its train stage is slower than the
 //! sum printed here by about what those stages use; compare this sum with a peer's train-stage
