@@ -12,7 +12,7 @@
 //! time to see how much of a gap is the step itself.
 use fanout_cache::{Extractor, PlainExtractor};
 use fanout_compute::{
-    Adam, Backend, BlockRef, CpuBackend, Mode, Model, ModelConfig, ModelKind, Optimizer, Tensor,
+    Adam, Backend, CpuBackend, Mode, Model, ModelConfig, ModelKind, Optimizer, Tensor,
 };
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, KHopConfig, KHopSampler, MiniBatch, RemapKind, Sampler};
@@ -93,17 +93,7 @@ fn main() {
     let mut phases: [Vec<f64>; 4] = Default::default();
     for epoch in 0..epochs {
         for (step, (mb, rows)) in batches.iter().enumerate() {
-            let refs: Vec<BlockRef> = mb
-                .blocks
-                .iter()
-                .map(|b| BlockRef {
-                    num_dst: b.num_dst,
-                    num_src: b.num_src,
-                    indptr: &b.indptr,
-                    indices: &b.indices,
-                    weights: b.weights.as_deref(),
-                })
-                .collect();
+            let refs = fanout_exec::block_refs(&mb.blocks);
             let labels = mb.labels.as_deref().expect("checked above");
             let x = Tensor::new(mb.input_nodes.len(), dim, rows.clone());
             let t0 = Instant::now();

@@ -40,7 +40,7 @@ pub use error::{ExecError, Result};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, StageClock};
 pub use pipeline::{EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
-pub use trainer::{fit, BatchOutcome, FitConfig, FitObserver, Trainer, EVAL_EPOCH};
+pub use trainer::{block_refs, fit, BatchOutcome, FitConfig, FitObserver, Trainer, EVAL_EPOCH};
 
 /// Tunes the C allocator for training's allocation pattern: large buffers of similar sizes
 /// freed and re-requested every step. With glibc's defaults every buffer above 128 KiB is a

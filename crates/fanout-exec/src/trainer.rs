@@ -6,6 +6,7 @@ use crate::metrics::{EpochMetrics, RunMetrics};
 use crate::pipeline::{EpochStream, Pipeline, Prepared};
 use fanout_cache::ExtractStats;
 use fanout_compute::{Backend, BlockRef, Mode, Model, Optimizer, Tensor};
+use fanout_sample::Block;
 use std::time::Instant;
 
 /// The epoch number evaluation batches are sampled under. Evaluation always uses this one key
@@ -32,9 +33,10 @@ pub struct Trainer<B: Backend> {
     opt: Box<dyn Optimizer<B> + Send>,
 }
 
-fn block_refs(p: &Prepared) -> Vec<BlockRef<'_>> {
-    p.batch
-        .blocks
+/// Borrowed compute-side views of a mini-batch's sampled blocks (outermost first), as
+/// [`Model::prepare_blocks`] takes them. No copy: the views point into `blocks`.
+pub fn block_refs(blocks: &[Block]) -> Vec<BlockRef<'_>> {
+    blocks
         .iter()
         .map(|b| BlockRef {
             num_dst: b.num_dst,
@@ -74,7 +76,7 @@ impl<B: Backend> Trainer<B> {
     }
 
     fn forward(&mut self, p: Prepared, mode: Mode) -> Result<B::Tensor> {
-        let blocks = self.model.prepare_blocks(&block_refs(&p))?;
+        let blocks = self.model.prepare_blocks(&block_refs(&p.batch.blocks))?;
         let rows = p.batch.input_nodes.len();
         let x = Tensor::new(rows, p.dim, p.features);
         let be = self.model.backend().clone();
