@@ -5,8 +5,9 @@
 //! (fanouts 10,25, hidden 256, dropout 0.5, Adam lr 0.003, as `bench/train_vs_dgl.sh`; set
 //! `RAYON_NUM_THREADS` for the thread count). One epoch of shuffled batches is sampled and
 //! its features gathered into memory first; then the model trains on those batches EPOCHS
-//! times (default 4, at least 2) and the median per-step milliseconds of forward, loss, backward and
-//! optimiser are printed, over every epoch after the first. In `fanout train` the same steps
+//! times (default 4, at least 2), each step on a pool worker as the trainer runs it, and the
+//! median per-step milliseconds of forward, loss, backward and optimiser are printed, over
+//! every epoch after the first. In `fanout train` the same steps
 //! share the cores with the sample and extract stages, so its train stage is slower than the
 //! sum printed here by about what those stages use; compare this sum with a peer's train-stage
 //! time to see how much of a gap is the step itself.
@@ -96,30 +97,32 @@ fn main() {
             let refs = fanout_exec::block_refs(&mb.blocks);
             let labels = mb.labels.as_deref().expect("checked above");
             let x = Tensor::new(mb.input_nodes.len(), dim, rows.clone());
-            let t0 = Instant::now();
-            let blocks = model
-                .prepare_blocks(&refs)
-                .expect("sampled blocks are valid");
-            let mode = Mode::Train {
-                dropout_key: (epoch * batches.len() + step) as u64,
-            };
-            let logits = model.forward(&blocks, x, mode).expect("shapes match");
-            let t1 = Instant::now();
-            let ce = be
-                .softmax_cross_entropy(&logits, labels)
-                .expect("labels in range");
-            let t2 = Instant::now();
-            model.zero_grad();
-            model.backward(&ce.grad).expect("after a training forward");
-            let t3 = Instant::now();
-            opt.step_model(&mut model)
-                .expect("gradients match the parameters");
-            let t4 = Instant::now();
+            // On a pool worker, as the trainer runs steps of this size (`run_step`): from any
+            // other thread each of the step's parallel kernels pays a hand-over to the pool.
+            let times = be.on_compute_threads(|| {
+                let t0 = Instant::now();
+                let blocks = model
+                    .prepare_blocks(&refs)
+                    .expect("sampled blocks are valid");
+                let mode = Mode::Train {
+                    dropout_key: (epoch * batches.len() + step) as u64,
+                };
+                let logits = model.forward(&blocks, x, mode).expect("shapes match");
+                let t1 = Instant::now();
+                let ce = be
+                    .softmax_cross_entropy(&logits, labels)
+                    .expect("labels in range");
+                let t2 = Instant::now();
+                model.zero_grad();
+                model.backward(&ce.grad).expect("after a training forward");
+                let t3 = Instant::now();
+                opt.step_model(&mut model)
+                    .expect("gradients match the parameters");
+                let t4 = Instant::now();
+                [(t0, t1), (t1, t2), (t2, t3), (t3, t4)]
+            });
             if epoch > 0 {
-                for (p, (a, b)) in phases
-                    .iter_mut()
-                    .zip([(t0, t1), (t1, t2), (t2, t3), (t3, t4)])
-                {
+                for (p, (a, b)) in phases.iter_mut().zip(times) {
                     p.push((b - a).as_secs_f64());
                 }
             }
