@@ -3,7 +3,7 @@
 //! [`Dataset::open`] reads `meta.txt`, checks every file's size against it and maps the files:
 //! O(1) time and memory whatever the graph's size. It does not scan contents; `verify` does.
 
-use crate::array::{Array, Pod};
+use crate::array::{available_memory, Array, Pod};
 use crate::error::{Error, Result};
 use crate::meta::{FeatDtype, Layout, Meta};
 use half::f16;
@@ -285,6 +285,14 @@ impl Features {
         self.dim * self.dtype().size()
     }
 
+    /// Whether the rows are read from a huge-page copy ([`Dataset::make_features_resident`]).
+    pub fn is_resident(&self) -> bool {
+        match &self.data {
+            FeatData::F32(a) => a.is_resident(),
+            FeatData::F16(a) => a.is_resident(),
+        }
+    }
+
     /// Copies row `v` into `out` (length `dim`), converting to f32.
     pub fn copy_row(&self, v: usize, out: &mut [f32]) {
         let d = self.dim;
@@ -494,6 +502,42 @@ impl Dataset {
     /// Number of vertices.
     pub fn num_nodes(&self) -> u64 {
         self.meta.num_node
+    }
+
+    /// Replaces memory-mapped features by a private copy in huge-page memory
+    /// ([`Array::resident_copy`]) when they take at most a quarter of the available memory
+    /// (and at most 16 GiB), the rule samplers use for the topology. Returns whether it
+    /// copied; features already in memory (generated datasets, an earlier call) stay as they
+    /// are. Rows read afterwards are the same values, bit for bit.
+    ///
+    /// Measured on the 2-core VM: a gather of 16,000 random 512-byte rows (cnr2000's
+    /// features) took 1.48 ms from huge pages against 2.05 ms from the map (1.38x). In
+    /// `fanout train` (GraphSAGE 10,25, batch 1024, 2 threads, 7 alternating runs) the
+    /// products preset's median epoch went from 1.13 s to 1.06 s (per-run ratios 0.89-1.14,
+    /// median 1.04x) and cnr2000's did not change measurably (median 1.05x, 0.87-1.23): the
+    /// extract stage is off the critical path there, and the VM's run-to-run spread is 10%.
+    ///
+    /// # Errors
+    /// When the anonymous memory cannot be mapped (the mapped features are kept).
+    pub fn make_features_resident(&mut self) -> Result<bool> {
+        let Some(f) = self.features.as_mut() else {
+            return Ok(false);
+        };
+        let mapped = match &f.data {
+            FeatData::F32(a) => a.is_mapped(),
+            FeatData::F16(a) => a.is_mapped(),
+        };
+        let bytes = f.num_rows() as u64 * f.row_bytes() as u64;
+        if !mapped || bytes > (available_memory() / 4).min(16 << 30) {
+            return Ok(false);
+        }
+        let path = self.dir.join(files::FEAT);
+        let copy_err = |e| Error::io(&path, "copy into huge-page memory", e);
+        f.data = match &f.data {
+            FeatData::F32(a) => FeatData::F32(a.resident_copy().map_err(copy_err)?),
+            FeatData::F16(a) => FeatData::F16(a.resident_copy().map_err(copy_err)?),
+        };
+        Ok(true)
     }
 
     /// Number of stored arcs.

@@ -9,7 +9,7 @@
 //! samplers built from the same `Arc<Dataset>` share it.
 
 use crate::graph::{with_csr, Csr, CsrJob};
-use fanout_graph::{Dataset, Ids, Offsets};
+use fanout_graph::{available_memory, Dataset, Ids, Offsets};
 use rayon::prelude::*;
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU32;
@@ -144,18 +144,6 @@ fn wants_copy(residency: Residency, bytes: usize) -> bool {
         Residency::Resident => true,
         Residency::Auto => bytes as u64 <= (available_memory() / 4).min(16 << 30),
     }
-}
-
-/// Available memory in bytes (Linux: MemAvailable), or 4 GiB when it cannot be read.
-fn available_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(4 << 30, |kib| kib * 1024)
 }
 
 fn shared_copy(ds: &Arc<Dataset>, p: &[u32], i: &[u32]) -> Arc<ResidentCsr> {

@@ -1,0 +1,70 @@
+//! `Dataset::make_features_resident` swaps memory-mapped features for a huge-page copy that
+//! reads back the same rows, and leaves features already in memory alone.
+
+use fanout_graph::{
+    build_topology, files, BuildOptions, Dataset, DatasetWriter, Meta, NoProgress, SliceArcs,
+};
+
+const N: u64 = 300;
+const DIM: usize = 5;
+
+fn write_dataset(out: &std::path::Path) {
+    let arcs: Vec<(u64, u64)> = (0..N).map(|v| (v, (v * 7 + 1) % N)).collect();
+    let mut w = DatasetWriter::create(out, false).unwrap();
+    let opts = BuildOptions {
+        num_nodes: Some(N),
+        ..Default::default()
+    };
+    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
+    let feat: Vec<f32> = (0..N as usize * DIM).map(|i| (i as f32).sin()).collect();
+    w.write_array(files::FEAT, &feat).unwrap();
+    let meta = Meta {
+        num_node: N,
+        num_edge: st.num_arcs,
+        feat_dim: DIM as u64,
+        ..Meta::default()
+    };
+    w.finish(meta, &NoProgress).unwrap();
+}
+
+#[test]
+fn resident_features_gather_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    write_dataset(&out);
+    let mut ds = Dataset::open(&out).unwrap();
+    let ids: Vec<u32> = (0..N as u32).rev().step_by(3).chain([0, 0, 299]).collect();
+    let mut before = Vec::new();
+    ds.features.as_ref().unwrap().gather_into(&ids, &mut before);
+    assert!(!ds.features.as_ref().unwrap().is_resident());
+
+    // 6 KB of features fit in any machine's quarter of available memory.
+    assert!(ds.make_features_resident().unwrap());
+    let f = ds.features.as_ref().unwrap();
+    assert!(f.is_resident());
+    assert_eq!(f.num_rows(), N as usize);
+    let mut after = Vec::new();
+    f.gather_into(&ids, &mut after);
+    assert_eq!(before, after);
+    // Already in memory: nothing more to copy.
+    assert!(!ds.make_features_resident().unwrap());
+}
+
+#[test]
+fn a_dataset_without_features_has_nothing_to_copy() {
+    let mut w = DatasetWriter::temporary().unwrap();
+    let arcs = [(0u64, 1u64), (1, 2)];
+    let opts = BuildOptions {
+        num_nodes: Some(3),
+        ..Default::default()
+    };
+    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
+    let meta = Meta {
+        num_node: 3,
+        num_edge: st.num_arcs,
+        ..Meta::default()
+    };
+    let mut ds = w.finish(meta, &NoProgress).unwrap();
+    assert!(ds.features.is_none());
+    assert!(!ds.make_features_resident().unwrap());
+}
