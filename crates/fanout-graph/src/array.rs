@@ -149,17 +149,25 @@ impl<T: Pod> Array<T> {
         matches!(self.backing, Backing::Mapped(_))
     }
 
-    /// A copy of the elements in anonymous memory advised for transparent huge pages (Linux;
-    /// plain anonymous memory elsewhere), filled in parallel. Random reads of rows (feature
-    /// gathers, neighbour lists) then mostly hit the TLB: with 4 KiB pages almost every row
-    /// read of an array of more than a few MiB misses it, and in a virtual machine each miss
-    /// is a nested page walk. Costs one pass over the array and its size in memory.
+    /// A copy of the elements in anonymous memory advised for transparent huge pages
+    /// ([`Array::resident_from`]).
     ///
     /// # Errors
     /// When the anonymous memory cannot be mapped.
     pub fn resident_copy(&self) -> std::io::Result<Array<T>> {
+        Self::resident_from(self)
+    }
+
+    /// An array holding a copy of `src` in anonymous memory advised for transparent huge pages
+    /// (Linux; plain anonymous memory elsewhere), filled in parallel. Random reads of rows
+    /// (feature gathers, neighbour lists) then mostly hit the TLB: with 4 KiB pages almost
+    /// every row read of an array of more than a few MiB misses it, and in a virtual machine
+    /// each miss is a nested page walk. Costs one pass over `src` and its size in memory.
+    ///
+    /// # Errors
+    /// When the anonymous memory cannot be mapped.
+    pub fn resident_from(src: &[T]) -> std::io::Result<Array<T>> {
         use rayon::prelude::*;
-        let src: &[T] = self;
         let bytes = std::mem::size_of_val(src);
         let mut map = MmapMut::map_anon(bytes.max(1))?;
         #[cfg(target_os = "linux")]
@@ -174,7 +182,7 @@ impl<T: Pod> Array<T> {
         })
     }
 
-    /// Whether the array is a huge-page copy made by [`Array::resident_copy`].
+    /// Whether the array is a huge-page copy ([`Array::resident_from`]).
     pub fn is_resident(&self) -> bool {
         matches!(self.backing, Backing::Resident(..))
     }

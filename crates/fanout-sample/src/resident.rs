@@ -9,8 +9,7 @@
 //! samplers built from the same `Arc<Dataset>` share it.
 
 use crate::graph::{with_csr, Csr, CsrJob};
-use fanout_graph::{available_memory, Dataset, Ids, Offsets};
-use rayon::prelude::*;
+use fanout_graph::{available_memory, Array, Dataset, Ids, Offsets};
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -81,8 +80,8 @@ impl<T: Plain> std::ops::DerefMut for HugeBuf<T> {
 
 /// A resident copy of a 32-bit topology.
 struct ResidentCsr {
-    indptr: HugeBuf<u32>,
-    indices: HugeBuf<u32>,
+    indptr: Array<u32>,
+    indices: Array<u32>,
 }
 
 /// Copies shared between samplers built from the same dataset object.
@@ -157,20 +156,13 @@ fn shared_copy(ds: &Arc<Dataset>, p: &[u32], i: &[u32]) -> Arc<ResidentCsr> {
     if let Some(c) = found {
         return c;
     }
+    let copy_of = |src| Array::resident_from(src).expect("map anonymous memory");
     let copy = Arc::new(ResidentCsr {
         indptr: copy_of(p),
         indices: copy_of(i),
     });
     shared.push((Arc::downgrade(ds), Arc::downgrade(&copy)));
     copy
-}
-
-fn copy_of(src: &[u32]) -> HugeBuf<u32> {
-    let mut dst = HugeBuf::zeroed(src.len());
-    dst.par_chunks_mut(1 << 20)
-        .zip(src.par_chunks(1 << 20))
-        .for_each(|(d, s)| d.copy_from_slice(s));
-    dst
 }
 
 #[cfg(test)]
