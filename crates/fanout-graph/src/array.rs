@@ -164,18 +164,30 @@ impl<T: Pod> Array<T> {
     /// every row read of an array of more than a few MiB misses it, and in a virtual machine
     /// each miss is a nested page walk. Costs one pass over `src` and its size in memory.
     ///
+    /// Safe to call while holding a lock or inside a `OnceLock` initialiser, from any thread:
+    /// the parallel fill uses scoped OS threads (as many as the current rayon pool has), not
+    /// rayon jobs. A rayon worker waiting for its jobs runs other queued jobs meanwhile, and
+    /// one of those re-entering the same lock or initialiser would deadlock (samplers copy
+    /// their topology lazily, on the first batch, from pool workers).
+    ///
     /// # Errors
     /// When the anonymous memory cannot be mapped.
     pub fn resident_from(src: &[T]) -> std::io::Result<Array<T>> {
-        use rayon::prelude::*;
+        const CHUNK_BYTES: usize = 8 << 20;
         let bytes = std::mem::size_of_val(src);
         let mut map = MmapMut::map_anon(bytes.max(1))?;
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
         let dst: &mut [T] = cast_mut(&mut map[..bytes]);
-        dst.par_chunks_mut(1 << 18)
-            .zip(src.par_chunks(1 << 18))
-            .for_each(|(d, s)| d.copy_from_slice(s));
+        let threads = rayon::current_num_threads()
+            .min(bytes.div_ceil(CHUNK_BYTES))
+            .max(1);
+        let per = src.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            for (d, from) in dst.chunks_mut(per).zip(src.chunks(per)) {
+                s.spawn(move || d.copy_from_slice(from));
+            }
+        });
         Ok(Array {
             backing: Backing::Resident(map, src.len()),
             _t: PhantomData,

@@ -196,4 +196,43 @@ mod tests {
         let z: HugeBuf<AtomicU32> = HugeBuf::zeroed(10);
         assert_eq!(z.len(), 10);
     }
+
+    /// The copy is made on first use, which is on pool workers when batches are sampled in
+    /// parallel (several loaders, or data-parallel workers): concurrent first uses must not
+    /// deadlock. (A copy made with rayon jobs inside the `OnceLock` initialiser did: its
+    /// worker, waiting for a stolen part of the copy, ran another loader's sampling job, which
+    /// re-entered the initialiser.)
+    #[test]
+    fn concurrent_first_uses_from_outside_the_pool_finish() {
+        // Over 2^20 ids, so that the copy is split across threads.
+        let ds = random_graph(60_000, 50, 5);
+        let plain = Rows::new(ds.clone(), Residency::Mapped);
+        let want: Vec<(usize, u64)> = (0..64u32).map(|v| plain.run(RowSum(v * 97))).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        for _ in 0..3 {
+            // Fresh rows each round: every round makes (or finds) the copy on first use.
+            let rows = Arc::new(Rows::new(ds.clone(), Residency::Resident));
+            for _ in 0..8 {
+                let (rows, pool, tx) = (rows.clone(), pool.clone(), tx.clone());
+                // Like the loaders: outside threads handing sampling jobs to the pool.
+                std::thread::spawn(move || {
+                    let got: Vec<(usize, u64)> =
+                        pool.install(|| (0..64u32).map(|v| rows.run(RowSum(v * 97))).collect());
+                    let _ = tx.send(got);
+                });
+            }
+        }
+        for _ in 0..24 {
+            let got = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("concurrent first uses of resident rows did not finish (deadlock)");
+            assert_eq!(got, want);
+        }
+    }
 }
