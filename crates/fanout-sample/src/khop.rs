@@ -301,6 +301,44 @@ mod tests {
         }
     }
 
+    /// Batches sampled concurrently by outside threads (two loaders, or data-parallel
+    /// workers) on one pool, each building a dense remapper (a parallel fill): they must all
+    /// finish, with the batches a lone call gives. Holding the remapper pool's lock across the
+    /// build deadlocked (a worker waiting for the fill ran the other batch, which took the
+    /// lock).
+    #[test]
+    fn concurrent_batches_from_outside_the_pool_finish() {
+        let n = 300_000u64;
+        let arcs: Vec<(u64, u64)> = (0..n).map(|v| ((v + 1) % n, v)).collect();
+        let ds = dataset(&arcs, n, Layout::Csc);
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        // Rounds with a fresh sampler (no remapper to reuse): the race is not hit every time.
+        for _ in 0..10 {
+            let s = Arc::new(sampler_with(&ds, &[2, 2], false, RemapKind::Dense));
+            let (tx, rx) = std::sync::mpsc::channel();
+            for t in 0..8u32 {
+                let (s, pool, tx) = (s.clone(), pool.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let seeds: Vec<u32> = (0..64).map(|i| t * 1000 + i).collect();
+                    let mb = pool.install(|| s.sample(&seeds, key(t as u64)).unwrap());
+                    let _ = tx.send((t, seeds, mb));
+                });
+            }
+            for _ in 0..8 {
+                let (t, seeds, mb) = rx
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("concurrent sampling did not finish (deadlock)");
+                let alone = s.sample(&seeds, key(t as u64)).unwrap();
+                assert_eq!(mb.input_nodes, alone.input_nodes);
+            }
+        }
+    }
+
     #[test]
     fn blocks_valid_edges_exist_no_duplicates_counts_right() {
         let ds = random_graph(3000, 500, 1);

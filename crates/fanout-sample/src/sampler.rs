@@ -73,7 +73,11 @@ impl Driver {
     {
         let n = self.ds.num_nodes();
         check_seeds(seeds, n)?;
-        let mut rm = self.pool.lock().unwrap().pop().unwrap_or_else(|| {
+        // The lock is released before a new remapper is built: building one fills its table
+        // with rayon jobs, and a worker waiting for them may run another batch's sampling,
+        // which takes this lock (holding it across the build deadlocked two loaders).
+        let reused = self.pool.lock().unwrap().pop();
+        let mut rm = reused.unwrap_or_else(|| {
             let expect = (seeds.len() as f64 * self.growth).min(n as f64) as usize;
             Remapper::new(n, self.remap, expect)
         });
