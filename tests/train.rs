@@ -65,17 +65,28 @@ fn train_writes_metrics_and_saved_model_reproduces_test_accuracy() {
             assert!(e[k].as_f64().is_some(), "epoch {i} lacks {k}: {e}");
         }
     }
-    let ev = ok(&["eval", "--model", s(&model), "--dataset", &ds, "--json"]);
-    let ev: Value = serde_json::from_str(ev.trim()).unwrap();
-    assert_eq!(
-        ev["accuracy"].as_f64(),
-        Some(acc),
-        "eval disagrees with train"
-    );
+    for residency in ["auto", "mapped"] {
+        let ev = ok(&[
+            "eval",
+            "--model",
+            s(&model),
+            "--dataset",
+            &ds,
+            "--json",
+            "--feature-residency",
+            residency,
+        ]);
+        let ev: Value = serde_json::from_str(ev.trim()).unwrap();
+        assert_eq!(
+            ev["accuracy"].as_f64(),
+            Some(acc),
+            "eval ({residency} features) disagrees with train"
+        );
+    }
 }
 
 #[test]
-fn every_model_trains_a_step_and_runs_are_deterministic() {
+fn every_model_trains_a_step_and_runs_are_deterministic_whatever_threads_and_residency() {
     let t = tempfile::tempdir().unwrap();
     let ds = tiny(t.path());
     for model in ["gcn", "gat", "gin", "pinsage"] {
@@ -90,11 +101,24 @@ fn every_model_trains_a_step_and_runs_are_deterministic() {
         &ds,
         &["--seed", "3", "--threads", "2", "--metrics-out", s(&a)],
     ));
+    // Other thread count, and features read from the map instead of a huge-page copy.
     ok(&small(
         &ds,
-        &["--seed", "3", "--threads", "1", "--metrics-out", s(&b)],
+        &[
+            "--seed",
+            "3",
+            "--threads",
+            "1",
+            "--feature-residency",
+            "mapped",
+            "--metrics-out",
+            s(&b),
+        ],
     ));
     let (ja, jb) = (read_json(&a), read_json(&b));
+    // The tiny dataset's features fit the auto rule on any machine.
+    assert_eq!(ja["features_resident"], Value::Bool(true));
+    assert_eq!(jb["features_resident"], Value::Bool(false));
     for k in ["loss", "train_acc", "val_acc"] {
         for e in 0..3 {
             assert_eq!(

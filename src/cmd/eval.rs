@@ -1,6 +1,7 @@
 //! `fanout eval`: the accuracy of a saved model on a dataset's test (or validation) set,
 //! sampled exactly as `fanout train` evaluated it.
 
+use crate::cmd::sample_bench::ResidencyArg;
 use crate::cmd::train::{make_pipeline, make_sampler, meta, open_dataset, set_threads};
 use clap::{Args, ValueEnum};
 use fanout_compute::{io, CpuBackend, ModelKind};
@@ -33,6 +34,9 @@ pub struct EvalArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Where the features are read from (as `fanout train --feature-residency`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub feature_residency: ResidencyArg,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
@@ -70,7 +74,7 @@ pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
     let seed: u64 = get(meta::SEED)?
         .parse()
         .map_err(|_| bad("bad seed".into()))?;
-    let ds = open_dataset(a.dataset.as_ref(), quiet)?;
+    let ds = open_dataset(a.dataset.as_ref(), a.feature_residency.into(), quiet)?;
     let cfg = model.config().clone();
     let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
     if in_dim != cfg.in_dim || ds.meta.num_class as usize != cfg.num_classes {

@@ -96,14 +96,26 @@ enum SamplerArg {
     Layerwise,
 }
 
+/// `--residency` / `--feature-residency`: where large arrays read at random live.
 #[derive(Clone, Copy, ValueEnum)]
-enum ResidencyArg {
-    /// Resident when the topology takes at most a quarter of available memory.
+pub(crate) enum ResidencyArg {
+    /// Copied into huge-page memory when it takes at most a quarter of available memory (and
+    /// 16 GiB); read from the memory-mapped files otherwise.
     Auto,
-    /// Always read the memory-mapped dataset files.
+    /// Always read the memory-mapped dataset files (no copy).
     Mapped,
-    /// Always copy the topology into huge-page memory.
+    /// Always copied into huge-page memory.
     Resident,
+}
+
+impl From<ResidencyArg> for Residency {
+    fn from(r: ResidencyArg) -> Residency {
+        match r {
+            ResidencyArg::Auto => Residency::Auto,
+            ResidencyArg::Mapped => Residency::Mapped,
+            ResidencyArg::Resident => Residency::Resident,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -265,11 +277,7 @@ fn build_sampler(
         RemapArg::Hash => RemapKind::Hash,
     };
     let e = |e: fanout_graph::Error| e.to_string();
-    let residency = match args.residency {
-        ResidencyArg::Auto => Residency::Auto,
-        ResidencyArg::Mapped => Residency::Mapped,
-        ResidencyArg::Resident => Residency::Resident,
-    };
+    let residency = Residency::from(args.residency);
     Ok(match args.sampler {
         SamplerArg::Khop => Arc::new(
             KHopSampler::new(

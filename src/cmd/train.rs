@@ -1,6 +1,7 @@
 //! `fanout train`: sample-based training through the sample -> extract -> train pipeline, with
 //! evaluation, per-epoch summaries, a metrics JSON file and a checkpoint.
 
+use crate::cmd::sample_bench::ResidencyArg;
 use crate::memory::HostHeap;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
@@ -11,7 +12,7 @@ use fanout_cache::{
 use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig, ModelKind, PaperSetting};
 use fanout_exec::{fit, BatchOutcome, EpochMetrics, FitConfig, FitObserver, Pipeline};
 use fanout_exec::{measure_trial_batch, MemoryProbe, PipelineConfig, Trainer};
-use fanout_graph::Dataset;
+use fanout_graph::{Dataset, Residency};
 use fanout_sample::{
     parse_fanouts, KHopConfig, KHopSampler, LoaderConfig, RandomWalkConfig, RandomWalkSampler,
     RemapKind, Sampler,
@@ -112,6 +113,11 @@ pub struct TrainArgs {
     /// --prefetch) batches ahead, so up to 2N sampled batches are held in memory.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub reorder_window: usize,
+    /// Where the features are read from during training: a copy in huge-page memory (faster
+    /// random row gathers; auto copies when they take at most a quarter of available memory,
+    /// and at most 16 GiB) or the memory-mapped dataset file.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub feature_residency: ResidencyArg,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
@@ -145,9 +151,14 @@ impl From<ModelArg> for ModelKind {
     }
 }
 
-/// A dataset opened from a directory (its features copied into huge-page memory when they fit:
-/// [`Dataset::make_features_resident`]) or generated in memory (kept alive by the handle).
-pub fn open_dataset(dir: Option<&PathBuf>, quiet: bool) -> Result<Arc<Dataset>, String> {
+/// A dataset opened from a directory (its features copied into huge-page memory as `features`
+/// says: [`Dataset::make_features_resident`], with a progress bar) or generated in memory
+/// (kept alive by the handle).
+pub fn open_dataset(
+    dir: Option<&PathBuf>,
+    features: Residency,
+    quiet: bool,
+) -> Result<Arc<Dataset>, String> {
     let mut ds = match dir {
         Some(d) => Dataset::open(d).map_err(|e| e.to_string())?,
         None => {
@@ -162,7 +173,8 @@ pub fn open_dataset(dir: Option<&PathBuf>, quiet: bool) -> Result<Arc<Dataset>, 
         }
     };
     // Feature gathers read random rows: from huge pages they miss the TLB far less.
-    ds.make_features_resident().map_err(|e| e.to_string())?;
+    ds.make_features_resident(features, &Bars::new(quiet))
+        .map_err(|e| e.to_string())?;
     let name = ds.dir.display().to_string();
     if ds.features.is_none() {
         return Err(format!(
@@ -308,7 +320,7 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
             "no --dataset: training on an embedded products-like graph ({EMBEDDED_NODES} vertices, generated in memory)"
         );
     }
-    let ds = open_dataset(a.dataset.as_ref(), quiet)?;
+    let ds = open_dataset(a.dataset.as_ref(), a.feature_residency.into(), quiet)?;
     let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
     let paper = PaperSetting::for_kind(kind, in_dim, ds.meta.num_class as usize);
     let fanouts = match &a.fanouts {
@@ -573,6 +585,7 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
             "median_epoch_s": run.median_epoch_s,
             "cache": cache_json,
             "reorder_window": pcfg.window(),
+            "features_resident": ds.features.as_ref().is_some_and(|f| f.is_resident()),
             "epochs": run.epochs,
         });
         let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;

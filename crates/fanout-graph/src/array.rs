@@ -4,6 +4,7 @@
 //! primitive element types, and keeping the list closed makes the one `unsafe` cast auditable.
 
 use crate::error::{Error, Result};
+use crate::progress::{NoProgress, Progress};
 use memmap2::{Mmap, MmapMut};
 use std::fs::{File, OpenOptions};
 use std::marker::PhantomData;
@@ -51,6 +52,34 @@ pub fn available_memory() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .map_or(4 << 30, |kib| kib * 1024)
+}
+
+/// Whether a large array that hot loops read at random (a sampler's topology, the features)
+/// is copied into huge-page memory ([`Array::resident_from`]) or read from the memory-mapped
+/// dataset files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Residency {
+    /// Copied when it takes at most a quarter of the memory available and at most 16 GiB
+    /// ([`Residency::wants_copy`]); mapped otherwise.
+    #[default]
+    Auto,
+    /// Always read the memory-mapped files (no copy).
+    Mapped,
+    /// Always copied, whatever its size.
+    Resident,
+}
+
+impl Residency {
+    /// Whether an array of `bytes` bytes is to be copied under this policy. `Auto` reads
+    /// [`available_memory`] on every call.
+    pub fn wants_copy(self, bytes: u64) -> bool {
+        match self {
+            Residency::Mapped => false,
+            Residency::Resident => true,
+            Residency::Auto => bytes <= (available_memory() / 4).min(16 << 30),
+        }
+    }
 }
 
 /// Reinterprets a byte slice as a slice of `T`. The caller guarantees alignment and length.
@@ -155,14 +184,15 @@ impl<T: Pod> Array<T> {
     /// # Errors
     /// When the anonymous memory cannot be mapped.
     pub fn resident_copy(&self) -> std::io::Result<Array<T>> {
-        Self::resident_from(self)
+        Self::resident_from(self, &NoProgress)
     }
 
     /// An array holding a copy of `src` in anonymous memory advised for transparent huge pages
-    /// (Linux; plain anonymous memory elsewhere), filled in parallel. Random reads of rows
-    /// (feature gathers, neighbour lists) then mostly hit the TLB: with 4 KiB pages almost
-    /// every row read of an array of more than a few MiB misses it, and in a virtual machine
-    /// each miss is a nested page walk. Costs one pass over `src` and its size in memory.
+    /// (Linux; plain anonymous memory elsewhere), filled in parallel, reporting copied bytes to
+    /// `progress` (within a phase the caller opens). Random reads of rows (feature gathers,
+    /// neighbour lists) then mostly hit the TLB: with 4 KiB pages almost every row read of an
+    /// array of more than a few MiB misses it, and in a virtual machine each miss is a nested
+    /// page walk. Costs one pass over `src` and its size in memory.
     ///
     /// Safe to call while holding a lock or inside a `OnceLock` initialiser, from any thread:
     /// the parallel fill uses scoped OS threads (as many as the current rayon pool has), not
@@ -172,7 +202,7 @@ impl<T: Pod> Array<T> {
     ///
     /// # Errors
     /// When the anonymous memory cannot be mapped.
-    pub fn resident_from(src: &[T]) -> std::io::Result<Array<T>> {
+    pub fn resident_from(src: &[T], progress: &dyn Progress) -> std::io::Result<Array<T>> {
         const CHUNK_BYTES: usize = 8 << 20;
         let bytes = std::mem::size_of_val(src);
         let mut map = MmapMut::map_anon(bytes.max(1))?;
@@ -183,9 +213,16 @@ impl<T: Pod> Array<T> {
             .min(bytes.div_ceil(CHUNK_BYTES))
             .max(1);
         let per = src.len().div_ceil(threads).max(1);
+        // Each thread copies its share in pieces of about CHUNK_BYTES, reporting each piece.
+        let piece = (CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
         std::thread::scope(|s| {
             for (d, from) in dst.chunks_mut(per).zip(src.chunks(per)) {
-                s.spawn(move || d.copy_from_slice(from));
+                s.spawn(move || {
+                    for (d, from) in d.chunks_mut(piece).zip(from.chunks(piece)) {
+                        d.copy_from_slice(from);
+                        progress.advance(std::mem::size_of_val(from) as u64);
+                    }
+                });
             }
         });
         Ok(Array {

@@ -3,9 +3,10 @@
 //! [`Dataset::open`] reads `meta.txt`, checks every file's size against it and maps the files:
 //! O(1) time and memory whatever the graph's size. It does not scan contents; `verify` does.
 
-use crate::array::{available_memory, Array, Pod};
+use crate::array::{Array, Pod, Residency};
 use crate::error::{Error, Result};
 use crate::meta::{FeatDtype, Layout, Meta};
+use crate::progress::Progress;
 use half::f16;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -505,10 +506,12 @@ impl Dataset {
     }
 
     /// Replaces memory-mapped features by a private copy in huge-page memory
-    /// ([`Array::resident_copy`]) when they take at most a quarter of the available memory
-    /// (and at most 16 GiB), the rule samplers use for the topology. Returns whether it
-    /// copied; features already in memory (generated datasets, an earlier call) stay as they
-    /// are. Rows read afterwards are the same values, bit for bit.
+    /// ([`Array::resident_from`]) when `policy` wants one: [`Residency::Auto`] copies when
+    /// they take at most a quarter of the available memory (and at most 16 GiB), the rule
+    /// samplers use for the topology; [`Residency::Resident`] always; [`Residency::Mapped`]
+    /// never. Returns whether it copied; features already in memory (generated datasets, an
+    /// earlier call) stay as they are. Rows read afterwards are the same values, bit for bit.
+    /// The copy reports a "copying features" phase in bytes to `progress`.
     ///
     /// Measured on the 2-core VM: a gather of 16,000 random 512-byte rows (cnr2000's
     /// features) took 1.48 ms from huge pages against 2.05 ms from the map (1.38x). In
@@ -519,7 +522,11 @@ impl Dataset {
     ///
     /// # Errors
     /// When the anonymous memory cannot be mapped (the mapped features are kept).
-    pub fn make_features_resident(&mut self) -> Result<bool> {
+    pub fn make_features_resident(
+        &mut self,
+        policy: Residency,
+        progress: &dyn Progress,
+    ) -> Result<bool> {
         let Some(f) = self.features.as_mut() else {
             return Ok(false);
         };
@@ -528,15 +535,18 @@ impl Dataset {
             FeatData::F16(a) => a.is_mapped(),
         };
         let bytes = f.num_rows() as u64 * f.row_bytes() as u64;
-        if !mapped || bytes > (available_memory() / 4).min(16 << 30) {
+        if !mapped || !policy.wants_copy(bytes) {
             return Ok(false);
         }
         let path = self.dir.join(files::FEAT);
         let copy_err = |e| Error::io(&path, "copy into huge-page memory", e);
-        f.data = match &f.data {
-            FeatData::F32(a) => FeatData::F32(a.resident_copy().map_err(copy_err)?),
-            FeatData::F16(a) => FeatData::F16(a.resident_copy().map_err(copy_err)?),
+        progress.phase("copying features", bytes, "bytes");
+        let copied = match &f.data {
+            FeatData::F32(a) => Array::resident_from(a, progress).map(FeatData::F32),
+            FeatData::F16(a) => Array::resident_from(a, progress).map(FeatData::F16),
         };
+        progress.finish_phase();
+        f.data = copied.map_err(copy_err)?;
         Ok(true)
     }
 

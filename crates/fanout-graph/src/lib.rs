@@ -17,7 +17,7 @@ pub mod progress;
 pub mod verify;
 pub mod writer;
 
-pub use array::{available_memory, Array, ArrayMut, Pod};
+pub use array::{available_memory, Array, ArrayMut, Pod, Residency};
 pub use build::{build_topology, ArcSink, ArcSource, BuildOptions, BuildStats, SliceArcs};
 pub use dataset::{
     files, CsrVisitor, Dataset, FeatData, Features, Ids, Offset, Offsets, Row, Topology, VertexId,

@@ -9,24 +9,15 @@
 //! samplers built from the same `Arc<Dataset>` share it.
 
 use crate::graph::{with_csr, Csr, CsrJob};
-use fanout_graph::{available_memory, Array, Dataset, Ids, Offsets};
+use fanout_graph::{Array, Dataset, Ids, NoProgress, Offsets};
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// Where a sampler reads the topology from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Residency {
-    /// Resident when the topology has 32-bit offsets and ids and takes at most a quarter of the
-    /// memory available (and 16 GiB); mapped otherwise.
-    #[default]
-    Auto,
-    /// Always read the memory-mapped dataset files (no copy).
-    Mapped,
-    /// Copy 32-bit topologies whatever their size (64-bit ones stay mapped).
-    Resident,
-}
+/// Where a sampler reads the topology from: with [`Residency::Auto`] or
+/// [`Residency::Resident`], 32-bit topologies are copied into huge-page memory (64-bit ones
+/// always stay mapped).
+pub use fanout_graph::Residency;
 
 /// Element types a [`HugeBuf`] may hold.
 ///
@@ -110,7 +101,7 @@ impl Rows {
             .get_or_init(
                 || match (&self.ds.topology.indptr, &self.ds.topology.indices) {
                     (Offsets::U32(p), Ids::U32(i))
-                        if wants_copy(self.residency, (p.len() + i.len()) * 4) =>
+                        if self.residency.wants_copy((p.len() + i.len()) as u64 * 4) =>
                     {
                         Some(shared_copy(&self.ds, p, i))
                     }
@@ -137,14 +128,6 @@ impl Rows {
     }
 }
 
-fn wants_copy(residency: Residency, bytes: usize) -> bool {
-    match residency {
-        Residency::Mapped => false,
-        Residency::Resident => true,
-        Residency::Auto => bytes as u64 <= (available_memory() / 4).min(16 << 30),
-    }
-}
-
 fn shared_copy(ds: &Arc<Dataset>, p: &[u32], i: &[u32]) -> Arc<ResidentCsr> {
     let mut shared = SHARED.lock().unwrap();
     shared.retain(|(d, c)| d.strong_count() > 0 && c.strong_count() > 0);
@@ -156,7 +139,7 @@ fn shared_copy(ds: &Arc<Dataset>, p: &[u32], i: &[u32]) -> Arc<ResidentCsr> {
     if let Some(c) = found {
         return c;
     }
-    let copy_of = |src| Array::resident_from(src).expect("map anonymous memory");
+    let copy_of = |src| Array::resident_from(src, &NoProgress).expect("map anonymous memory");
     let copy = Arc::new(ResidentCsr {
         indptr: copy_of(p),
         indices: copy_of(i),
