@@ -215,16 +215,21 @@ impl<T: Pod> Array<T> {
         let per = src.len().div_ceil(threads).max(1);
         // Each thread copies its share in pieces of about CHUNK_BYTES, reporting each piece.
         let piece = (CHUNK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
-        std::thread::scope(|s| {
-            for (d, from) in dst.chunks_mut(per).zip(src.chunks(per)) {
-                s.spawn(move || {
-                    for (d, from) in d.chunks_mut(piece).zip(from.chunks(piece)) {
-                        d.copy_from_slice(from);
-                        progress.advance(std::mem::size_of_val(from) as u64);
-                    }
-                });
+        let copy = |d: &mut [T], from: &[T]| {
+            for (d, from) in d.chunks_mut(piece).zip(from.chunks(piece)) {
+                d.copy_from_slice(from);
+                progress.advance(std::mem::size_of_val(from) as u64);
             }
-        });
+        };
+        if threads == 1 {
+            copy(dst, src);
+        } else {
+            std::thread::scope(|s| {
+                for (d, from) in dst.chunks_mut(per).zip(src.chunks(per)) {
+                    s.spawn(move || copy(d, from));
+                }
+            });
+        }
         Ok(Array {
             backing: Backing::Resident(map, src.len()),
             _t: PhantomData,

@@ -301,8 +301,8 @@ mod tests {
         }
     }
 
-    /// Batches sampled concurrently by outside threads (two loaders, or data-parallel
-    /// workers) on one pool, each building a dense remapper (a parallel fill): they must all
+    /// Batches sampled concurrently by outside threads (several loaders sharing a sampler)
+    /// on one pool, each building a dense remapper (a parallel fill): they must all
     /// finish, with the batches a lone call gives. Holding the remapper pool's lock across the
     /// build deadlocked (a worker waiting for the fill ran the other batch, which took the
     /// lock).

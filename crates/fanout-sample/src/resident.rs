@@ -181,7 +181,7 @@ mod tests {
     }
 
     /// The copy is made on first use, which is on pool workers when batches are sampled in
-    /// parallel (several loaders, or data-parallel workers): concurrent first uses must not
+    /// parallel (several loaders sharing a sampler): concurrent first uses must not
     /// deadlock. (A copy made with rayon jobs inside the `OnceLock` initialiser did: its
     /// worker, waiting for a stolen part of the copy, ran another loader's sampling job, which
     /// re-entered the initialiser.)
