@@ -1,7 +1,7 @@
 //! `fanout eval`: the accuracy of a saved model on a dataset's test (or validation) set,
 //! sampled exactly as `fanout train` evaluated it.
 
-use crate::cmd::sample_bench::ResidencyArg;
+use crate::cmd::residency::ResidencyArg;
 use crate::cmd::train::{make_pipeline, make_sampler, meta, open_dataset, set_threads};
 use clap::{Args, ValueEnum};
 use fanout_compute::{io, CpuBackend, ModelKind};

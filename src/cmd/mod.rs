@@ -1,8 +1,9 @@
-//! One module per subcommand, and `device` for their `--device` flag.
+//! One module per subcommand, and `device` and `residency` for flags several of them take.
 
 pub mod cache_sim;
 pub mod dataset;
 pub mod device;
 pub mod eval;
+pub mod residency;
 pub mod sample_bench;
 pub mod train;

@@ -1,6 +1,7 @@
 //! `fanout sample-bench`: sampling throughput of one sampler on one dataset, in sampled edges
 //! per second (SEPS), batches per second and mean input nodes per batch.
 
+use crate::cmd::residency::ResidencyArg;
 use clap::{Args, ValueEnum};
 use fanout_graph::Dataset;
 use fanout_sample::{
@@ -94,28 +95,6 @@ enum SamplerArg {
     Randomwalk,
     /// LADIES-style layer-wise importance sampling.
     Layerwise,
-}
-
-/// `--residency` / `--feature-residency`: where large arrays read at random live.
-#[derive(Clone, Copy, ValueEnum)]
-pub(crate) enum ResidencyArg {
-    /// Copied into huge-page memory when it takes at most a quarter of available memory (and
-    /// 16 GiB); read from the memory-mapped files otherwise.
-    Auto,
-    /// Always read the memory-mapped dataset files (no copy).
-    Mapped,
-    /// Always copied into huge-page memory.
-    Resident,
-}
-
-impl From<ResidencyArg> for Residency {
-    fn from(r: ResidencyArg) -> Residency {
-        match r {
-            ResidencyArg::Auto => Residency::Auto,
-            ResidencyArg::Mapped => Residency::Mapped,
-            ResidencyArg::Resident => Residency::Resident,
-        }
-    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -1,7 +1,7 @@
 //! `fanout train`: sample-based training through the sample -> extract -> train pipeline, with
 //! evaluation, per-epoch summaries, a metrics JSON file and a checkpoint.
 
-use crate::cmd::sample_bench::ResidencyArg;
+use crate::cmd::residency::ResidencyArg;
 use crate::memory::HostHeap;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
