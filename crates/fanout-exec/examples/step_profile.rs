@@ -57,15 +57,9 @@ fn main() {
     let sampler = KHopSampler::new(ds.clone(), cfg).unwrap_or_else(|e| usage(&e.to_string()));
     let mut extractor = PlainExtractor::new(ds.clone()).unwrap_or_else(|e| usage(&e.to_string()));
 
-    // Shuffled training seeds (xorshift64 Fisher-Yates; any fixed permutation will do).
+    // Shuffled training seeds (any fixed permutation will do).
     let mut seeds = ds.train.to_vec();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    for i in (1..seeds.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        seeds.swap(i, (x % (i as u64 + 1)) as usize);
-    }
+    fanout_rand::Rng::new(1).shuffle(&mut seeds);
     let batches: Vec<(MiniBatch, Vec<f32>)> = seeds
         .chunks(batch)
         .enumerate()
