@@ -311,28 +311,21 @@ mod tests {
         let n = 300_000u64;
         let arcs: Vec<(u64, u64)> = (0..n).map(|v| ((v + 1) % n, v)).collect();
         let ds = dataset(&arcs, n, Layout::Csc);
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap(),
-        );
+        let pool = Arc::new(pool(2));
         // Rounds with a fresh sampler (no remapper to reuse): the race is not hit every time.
         for _ in 0..10 {
             let s = Arc::new(sampler_with(&ds, &[2, 2], false, RemapKind::Dense));
-            let (tx, rx) = std::sync::mpsc::channel();
-            for t in 0..8u32 {
-                let (s, pool, tx) = (s.clone(), pool.clone(), tx.clone());
-                std::thread::spawn(move || {
-                    let seeds: Vec<u32> = (0..64).map(|i| t * 1000 + i).collect();
-                    let mb = pool.install(|| s.sample(&seeds, key(t as u64)).unwrap());
-                    let _ = tx.send((t, seeds, mb));
-                });
-            }
-            for _ in 0..8 {
-                let (t, seeds, mb) = rx
-                    .recv_timeout(std::time::Duration::from_secs(60))
-                    .expect("concurrent sampling did not finish (deadlock)");
+            let jobs: Vec<_> = (0..8u32)
+                .map(|t| {
+                    let s = s.clone();
+                    move || {
+                        let seeds: Vec<u32> = (0..64).map(|i| t * 1000 + i).collect();
+                        let mb = s.sample(&seeds, key(t as u64)).unwrap();
+                        (t, seeds, mb)
+                    }
+                })
+                .collect();
+            for (t, seeds, mb) in install_from_threads(&pool, jobs) {
                 let alone = s.sample(&seeds, key(t as u64)).unwrap();
                 assert_eq!(mb.input_nodes, alone.input_nodes);
             }

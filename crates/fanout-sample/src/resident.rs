@@ -151,7 +151,7 @@ fn shared_copy(ds: &Arc<Dataset>, p: &[u32], i: &[u32]) -> Arc<ResidentCsr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::random_graph;
+    use crate::testutil::{install_from_threads, pool, random_graph};
 
     struct RowSum(u32);
     impl CsrJob for RowSum {
@@ -187,35 +187,27 @@ mod tests {
     /// re-entered the initialiser.)
     #[test]
     fn concurrent_first_uses_from_outside_the_pool_finish() {
-        // Over 2^20 ids, so that the copy is split across threads.
+        // Over 2^20 ids: the rayon fill this replaced split them into jobs.
         let ds = random_graph(60_000, 50, 5);
         let plain = Rows::new(ds.clone(), Residency::Mapped);
         let want: Vec<(usize, u64)> = (0..64u32).map(|v| plain.run(RowSum(v * 97))).collect();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap(),
-        );
+        let pool = Arc::new(pool(2));
         for _ in 0..3 {
             // Fresh rows each round: every round makes (or finds) the copy on first use.
             let rows = Arc::new(Rows::new(ds.clone(), Residency::Resident));
-            for _ in 0..8 {
-                let (rows, pool, tx) = (rows.clone(), pool.clone(), tx.clone());
-                // Like the loaders: outside threads handing sampling jobs to the pool.
-                std::thread::spawn(move || {
-                    let got: Vec<(usize, u64)> =
-                        pool.install(|| (0..64u32).map(|v| rows.run(RowSum(v * 97))).collect());
-                    let _ = tx.send(got);
-                });
+            let jobs: Vec<_> = (0..8)
+                .map(|_| {
+                    let rows = rows.clone();
+                    move || {
+                        (0..64u32)
+                            .map(|v| rows.run(RowSum(v * 97)))
+                            .collect::<Vec<_>>()
+                    }
+                })
+                .collect();
+            for got in install_from_threads(&pool, jobs) {
+                assert_eq!(got, want);
             }
-        }
-        for _ in 0..24 {
-            let got = rx
-                .recv_timeout(std::time::Duration::from_secs(60))
-                .expect("concurrent first uses of resident rows did not finish (deadlock)");
-            assert_eq!(got, want);
         }
     }
 }

@@ -99,3 +99,27 @@ pub fn assert_edges_exist(mb: &crate::MiniBatch, arcs: &HashSet<(u32, u32)>) {
         }
     }
 }
+
+/// Runs each of `jobs` on an OS thread of its own that hands it to `pool` (`install`), as
+/// loaders hand batches to the rayon pool, all at once; returns the results in completion
+/// order. Panics when they have not all finished within 60 s (a deadlock).
+pub fn install_from_threads<T, F>(pool: &Arc<rayon::ThreadPool>, jobs: Vec<F>) -> Vec<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let n = jobs.len();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for job in jobs {
+        let (pool, tx) = (pool.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(pool.install(job));
+        });
+    }
+    (0..n)
+        .map(|_| {
+            rx.recv_timeout(std::time::Duration::from_secs(60))
+                .expect("jobs handed to the pool from outside threads did not finish (deadlock)")
+        })
+        .collect()
+}
