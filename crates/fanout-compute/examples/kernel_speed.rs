@@ -3,7 +3,8 @@
 //! (ROWS = destination rows of the input layer, default 5000; set `RAYON_NUM_THREADS`).
 //! Prints the median of 30 runs per kernel; compare GEMM rates with another library's on the
 //! same shapes (e.g. `torch.matmul` with `torch.set_num_threads`).
-use fanout_compute::cpu::gemm::gemm;
+use fanout_compute::cpu::gemm::{gemm, gemm_dense};
+use fanout_compute::cpu::sparse_grad::{density, gemm_tn_sparse};
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use std::time::Instant;
 
@@ -71,6 +72,47 @@ fn main() {
         let s = median_s(|| gemm(1.0, &a, ta, &b, false, 0.0, &mut c));
         let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
         println!("{label}  {:8.3} ms  {gflops:6.1} GFLOP/s", s * 1e3);
+    }
+    // GraphSAGE's two weight gradients `X_dst^T G` and `A^T G` (rows x 128 each, G rows x
+    // 256) with G as sparse as behind a ReLU and dropout: the dense products against the
+    // zero-skipping kernel that lists G's non-zeros once for both. Alternating rounds, so that
+    // load changes hit both; median of the rounds' medians.
+    let (xd, xa) = (filled(rows, 128), filled(rows, 128));
+    for pct in [10u64, 22, 30, 40, 50] {
+        let mut z = 0x2545_F491_4F6C_DD1Du64;
+        let g = Tensor::from_fn(rows, 256, |i, j| {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            if z % 100 < pct {
+                ((i + j) % 7) as f32 - 3.0
+            } else {
+                0.0
+            }
+        });
+        let (mut cd, mut ca) = (Tensor::zeros(128, 256), Tensor::zeros(128, 256));
+        let (mut sd, mut sa) = (Tensor::zeros(128, 256), Tensor::zeros(128, 256));
+        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            dense.push(median_s(|| {
+                gemm_dense(1.0, &xd, true, &g, false, 0.0, &mut cd);
+                gemm_dense(1.0, &xa, true, &g, false, 0.0, &mut ca);
+            }));
+            sparse.push(median_s(|| {
+                gemm_tn_sparse(1.0, &mut [(&xd, &mut sd), (&xa, &mut sa)], &g, 0.0)
+            }));
+        }
+        dense.sort_by(f64::total_cmp);
+        sparse.sort_by(f64::total_cmp);
+        let (dense, sparse) = (dense[3], sparse[3]);
+        println!(
+            "X_dst^T G + A^T G, G {:2.0}% non-zero (2 x 128 x rows . rows x 256): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
+            100.0 * density(&g, 1),
+            dense * 1e3,
+            sparse * 1e3,
+            dense / sparse,
+            cd.max_abs_diff(&sd).max(ca.max_abs_diff(&sa))
+        );
     }
     let x = filled(rows, 256);
     let mut key = 0;

@@ -132,6 +132,15 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         beta: f32,
         c: &mut Self::Tensor,
     );
+    /// Weight gradients that share one output gradient: `c_i <- c_i + a_i^T g` for every
+    /// `(a_i, c_i)` in `pairs`, each `a_i` with `g`'s rows. The same values as one
+    /// `gemm(1, a_i, true, g, false, 1, c_i)` per pair up to rounding (the default does
+    /// exactly that); a backend may read `g` once for all pairs and skip its zeros.
+    fn acc_at_b_shared(&self, g: &Self::Tensor, pairs: &mut [(&Self::Tensor, &mut Self::Tensor)]) {
+        for (a, c) in pairs.iter_mut() {
+            self.gemm(1.0, a, true, g, false, 1.0, c);
+        }
+    }
     /// `op(A) * op(B)` as a new tensor.
     fn matmul(
         &self,

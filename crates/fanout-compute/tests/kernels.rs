@@ -4,6 +4,7 @@
 mod common;
 
 use common::{rand_tensor, OwnedBlock};
+use fanout_compute::cpu::{gemm::gemm_dense, sparse_grad};
 use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, Tensor};
 use fanout_rand::Rng;
 
@@ -19,6 +20,103 @@ fn naive_matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool) -> Tensor {
             .map(|p| at(i, p) as f64 * bt(p, j) as f64)
             .sum::<f64>() as f32
     })
+}
+
+/// A `rows x cols` tensor whose entries are non-zero with probability `density`.
+fn rand_sparse(rows: usize, cols: usize, density: f64, rng: &mut Rng) -> Tensor {
+    let dense = rand_tensor(rows, cols, rng);
+    Tensor::from_fn(rows, cols, |i, j| {
+        if rng.bernoulli(density) {
+            dense.get(i, j)
+        } else {
+            0.0
+        }
+    })
+}
+
+#[test]
+fn zero_skipping_weight_gradient_matches_the_dense_product() {
+    if !sparse_grad::available() {
+        eprintln!("skipped: this CPU has no AVX2 + FMA, so the zero-skipping kernel never runs");
+        return;
+    }
+    let mut rng = Rng::new(11);
+    // (rows of G, columns of A, columns of G): rows not a multiple of the 8-row tiles or the
+    // 64-row blocks, A widths that exercise every strip width (64, 32, 16, 8) and the masked
+    // tail, G widths with partial 8-column tiles and more than one 64-column task.
+    let shapes = [
+        (1, 1, 1),
+        (9, 5, 7),
+        (203, 100, 77),
+        (130, 128, 256),
+        (67, 37, 130),
+        (64, 8, 8),
+    ];
+    for &(m, k, n) in &shapes {
+        for density in [0.0, 0.05, 0.22, 0.6, 1.0] {
+            let a = rand_tensor(m, k, &mut rng);
+            let g = rand_sparse(m, n, density, &mut rng);
+            for (alpha, beta) in [(1.0, 0.0), (0.7, 1.0), (-1.5, 0.25)] {
+                let c0 = rand_tensor(k, n, &mut rng);
+                let mut want = c0.clone();
+                gemm_dense(alpha, &a, true, &g, false, beta, &mut want);
+                let mut got = c0.clone();
+                sparse_grad::gemm_tn_sparse(alpha, &mut [(&a, &mut got)], &g, beta);
+                let err = got.max_abs_diff(&want);
+                assert!(
+                    err < 1e-5 * (m as f32).sqrt() * (1.0 + alpha.abs()),
+                    "{m}x{k}x{n} density {density} alpha {alpha} beta {beta}: {err}"
+                );
+            }
+        }
+    }
+    // beta = 0 ignores NaNs in C; a NaN in G reaches its whole column of C, as densely.
+    let a = rand_tensor(70, 20, &mut rng);
+    let mut g = rand_sparse(70, 12, 0.2, &mut rng);
+    g.data_mut()[5 * 12 + 3] = f32::NAN;
+    let mut c = Tensor::full(20, 12, f32::NAN);
+    sparse_grad::gemm_tn_sparse(1.0, &mut [(&a, &mut c)], &g, 0.0);
+    for r in 0..20 {
+        for j in 0..12 {
+            assert_eq!(
+                c.get(r, j).is_nan(),
+                j == 3,
+                "C[{r}, {j}] = {}",
+                c.get(r, j)
+            );
+        }
+    }
+}
+
+#[test]
+fn shared_weight_gradients_match_one_dense_product_each() {
+    let mut rng = Rng::new(12);
+    // 2,500 rows: long enough for the zero-skipping path when G is sparse (on CPUs with the
+    // kernel); a dense G takes the per-pair dense path. Both accumulate into the old values.
+    for density in [0.2, 0.9] {
+        let g = rand_sparse(2500, 256, density, &mut rng);
+        let (x, y) = (
+            rand_tensor(2500, 128, &mut rng),
+            rand_tensor(2500, 100, &mut rng),
+        );
+        let (cx0, cy0) = (
+            rand_tensor(128, 256, &mut rng),
+            rand_tensor(100, 256, &mut rng),
+        );
+        let (mut cx, mut cy) = (cx0.clone(), cy0.clone());
+        BE.acc_at_b_shared(&g, &mut [(&x, &mut cx), (&y, &mut cy)]);
+        let (mut wx, mut wy) = (cx0, cy0);
+        gemm_dense(1.0, &x, true, &g, false, 1.0, &mut wx);
+        gemm_dense(1.0, &y, true, &g, false, 1.0, &mut wy);
+        let err = cx.max_abs_diff(&wx).max(cy.max_abs_diff(&wy));
+        assert!(err < 1e-3, "density {density}: {err}");
+        // The single-product entry point dispatches the same way.
+        let mut one = Tensor::zeros(128, 256);
+        BE.gemm(1.0, &x, true, &g, false, 0.0, &mut one);
+        let mut want = Tensor::zeros(128, 256);
+        gemm_dense(1.0, &x, true, &g, false, 0.0, &mut want);
+        assert!(one.max_abs_diff(&want) < 1e-3, "density {density}: gemm");
+    }
 }
 
 #[test]
@@ -306,8 +404,14 @@ fn results_do_not_depend_on_the_thread_count() {
         );
         let mut dw2 = rand_tensor(130, 300, &mut rng);
         BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2);
+        // Weight gradients of a sparse G (the zero-skipping path where the CPU has it).
+        let gs = rand_sparse(2600, 300, 0.2, &mut rng);
+        let mut dw3 = rand_tensor(130, 300, &mut rng);
+        let mut dw4 = rand_tensor(40, 300, &mut rng);
+        let h = rand_tensor(2600, 40, &mut rng);
+        BE.acc_at_b_shared(&gs, &mut [(&g1, &mut dw3), (&h, &mut dw4)]);
         let s = BE.sum_rows(&y);
-        (y, agg, back, (dw, acc, dw2), s, BE.dot(&x, &x))
+        (y, agg, back, (dw, acc, dw2, dw3, dw4), s, BE.dot(&x, &x))
     };
     let pool = |n| {
         rayon::ThreadPoolBuilder::new()

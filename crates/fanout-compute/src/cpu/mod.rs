@@ -12,6 +12,7 @@ pub mod graph;
 mod loss;
 mod optim;
 pub(crate) mod par;
+pub mod sparse_grad;
 
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
 use crate::block::{BlockDims, BlockRef};
@@ -74,6 +75,9 @@ impl Backend for CpuBackend {
         c: &mut Tensor,
     ) {
         gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c)
+    }
+    fn acc_at_b_shared(&self, g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
+        gemm::acc_at_b_shared(g, pairs)
     }
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
         gemm::matmul(a, trans_a, b, trans_b)

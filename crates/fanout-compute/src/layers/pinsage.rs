@@ -147,8 +147,13 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
         let g = self.act.backward(be, &gz, &c.z);
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
-        acc_at_b(be, &c.agg, g, &mut self.w_neigh);
-        acc_at_b(be, &c.h_dst, g, &mut self.w_self);
+        be.acc_at_b_shared(
+            g,
+            &mut [
+                (&c.agg, &mut self.w_neigh.grad),
+                (&c.h_dst, &mut self.w_self.grad),
+            ],
+        );
         let gagg = be.matmul(g, false, &self.w_neigh.value, true);
         let gn = be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg);
         let gn = be.relu_backward(&gn, &c.n);

@@ -124,13 +124,20 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             .backward_from_input(be, grad_out, c.act_in.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
-        acc_at_b(be, &c.h_dst, g, &mut self.w_self);
         let mut dx = if c.project_first {
+            acc_at_b(be, &c.h_dst, g, &mut self.w_self);
             let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
             acc_at_b(be, &c.neigh_in, &gz, &mut self.w_neigh);
             need.then(|| be.matmul(&gz, false, &self.w_neigh.value, true))
         } else {
-            acc_at_b(be, &c.neigh_in, g, &mut self.w_neigh);
+            // Both weights' gradients multiply the same `g`: one pass over it.
+            be.acc_at_b_shared(
+                g,
+                &mut [
+                    (&c.h_dst, &mut self.w_self.grad),
+                    (&c.neigh_in, &mut self.w_neigh.grad),
+                ],
+            );
             need.then(|| {
                 let gagg = be.matmul(g, false, &self.w_neigh.value, true);
                 be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)
