@@ -63,6 +63,8 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
 /// `C_i <- beta * C_i + alpha * A_i^T G` for every `(A_i, C_i)` in `pairs`, with `A_i`
 /// (`m x k_i`), `G` (`m x n`), `C_i` (`k_i x n`), visiting only the non-zero entries of `G`
 /// (listed once for all pairs). With `beta == 0` the old contents of each `C_i` are ignored.
+/// A NaN in `G` reaches its whole column of `C_i`, as in a dense product; a NaN or infinity in
+/// `A_i` that meets only zeros of `G` contributes nothing (a dense product would give NaN).
 ///
 /// Panics on mismatched shapes, or if [`available`] is false.
 pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tensor, beta: f32) {
