@@ -120,7 +120,9 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     // ----- dense -----
 
     /// `C <- alpha * op(A) * op(B) + beta * C`, `op(X)` = `X` or `X^T` per flag; `beta == 0`
-    /// ignores C's old contents. Multi-threaded.
+    /// ignores C's old contents. Multi-threaded. A backend may skip the zeros of `B` in
+    /// `A^T B` (a weight gradient behind ReLU or dropout), so a NaN or infinity in `A` that
+    /// meets only zeros of `B` need not reach C.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
@@ -189,7 +191,8 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     ) -> Self::Tensor;
     /// Inverted dropout: returns `(x * mask, mask)` where each mask element is independently 0
     /// with probability `p` and `1 / (1 - p)` otherwise. The mask is a pure function of `key`
-    /// and the shape (row `r` draws from `Rng::keyed(&[key, r])`). Backward is
+    /// and the shape (element `(r, c)` from a hash of `mix_keys(&[key, r])` and `c`, the same
+    /// on every CPU). Backward is
     /// `mul(grad, mask)`. Panics unless `0 <= p < 1`.
     fn dropout(&self, x: &Self::Tensor, p: f32, key: u64) -> (Self::Tensor, Self::Tensor);
     /// Row-wise L2 normalisation `y = x / r` with `r = ||x_row||`, rows of norm 0 left as they

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{rand_tensor, OwnedBlock};
-use fanout_compute::cpu::{gemm::gemm_dense, sparse_grad};
+use fanout_compute::cpu::gemm::{gemm_dense, skips_zeros};
+use fanout_compute::cpu::sparse_grad;
 use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, Tensor};
 use fanout_rand::Rng;
 
@@ -43,7 +44,8 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
     let mut rng = Rng::new(11);
     // (rows of G, columns of A, columns of G): rows not a multiple of the 8-row tiles or the
     // 64-row blocks, A widths that exercise every strip width (64, 32, 16, 8) and the masked
-    // tail, G widths with partial 8-column tiles and more than one 64-column task.
+    // tail (100 = 64 + 32 + 4, 56 = 32 + 16 + 8, 37 = 32 + 5), G widths with partial 8-column
+    // tiles and more than one 64-column task.
     let shapes = [
         (1, 1, 1),
         (9, 5, 7),
@@ -51,6 +53,8 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
         (130, 128, 256),
         (67, 37, 130),
         (64, 8, 8),
+        (150, 56, 70),
+        (40, 16, 24),
     ];
     for &(m, k, n) in &shapes {
         for density in [0.0, 0.05, 0.22, 0.6, 1.0] {
@@ -70,20 +74,20 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
             }
         }
     }
-    // beta = 0 ignores NaNs in C; a NaN in G reaches its whole column of C, as densely.
+    // beta = 0 ignores NaNs in C; a NaN in G reaches its whole column of C, as densely,
+    // whether it sits in a full 8 x 8 tile (row 5, column 3), in a column past the last full
+    // tile (row 6, column 10) or in a row past the last full tile (row 66, column 1).
     let a = rand_tensor(70, 20, &mut rng);
     let mut g = rand_sparse(70, 12, 0.2, &mut rng);
-    g.data_mut()[5 * 12 + 3] = f32::NAN;
+    for (r, j) in [(5, 3), (6, 10), (66, 1)] {
+        g.data_mut()[r * 12 + j] = f32::NAN;
+    }
     let mut c = Tensor::full(20, 12, f32::NAN);
     sparse_grad::gemm_tn_sparse(1.0, &mut [(&a, &mut c)], &g, 0.0);
     for r in 0..20 {
         for j in 0..12 {
-            assert_eq!(
-                c.get(r, j).is_nan(),
-                j == 3,
-                "C[{r}, {j}] = {}",
-                c.get(r, j)
-            );
+            let want = [3, 10, 1].contains(&j);
+            assert_eq!(c.get(r, j).is_nan(), want, "C[{r}, {j}] = {}", c.get(r, j));
         }
     }
 }
@@ -95,6 +99,13 @@ fn shared_weight_gradients_match_one_dense_product_each() {
     // kernel); a dense G takes the per-pair dense path. Both accumulate into the old values.
     for density in [0.2, 0.9] {
         let g = rand_sparse(2500, 256, density, &mut rng);
+        // The dispatch this test is about: zero-skipping for the sparse G (where the CPU has
+        // the kernel), the dense product for the dense one.
+        assert_eq!(
+            skips_zeros(&g, 128),
+            density < 0.5 && sparse_grad::available(),
+            "density {density}"
+        );
         let (x, y) = (
             rand_tensor(2500, 128, &mut rng),
             rand_tensor(2500, 100, &mut rng),
@@ -295,7 +306,7 @@ fn dropout_is_keyed_and_has_the_right_rate() {
 
 #[test]
 fn dropout_rate_product_and_independence_hold_for_odd_widths() {
-    // Widths around the kernel's 64-element blocks and its two draws per 64-bit word.
+    // Odd widths, and a single column (each row's only draw: neighbours are other rows).
     for &(rows, cols) in &[(400, 67), (150, 130), (3000, 1)] {
         let x = rand_tensor(rows, cols, &mut Rng::new(cols as u64));
         for &p in &[0.1f32, 0.5, 0.9] {
@@ -313,8 +324,8 @@ fn dropout_rate_product_and_independence_hold_for_odd_widths() {
             for ((&yv, &xv), &mv) in y.data().iter().zip(x.data()).zip(m.data()) {
                 assert_eq!(yv, xv * mv);
             }
-            // Neighbouring elements (which share a random word) are independent: both dropped
-            // about p^2 of the time.
+            // Neighbouring elements (next columns of a row, or next rows) are independent: both
+            // dropped about p^2 of the time.
             let d = m.data();
             let pairs = d.len() / 2;
             let both = (0..pairs)

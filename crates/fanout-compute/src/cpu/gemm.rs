@@ -53,8 +53,9 @@ unsafe impl Send for SendPtr {}
 /// Panics unless `op(A)` is `m x k`, `op(B)` is `k x n` and `C` is `m x n`. When `beta == 0`
 /// the old contents of `C` are ignored (NaNs included). A weight-gradient product `A^T B`
 /// whose `B` is mostly zeros (a ReLU and dropout layer's gradient) goes through
-/// [`sparse_grad::gemm_tn_sparse`], which skips them; everything else through [`gemm_dense`].
-/// Either way the results do not depend on the thread count.
+/// [`sparse_grad::gemm_tn_sparse`], which skips them (see [`skips_zeros`]; a NaN or infinity
+/// in A that meets only zeros of B then contributes nothing); everything else through
+/// [`gemm_dense`]. Either way the results do not depend on the thread count.
 pub fn gemm(
     alpha: f32,
     a: &Tensor,
@@ -64,7 +65,7 @@ pub fn gemm(
     beta: f32,
     c: &mut Tensor,
 ) {
-    if trans_a && !trans_b && a.rows() == b.rows() && sparse_pays(b, a.cols()) {
+    if trans_a && !trans_b && a.rows() == b.rows() && skips_zeros(b, a.cols()) {
         sparse_grad::gemm_tn_sparse(alpha, &mut [(a, c)], b, beta);
     } else {
         gemm_dense(alpha, a, trans_a, b, trans_b, beta, c);
@@ -129,7 +130,7 @@ pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
 /// Panics on mismatched shapes.
 pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
     let widest = pairs.iter().map(|(a, _)| a.cols()).max().unwrap_or(0);
-    if pairs.iter().all(|(a, _)| a.rows() == g.rows()) && sparse_pays(g, widest) {
+    if pairs.iter().all(|(a, _)| a.rows() == g.rows()) && skips_zeros(g, widest) {
         sparse_grad::gemm_tn_sparse(1.0, pairs, g, 1.0);
     } else {
         for (a, c) in pairs.iter_mut() {
@@ -144,10 +145,10 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
 /// is 1.9x faster at 19% non-zero, 1.3x at 34%, and breaks even near 43%.
 const SPARSE_MAX_DENSITY: f64 = 0.35;
 
-/// True when `a^T g` for an `a` of `k` columns (a weight-gradient shape: `g`'s rows are the
-/// long inner dimension) should skip `g`'s zeros: the product is large enough to be parallel,
-/// the CPU has the kernel, and `g`, sampled every 16th row, is sparse enough.
-fn sparse_pays(g: &Tensor, k: usize) -> bool {
+/// True when [`gemm`] computes `a^T g` for an `a` of `k` columns by skipping `g`'s zeros: a
+/// weight-gradient shape (`g`'s rows are the long inner dimension) large enough to be
+/// parallel, a CPU with the kernel, and `g`, sampled every 16th row, at most 35% non-zero.
+pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
     let (inner, n) = g.shape();
     inner >= K_SPLIT_MIN
         && inner >= 4 * k

@@ -28,6 +28,7 @@ use crate::tensor::Tensor;
 
 /// Rows of `G` whose non-zeros are listed together (the rows of A they touch stay in L1
 /// while every column of a task uses them).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROW_BLOCK: usize = 64;
 /// Columns of C (= columns of G) per parallel task.
 const COL_BLOCK: usize = 64;
@@ -86,11 +87,7 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
             let j0 = t * COL_BLOCK;
             let j1 = (j0 + COL_BLOCK).min(n);
             let mut ct: Vec<Vec<f32>> = a.iter().map(|a| vec![0.0; (j1 - j0) * a.cols()]).collect();
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` was asserted above; shapes were checked.
-            unsafe {
-                x86::accumulate(&a, g, j0, j1, &mut ct)
-            };
+            accumulate(&a, g, j0, j1, &mut ct);
             ct
         })
         .collect();
@@ -110,6 +107,20 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
                 }
             }
         }
+    }
+}
+
+/// The task body: `x86::accumulate` (the caller asserted [`available`]).
+fn accumulate(a: &[&Tensor], g: &Tensor, j0: usize, j1: usize, ct: &mut [Vec<f32>]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `gemm_tn_sparse` asserted `available()` and checked the shapes.
+    unsafe {
+        x86::accumulate(a, g, j0, j1, ct)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, g, j0, j1, ct);
+        unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
     }
 }
 
@@ -166,7 +177,8 @@ mod x86 {
         // One element at a time, for the rows and columns outside full tiles.
         let push = |rows: &mut [u32], vals: &mut [f32], cnt: &mut [usize], j: usize, r: usize| {
             let v = gd[(i0 + r) * n + j0 + j];
-            if v != 0.0 || v.is_nan() {
+            // `!=` holds for NaN, so NaNs count as non-zero here too.
+            if v != 0.0 {
                 rows[j * ROW_BLOCK + cnt[j]] = r as u32;
                 vals[j * ROW_BLOCK + cnt[j]] = v;
                 cnt[j] += 1;
