@@ -15,6 +15,9 @@
 //! inner dimension split into chunks computed in parallel into partial products that are then
 //! added in chunk order.
 //!
+//! Weight gradients `A^T G` whose `G` is mostly zeros skip them instead
+//! ([`super::sparse_grad`], chosen by [`skips_zeros`]).
+//!
 //! Every split depends only on the shapes, never on the thread count, so results are
 //! bit-identical whatever `RAYON_NUM_THREADS` is. C is written without being zeroed first
 //! when `beta == 0` ([`matmul`] hands uninitialised memory to `sgemm`).
@@ -125,7 +128,7 @@ pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
 }
 
 /// `c_i <- c_i + a_i^T g` for every `(a_i, c_i)` in `pairs` (weight gradients that share the
-/// output gradient `g`): one [`gemm`] per pair, or, when `g` is sparse enough for it to pay,
+/// output gradient `g`): one [`gemm_dense`] per pair, or, when [`skips_zeros`] says so,
 /// one pass of [`sparse_grad::gemm_tn_sparse`] that lists `g`'s non-zeros once for all pairs.
 /// Panics on mismatched shapes.
 pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
