@@ -4,7 +4,7 @@
 //! zero wherever the unit was inactive or dropped: about 78% of a GraphSAGE hidden layer's
 //! entries with dropout 0.5 (measured on cnr2000 with fanouts 10,25). A dense `A^T G`
 //! multiplies all of those zeros. This kernel visits only the non-zeros. Per block of
-//! [`ROW_BLOCK`] rows of `G` it lists each column's non-zeros (row, value), packing them out
+//! `ROW_BLOCK` (64) rows of `G` it lists each column's non-zeros (row, value), packing them out
 //! of transposed 8 x 8 tiles with one lane permutation each; then for every column it holds a
 //! 64-float strip of `C^T`'s row in eight AVX registers and adds `value * A[row, strip]` for
 //! each listed non-zero, one load and one fused multiply-add per eight products, as in a dense
