@@ -1,5 +1,6 @@
 //! Dense row and elementwise kernels (bias, activations, dropout, normalisation, head ops).
 
+use fanout_rand::lowbias32;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -129,7 +130,7 @@ pub(crate) fn leaky_relu_backward(grad: &Tensor, x: &Tensor, slope: f32) -> Tens
 /// An element is dropped when its 32-bit uniform draw is below `round(p * 2^32)`, so its drop
 /// probability is within `2^-32` of `p`. The draw of row `r`, column `c` is a counter-based
 /// hash: with `(lo, hi)` the halves of `mix_keys([key, r])`, it is
-/// `lowbias32(lowbias32(lo + c) ^ hi)`, where `lowbias32` is C. Wellons' two-multiply 32-bit
+/// `lowbias32(lowbias32(lo + c) ^ hi)` ([`fanout_rand::lowbias32`], a two-multiply 32-bit
 /// integer hash (a bijection; the inner one makes a row's draws distinct, the outer one
 /// decorrelates rows whose `lo` differ by a shift). Unlike a sequential generator, every
 /// element's draw is independent of the others' computation, so the loop runs eight lanes at
@@ -176,16 +177,6 @@ struct DropoutRow {
     hi: u32,
     thr: u32,
     keep: f32,
-}
-
-/// C. Wellons' `lowbias32` integer hash (hash-prospector; bias about 0.17).
-#[inline(always)]
-fn lowbias32(mut v: u32) -> u32 {
-    v ^= v >> 16;
-    v = v.wrapping_mul(0x7feb_352d);
-    v ^= v >> 15;
-    v = v.wrapping_mul(0x846c_a68b);
-    v ^ (v >> 16)
 }
 
 impl DropoutRow {
