@@ -63,12 +63,73 @@ pub fn epoch_batches(seeds: &[u32], cfg: &LoaderConfig, epoch: u64) -> Vec<Vec<u
         .collect()
 }
 
+/// How a worker's batches of an epoch are cut from its seeds, for runs spread over several
+/// workers. Every plan gives every worker the same number of steps per epoch (data-parallel
+/// workers meet at every step's gradient all-reduce, so unequal counts would deadlock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BatchPlan {
+    /// One worker: [`epoch_batches`] over the seeds (runs of `batch_size`).
+    #[default]
+    Whole,
+    /// Every worker holds the same (global) seed list: the epoch is cut into global batches
+    /// exactly as [`BatchPlan::Whole`] cuts it, and worker `rank` of `workers` takes the
+    /// `rank`-th of `workers` contiguous near-equal slices of each global batch (sizes differ by
+    /// at most one; a slice may be empty when a batch has fewer seeds than workers). The union
+    /// of the workers' batches of a step is the one-worker batch of that step.
+    Slice {
+        /// This worker's rank.
+        rank: usize,
+        /// Number of workers.
+        workers: usize,
+    },
+    /// The worker holds its own seeds (e.g. its partition's training vertices): shuffled as in
+    /// [`epoch_batches`], then cut into exactly `steps` contiguous near-equal batches (sizes
+    /// differ by at most one; empty when there are fewer seeds than steps).
+    Steps(usize),
+}
+
+impl BatchPlan {
+    /// The batches of `epoch` under this plan (see the variants).
+    pub fn batches(&self, seeds: &[u32], cfg: &LoaderConfig, epoch: u64) -> Vec<Vec<u32>> {
+        match *self {
+            BatchPlan::Whole => epoch_batches(seeds, cfg, epoch),
+            BatchPlan::Slice { rank, workers } => epoch_batches(seeds, cfg, epoch)
+                .iter()
+                .map(|b| near_equal_part(b, rank, workers.max(1)).to_vec())
+                .collect(),
+            BatchPlan::Steps(steps) => {
+                let whole = LoaderConfig {
+                    batch_size: seeds.len().max(1),
+                    drop_last: false,
+                    ..cfg.clone()
+                };
+                let order = epoch_batches(seeds, &whole, epoch)
+                    .pop()
+                    .unwrap_or_default();
+                (0..steps)
+                    .map(|i| near_equal_part(&order, i, steps).to_vec())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Part `i` of `n` contiguous parts of `v` whose lengths differ by at most one (the first
+/// `len % n` parts are one longer).
+pub fn near_equal_part<T>(v: &[T], i: usize, n: usize) -> &[T] {
+    let (q, r) = (v.len() / n, v.len() % n);
+    let start = i * q + i.min(r);
+    let len = q + usize::from(i < r);
+    &v[start.min(v.len())..(start + len).min(v.len())]
+}
+
 /// Produces the mini-batches of epochs. Guarantee: the batches of an epoch are yielded in step
 /// order and are identical whatever the number of workers, the prefetch depth or the pool size.
 pub struct Loader {
     sampler: Arc<dyn Sampler>,
     seeds: Arc<[u32]>,
     cfg: LoaderConfig,
+    plan: BatchPlan,
 }
 
 impl Loader {
@@ -81,11 +142,38 @@ impl Loader {
             sampler,
             seeds: seeds.into(),
             cfg,
+            plan: BatchPlan::Whole,
         })
+    }
+
+    /// This loader with its epochs cut by `plan` instead of [`BatchPlan::Whole`]. Errors on a
+    /// plan with zero workers or steps, or a rank out of range.
+    pub fn with_plan(mut self, plan: BatchPlan) -> Result<Self> {
+        match plan {
+            BatchPlan::Slice { rank, workers } if workers == 0 || rank >= workers => {
+                return Err(Error::Invalid(format!(
+                    "batch plan: rank {rank} of {workers} workers"
+                )))
+            }
+            BatchPlan::Steps(0) => {
+                return Err(Error::Invalid("batch plan: zero steps per epoch".into()))
+            }
+            _ => {}
+        }
+        self.plan = plan;
+        Ok(self)
+    }
+
+    /// The batch plan.
+    pub fn plan(&self) -> BatchPlan {
+        self.plan
     }
 
     /// Batches per epoch.
     pub fn num_batches(&self) -> usize {
+        if let BatchPlan::Steps(steps) = self.plan {
+            return steps;
+        }
         let n = self.seeds.len();
         let bs = self.cfg.batch_size;
         if self.cfg.drop_last {
@@ -110,7 +198,8 @@ impl Loader {
     /// As [`Loader::epoch`], starting at step `first` (for resuming an epoch): yields the same
     /// batches as `epoch(epoch).skip(first)` without sampling the skipped ones.
     pub fn epoch_from(&self, epoch: u64, first: usize) -> EpochIter {
-        let batches: Arc<Vec<Vec<u32>>> = Arc::new(epoch_batches(&self.seeds, &self.cfg, epoch));
+        let batches: Arc<Vec<Vec<u32>>> =
+            Arc::new(self.plan.batches(&self.seeds, &self.cfg, epoch));
         let first = first.min(batches.len());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -414,5 +503,75 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert!(out[0].is_ok());
         assert!(out[1].as_ref().unwrap_err().to_string().contains("500"));
+    }
+
+    #[test]
+    fn near_equal_parts_cover_in_order() {
+        for len in [0usize, 1, 5, 7, 64] {
+            let v: Vec<usize> = (0..len).collect();
+            for n in 1..6 {
+                let parts: Vec<&[usize]> = (0..n).map(|i| near_equal_part(&v, i, n)).collect();
+                assert_eq!(parts.concat(), v, "len {len} n {n}");
+                let (lo, hi) = (
+                    parts.iter().map(|p| p.len()).min().unwrap(),
+                    parts.iter().map(|p| p.len()).max().unwrap(),
+                );
+                assert!(hi - lo <= 1, "len {len} n {n}: {lo}..{hi}");
+            }
+        }
+    }
+
+    #[test]
+    fn slice_plan_splits_each_global_batch() {
+        let seeds: Vec<u32> = (0..103).map(|i| i * 7).collect();
+        let cfg = LoaderConfig {
+            batch_size: 10,
+            seed: 5,
+            ..LoaderConfig::default()
+        };
+        let whole = BatchPlan::Whole.batches(&seeds, &cfg, 3);
+        for workers in [1, 2, 3, 4] {
+            let per: Vec<Vec<Vec<u32>>> = (0..workers)
+                .map(|rank| BatchPlan::Slice { rank, workers }.batches(&seeds, &cfg, 3))
+                .collect();
+            for (step, w) in whole.iter().enumerate() {
+                let union: Vec<u32> = per.iter().flat_map(|b| b[step].clone()).collect();
+                assert_eq!(&union, w, "{workers} workers, step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn steps_plan_has_equal_step_counts_and_covers_the_seeds() {
+        let cfg = LoaderConfig {
+            batch_size: 10,
+            seed: 9,
+            ..LoaderConfig::default()
+        };
+        for n in [0usize, 3, 17, 40] {
+            let seeds: Vec<u32> = (0..n as u32).collect();
+            let b = BatchPlan::Steps(5).batches(&seeds, &cfg, 1);
+            assert_eq!(b.len(), 5);
+            let mut all: Vec<u32> = b.concat();
+            all.sort_unstable();
+            assert_eq!(all, seeds);
+            let shuffled = b.concat();
+            assert!(n < 10 || shuffled != seeds, "not shuffled");
+            assert_eq!(b, BatchPlan::Steps(5).batches(&seeds, &cfg, 1));
+        }
+    }
+
+    #[test]
+    fn plans_with_bad_ranks_are_refused() {
+        let l = loader(1, 1, None);
+        let l = l.with_plan(BatchPlan::Slice {
+            rank: 2,
+            workers: 2,
+        });
+        assert!(l.is_err());
+        assert!(loader(1, 1, None).with_plan(BatchPlan::Steps(0)).is_err());
+        let l = loader(1, 1, None).with_plan(BatchPlan::Steps(7)).unwrap();
+        assert_eq!(l.num_batches(), 7);
+        assert_eq!(l.epoch(0).count(), 7);
     }
 }
