@@ -124,7 +124,7 @@ fn main() {
     let mut key = 0;
     let s = median_s(|| {
         key += 1;
-        std::hint::black_box(CpuBackend.dropout(&x, 0.5, key));
+        std::hint::black_box(CpuBackend.dropout(&x, 0.5, key, None));
     });
     // Mean aggregation over a products-like input block: `rows` destinations, 25 sampled
     // sources each out of 20 x rows sources, 100-wide rows.

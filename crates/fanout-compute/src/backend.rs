@@ -191,10 +191,18 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     ) -> Self::Tensor;
     /// Inverted dropout: returns `(x * mask, mask)` where each mask element is independently 0
     /// with probability `p` and `1 / (1 - p)` otherwise. The mask is a pure function of `key`
-    /// and the shape (element `(r, c)` from a hash of `mix_keys(&[key, r])` and `c`, the same
-    /// on every CPU). Backward is
-    /// `mul(grad, mask)`. Panics unless `0 <= p < 1`.
-    fn dropout(&self, x: &Self::Tensor, p: f32, key: u64) -> (Self::Tensor, Self::Tensor);
+    /// and the rows' identities: element `(r, c)` comes from a hash of `mix_keys(&[key, id])`
+    /// and `c`, the same on every CPU, where `id` is `row_ids[r]` when given (the global vertex
+    /// id of the row, so that a vertex gets the same mask whatever row it lands in, on any
+    /// worker) and `r` otherwise. Backward is `mul(grad, mask)`. Panics unless `0 <= p < 1`
+    /// and `row_ids`, when given, has at least one entry per row.
+    fn dropout(
+        &self,
+        x: &Self::Tensor,
+        p: f32,
+        key: u64,
+        row_ids: Option<&[u32]>,
+    ) -> (Self::Tensor, Self::Tensor);
     /// Row-wise L2 normalisation `y = x / r` with `r = ||x_row||`, rows of norm 0 left as they
     /// are (`r` taken as 1, as DGL's PinSAGE example does). Returns `(y, r)`, `r` being `N x 1`.
     fn l2_normalize_rows(&self, x: &Self::Tensor) -> (Self::Tensor, Self::Tensor);

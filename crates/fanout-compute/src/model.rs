@@ -267,7 +267,32 @@ impl<B: Backend> Model<B> {
     /// [`Mode::Train`] activations and dropout masks are cached for [`Model::backward`].
     /// `Err` if the block count or any shape does not match.
     pub fn forward(&mut self, blocks: &[B::Block], x: B::Tensor, mode: Mode) -> Result<B::Tensor> {
+        self.forward_rows(blocks, x, mode, None)
+    }
+
+    /// [`Model::forward`] with the global vertex id of every input row (`input_ids[r]` for row
+    /// `r` of `x`; every layer's rows are a prefix of them, as destinations are a prefix of
+    /// sources). Dropout masks are then keyed by vertex id instead of row index, so a vertex
+    /// gets the same mask in any batch of the same step: the masks of data-parallel workers
+    /// differ from each other and agree with the one-worker batch they split. `Err` if
+    /// `input_ids` is shorter than `x`'s rows.
+    pub fn forward_rows(
+        &mut self,
+        blocks: &[B::Block],
+        x: B::Tensor,
+        mode: Mode,
+        input_ids: Option<&[u32]>,
+    ) -> Result<B::Tensor> {
         let n = self.layers.len();
+        if let Some(ids) = input_ids {
+            let rows = self.be.shape(&x).0;
+            if ids.len() < rows {
+                return Err(ComputeError::State(format!(
+                    "{} vertex ids for {rows} input rows",
+                    ids.len()
+                )));
+            }
+        }
         if blocks.len() != n {
             return Err(ComputeError::State(format!(
                 "model has {n} layers but was given {} blocks",
@@ -296,7 +321,7 @@ impl<B: Backend> Model<B> {
             if let Mode::Train { dropout_key } = mode {
                 if i + 1 < n && self.config.dropout > 0.0 {
                     let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
-                    let (out, mask) = self.be.dropout(&h, self.config.dropout, key);
+                    let (out, mask) = self.be.dropout(&h, self.config.dropout, key, input_ids);
                     h = out;
                     self.masks[i] = Some(mask);
                 }

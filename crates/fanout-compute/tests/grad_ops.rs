@@ -102,9 +102,9 @@ fn pointwise_and_row_ops_backward() {
     assert_grad("l2_normalize_rows", x.data(), g.data(), |v| {
         proj_loss(&BE.l2_normalize_rows(&t(&x, v)).0, &r)
     });
-    let (_, mask) = BE.dropout(&x, 0.4, 11);
+    let (_, mask) = BE.dropout(&x, 0.4, 11, None);
     assert_grad("dropout", x.data(), BE.mul(&r, &mask).data(), |v| {
-        proj_loss(&BE.dropout(&t(&x, v), 0.4, 11).0, &r)
+        proj_loss(&BE.dropout(&t(&x, v), 0.4, 11, None).0, &r)
     });
     // Head ops: 2 heads of 4.
     let a = rand_tensor(2, 4, &mut rng);

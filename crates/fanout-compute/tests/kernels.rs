@@ -294,9 +294,9 @@ fn gather_scatter_and_prefix_ops() {
 #[test]
 fn dropout_is_keyed_and_has_the_right_rate() {
     let x = Tensor::full(200, 50, 1.0);
-    let (a, ma) = BE.dropout(&x, 0.5, 42);
-    let (b, _) = BE.dropout(&x, 0.5, 42);
-    let (c, _) = BE.dropout(&x, 0.5, 43);
+    let (a, ma) = BE.dropout(&x, 0.5, 42, None);
+    let (b, _) = BE.dropout(&x, 0.5, 42, None);
+    let (c, _) = BE.dropout(&x, 0.5, 43, None);
     assert_eq!(a, b);
     assert_ne!(a, c);
     let kept = ma.data().iter().filter(|&&m| m != 0.0).count() as f64 / 10_000.0;
@@ -305,12 +305,31 @@ fn dropout_is_keyed_and_has_the_right_rate() {
 }
 
 #[test]
+fn dropout_keyed_by_row_ids_follows_the_ids_not_the_rows() {
+    // A vertex gets the same mask row wherever it sits (so data-parallel workers and the
+    // one-worker union batch drop the same units), and different ids get different rows.
+    let x = Tensor::full(6, 40, 1.0);
+    let ids = [10u32, 11, 12, 13, 14, 15];
+    let moved = [13u32, 99, 10, 98, 97, 96];
+    let (_, m) = BE.dropout(&x, 0.5, 42, Some(&ids));
+    let (_, n) = BE.dropout(&x, 0.5, 42, Some(&moved));
+    assert_eq!(m.row(3), n.row(0), "id 13");
+    assert_eq!(m.row(0), n.row(2), "id 10");
+    assert_ne!(m.row(1), n.row(1));
+    // Without ids the row index is the id.
+    let (_, plain) = BE.dropout(&x, 0.5, 42, None);
+    let (_, by_index) = BE.dropout(&x, 0.5, 42, Some(&[0, 1, 2, 3, 4, 5]));
+    assert_eq!(plain, by_index);
+    assert_ne!(plain, m);
+}
+
+#[test]
 fn dropout_rate_product_and_independence_hold_for_odd_widths() {
     // Odd widths, and a single column (each row's only draw: neighbours are other rows).
     for &(rows, cols) in &[(400, 67), (150, 130), (3000, 1)] {
         let x = rand_tensor(rows, cols, &mut Rng::new(cols as u64));
         for &p in &[0.1f32, 0.5, 0.9] {
-            let (y, m) = BE.dropout(&x, p, 7);
+            let (y, m) = BE.dropout(&x, p, 7, None);
             let keep = 1.0 / (1.0 - p);
             let n = (rows * cols) as f64;
             let dropped = m.data().iter().filter(|&&v| v == 0.0).count() as f64;

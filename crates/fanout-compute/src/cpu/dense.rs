@@ -136,8 +136,16 @@ pub(crate) fn leaky_relu_backward(grad: &Tensor, x: &Tensor, slope: f32) -> Tens
 /// element's draw is independent of the others' computation, so the loop runs eight lanes at
 /// a time (AVX2 where the CPU has it, with the same integers and hence the same masks as the
 /// plain loop): a fifth of the time of two draws per xoshiro256++ step.
-pub(crate) fn dropout(x: &Tensor, p: f32, key: u64) -> (Tensor, Tensor) {
+pub(crate) fn dropout(x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
     assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    if let Some(ids) = row_ids {
+        assert!(
+            ids.len() >= x.rows(),
+            "dropout: {} row ids for {} rows",
+            ids.len(),
+            x.rows()
+        );
+    }
     let keep = 1.0 / (1.0 - p);
     let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
     let (rows, cols) = x.shape();
@@ -151,7 +159,8 @@ pub(crate) fn dropout(x: &Tensor, p: f32, key: u64) -> (Tensor, Tensor) {
             .enumerate()
             .with_min_len((2048 / cols).max(1))
             .for_each(|(r, (orow, mrow))| {
-                let seed = fanout_rand::mix_keys(&[key, r as u64]);
+                let id = row_ids.map_or(r as u64, |ids| ids[r] as u64);
+                let seed = fanout_rand::mix_keys(&[key, id]);
                 let row = DropoutRow {
                     lo: seed as u32,
                     hi: (seed >> 32) as u32,

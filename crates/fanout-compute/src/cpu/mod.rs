@@ -118,8 +118,8 @@ impl Backend for CpuBackend {
     fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
         dense::leaky_relu_backward(grad, x, slope)
     }
-    fn dropout(&self, x: &Tensor, p: f32, key: u64) -> (Tensor, Tensor) {
-        dense::dropout(x, p, key)
+    fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
+        dense::dropout(x, p, key, row_ids)
     }
     fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
         dense::l2_normalize_rows(x)
