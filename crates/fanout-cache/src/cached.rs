@@ -155,6 +155,10 @@ pub struct CacheConfig {
     pub match_previous: bool,
     /// Seed of the random policy.
     pub seed: u64,
+    /// A ranking (hottest first) that replaces the policy's own, e.g. the degree within a
+    /// data-parallel worker's partition (PaGraph); the policy still names the cache in
+    /// summaries. Only its first `size` rows are cached.
+    pub ranking: Option<Vec<u32>>,
 }
 
 /// What PreSC pre-samples: the trainer's own sampler, training set and loader configuration
@@ -200,24 +204,33 @@ pub fn build_extractor(
         None => None,
         Some(p) => {
             let rows = cfg.size.rows(n, f.row_bytes());
-            let ranking = match p {
-                Policy::Random => random_ranking(n, cfg.seed),
-                Policy::Degree => degree_ranking(&ds.topology),
-                Policy::PreSC(k) => {
-                    let pre = pre.ok_or_else(|| {
-                        Error::Invalid("PreSC needs the sampler and training set".into())
-                    })?;
-                    presc_ranking(&pre.sampler, pre.seeds, &pre.loader, k)?
-                }
-                Policy::Optimal => {
-                    return Err(Error::Invalid(
-                        "the optimal policy is an evaluation oracle (it needs the evaluated \
+            let ranking =
+                match (&cfg.ranking, p) {
+                    (Some(r), _) => {
+                        if let Some(&v) = r.iter().find(|&&v| v as usize >= n) {
+                            return Err(Error::Invalid(format!(
+                                "cache ranking: vertex {v} out of range (the graph has {n})"
+                            )));
+                        }
+                        r.clone()
+                    }
+                    (None, p) => match p {
+                        Policy::Random => random_ranking(n, cfg.seed),
+                        Policy::Degree => degree_ranking(&ds.topology),
+                        Policy::PreSC(k) => {
+                            let pre = pre.ok_or_else(|| {
+                                Error::Invalid("PreSC needs the sampler and training set".into())
+                            })?;
+                            presc_ranking(&pre.sampler, pre.seeds, &pre.loader, k)?
+                        }
+                        Policy::Optimal => return Err(Error::Invalid(
+                            "the optimal policy is an evaluation oracle (it needs the evaluated \
                          epoch's trace); use `fanout cache-sim`"
-                            .into(),
-                    ))
-                }
-            };
-            Some(FeatureCache::build(f, &ranking[..rows])?)
+                                .into(),
+                        )),
+                    },
+                };
+            Some(FeatureCache::build(f, &ranking[..rows.min(ranking.len())])?)
         }
     };
     let summary = CacheSummary {

@@ -213,6 +213,7 @@ fn presc_is_deterministic_per_seed_and_builds_through_the_trainer_entry_point() 
         size: CacheSize::Ratio(0.1),
         match_previous: true,
         seed: 0,
+        ranking: None,
     };
     let (ex, sum) = build_extractor(ds.clone(), &cfg, Some(&pre)).unwrap();
     assert_eq!(sum.rows, 300);
@@ -231,8 +232,23 @@ fn presc_is_deterministic_per_seed_and_builds_through_the_trainer_entry_point() 
         policy: None,
         ..cfg
     };
-    let (ex, sum) = build_extractor(ds, &none, None).unwrap();
+    let (ex, sum) = build_extractor(ds.clone(), &none, None).unwrap();
     assert!(ex.cache().is_none() && sum.rows == 0 && sum.policy == "none");
+    // A given ranking replaces the policy's: its first rows are cached, and bad ids refused.
+    let ranked = CacheConfig {
+        policy: Some(Policy::Degree),
+        size: CacheSize::Rows(3),
+        ranking: Some(vec![7, 5, 2999, 0]),
+        ..none.clone()
+    };
+    let (ex, sum) = build_extractor(ds.clone(), &ranked, None).unwrap();
+    assert_eq!(ex.cache().unwrap().vertices(), &[7, 5, 2999]);
+    assert_eq!(sum.policy, "degree");
+    let bad = CacheConfig {
+        ranking: Some(vec![3000]),
+        ..ranked
+    };
+    assert!(build_extractor(ds, &bad, None).is_err());
 }
 
 /// A directed graph stored in `layout`: arcs 0->1, 0->2, 0->3, 1->2, 3->2 (vertex 0 has the
