@@ -57,7 +57,7 @@ pub fn available_memory() -> u64 {
 /// Whether a large array that hot loops read at random (a sampler's topology, the features)
 /// is copied into huge-page memory ([`Array::resident_from`]) or read from the memory-mapped
 /// dataset files.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Residency {
     /// Copied when it takes at most a quarter of the memory available and at most 16 GiB

@@ -29,3 +29,5 @@ pub use meta::{FeatDtype, Layout, Meta};
 pub use progress::{NoProgress, Progress};
 pub use verify::{verify, VerifyReport};
 pub use writer::DatasetWriter;
+pub mod partition;
+pub use partition::{part_degree_ranking, Partition};
