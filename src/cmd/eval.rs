@@ -2,11 +2,9 @@
 //! sampled exactly as `fanout train` evaluated it.
 
 use crate::cmd::residency::ResidencyArg;
-use crate::cmd::train::{make_pipeline, make_sampler, meta, open_dataset, set_threads};
+use crate::progress::Bars;
 use clap::{Args, ValueEnum};
-use fanout_compute::{io, CpuBackend, ModelKind};
-use fanout_exec::{PipelineConfig, Trainer};
-use fanout_sample::parse_fanouts;
+use fanout_exec::{evaluate_checkpoint, EvalRequest, EvalSplit};
 use std::path::PathBuf;
 
 /// Evaluate a model saved by `fanout train --save-model` on a dataset
@@ -54,62 +52,31 @@ pub enum SplitArg {
     Train,
 }
 
-/// Runs `fanout eval`.
+/// Runs `fanout eval`: a thin shell over [`fanout_exec::evaluate_checkpoint`].
 pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
     let _device = crate::cmd::device::open_for_compute(a.device)?;
-    set_threads(a.threads)?;
-    let bytes = std::fs::read(&a.model).map_err(|e| format!("{}: {e}", a.model.display()))?;
-    let bad = |e: String| format!("{}: {e}", a.model.display());
-    let md = io::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let model = io::from_bytes(CpuBackend, &bytes).map_err(|e| bad(e.to_string()))?;
-    let get = |k: &str| {
-        md.get(k)
-            .cloned()
-            .ok_or_else(|| bad(format!("no {k} metadata: not saved by `fanout train`")))
-    };
-    let fanouts = parse_fanouts(&get(meta::FANOUTS)?).map_err(bad)?;
-    let batch_size: usize = get(meta::BATCH)?
-        .parse()
-        .map_err(|_| bad("bad batch size".into()))?;
-    let seed: u64 = get(meta::SEED)?
-        .parse()
-        .map_err(|_| bad("bad seed".into()))?;
-    let ds = open_dataset(a.dataset.as_ref(), a.feature_residency.into(), quiet)?;
-    let cfg = model.config().clone();
-    let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
-    if in_dim != cfg.in_dim || ds.meta.num_class as usize != cfg.num_classes {
-        return Err(format!(
-            "the model expects {}-dim features and {} classes; {} has {in_dim} and {}",
-            cfg.in_dim,
-            cfg.num_classes,
-            ds.dir.display(),
-            ds.meta.num_class
-        ));
+    if let Some(t) = a.threads {
+        if t == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .map_err(|e| format!("cannot start {t} threads: {e}"))?;
     }
-    if fanouts.len() != cfg.num_layers {
-        return Err(bad("fanouts do not match the layer count".into()));
-    }
-    let (name, set) = match a.split {
-        SplitArg::Test => ("test", ds.test.to_vec()),
-        SplitArg::Valid => ("valid", ds.valid.to_vec()),
-        SplitArg::Train => ("train", ds.train.to_vec()),
+    let split = match a.split {
+        SplitArg::Test => EvalSplit::Test,
+        SplitArg::Valid => EvalSplit::Valid,
+        SplitArg::Train => EvalSplit::Train,
     };
-    if set.is_empty() {
-        return Err(format!("{}: the {name} set is empty", ds.dir.display()));
-    }
-    let kind: ModelKind = cfg.kind;
-    let sampler = make_sampler(&ds, kind, fanouts)?;
-    let pcfg = PipelineConfig {
-        batch_size,
-        shuffle: false,
-        seed,
-        prefetch: 2,
-        sample_workers: 1,
-        reorder_window: 0,
+    let req = EvalRequest {
+        checkpoint: a.model.clone(),
+        dataset: a.dataset.clone(),
+        split,
+        feature_residency: a.feature_residency.into(),
     };
-    let pipe = make_pipeline(&ds, &sampler, set, &pcfg)?;
-    let mut trainer = Trainer::new(model, Box::new(fanout_compute::Sgd::new(CpuBackend, 0.0)));
-    let acc = trainer.evaluate(&pipe).map_err(|e| e.to_string())?;
+    let acc = evaluate_checkpoint(&req, &Bars::new(quiet)).map_err(|e| e.to_string())?;
+    let name = split.name();
     if a.json {
         println!("{}", serde_json::json!({ "split": name, "accuracy": acc }));
     } else {

@@ -4,6 +4,7 @@ pub mod cache_sim;
 pub mod dataset;
 pub mod device;
 pub mod eval;
+pub mod mpi;
 pub mod residency;
 pub mod sample_bench;
 pub mod train;

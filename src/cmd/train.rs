@@ -1,31 +1,19 @@
-//! `fanout train`: sample-based training through the sample -> extract -> train pipeline, with
-//! evaluation, per-epoch summaries, a metrics JSON file and a checkpoint.
+//! `fanout train`: a thin shell over the run API ([`fanout_exec::train`]): flags (over an
+//! optional config file) become a [`TrainConfig`], progress is drawn on the terminal, and rank
+//! 0 writes the metrics JSON and the checkpoint.
 
 use crate::cmd::residency::ResidencyArg;
 use crate::memory::HostHeap;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
-use fanout_cache::{
-    auto_cache_size, build_extractor, parse_bytes, CacheConfig, CacheSize, CacheSizeSpec,
-    PlainExtractor, Policy, PreSampling,
+use fanout_compute::ModelKind;
+use fanout_exec::{
+    BatchOutcome, EpochMetrics, FitObserver, RunEnv, SampleScope, StrategyKind, TrainConfig,
+    TrainOutcome,
 };
-use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig, ModelKind, PaperSetting};
-use fanout_exec::{fit, BatchOutcome, EpochMetrics, FitConfig, FitObserver, Pipeline};
-use fanout_exec::{measure_trial_batch, MemoryProbe, PipelineConfig, Trainer};
-use fanout_graph::{Dataset, Residency};
-use fanout_sample::{
-    parse_fanouts, KHopConfig, KHopSampler, LoaderConfig, RandomWalkConfig, RandomWalkSampler,
-    RemapKind, Sampler,
-};
-use fanout_synth::{generate, GenOptions, Preset};
+use fanout_sample::parse_fanouts;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::path::PathBuf;
-use std::sync::Arc;
-
-/// Vertices of the embedded default dataset (products preset shape).
-pub const EMBEDDED_NODES: u64 = 100_000;
-/// Generator seed of the embedded default dataset.
-pub const EMBEDDED_SEED: u64 = 7;
+use std::path::{Path, PathBuf};
 
 /// Train a GNN on a dataset (or, without --dataset, on a small embedded synthetic graph)
 ///
@@ -34,69 +22,80 @@ pub const EMBEDDED_SEED: u64 = 7;
 /// gcn/gat/gin 15,10,5, pinsage top-5 random-walk neighbours x3; batch 8000, lr 0.003,
 /// dropout 0.5. Validation and test sets are evaluated with the same sampler and fanouts.
 ///
+/// Several workers: `--workers N` runs N data-parallel workers in this process (threads);
+/// `mpirun -np N fanout train ...` (a build with `--features mpi`) runs one per process.
+///
 /// Example: fanout train --dataset data/cora --model gcn --epochs 50 --metrics-out m.json
 #[derive(Args)]
 // A flag given twice takes its last value (so scripts can append overrides).
 #[command(verbatim_doc_comment, args_override_self = true)]
 pub struct TrainArgs {
+    /// A run config: TOML, JSON, or the metrics JSON of an earlier run (which replays it).
+    /// Flags given on the command line override its settings.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Dataset directory (default: a 100,000-vertex products-like graph generated in memory).
     #[arg(long)]
     pub dataset: Option<PathBuf>,
-    /// Model.
-    #[arg(long, value_enum, default_value = "sage")]
-    pub model: ModelArg,
+    /// Model [default: sage].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelArg>,
     /// Per-hop fanouts from the seeds; the layer count is their number (default per model).
     #[arg(long)]
     pub fanouts: Option<String>,
-    /// Seeds per mini-batch (default 8000; 1000 on the embedded dataset).
+    /// Seeds per mini-batch, over all workers together (default 8000; 1000 on the embedded
+    /// dataset).
     #[arg(long)]
     pub batch_size: Option<usize>,
     /// Hidden width (default per model: 256, gat/gin 64).
     #[arg(long)]
     pub hidden: Option<usize>,
-    /// Epochs.
-    #[arg(long, default_value_t = 10)]
-    pub epochs: u64,
+    /// Epochs [default: 10].
+    #[arg(long)]
+    pub epochs: Option<u64>,
     /// Adam learning rate (default 0.003).
     #[arg(long)]
     pub lr: Option<f32>,
-    /// L2 weight decay (PyTorch Adam semantics).
-    #[arg(long, default_value_t = 0.0)]
-    pub weight_decay: f32,
-    /// Dropout between layers.
-    #[arg(long, default_value_t = 0.5)]
-    pub dropout: f32,
-    /// Seed of initialisation, shuffling, sampling and dropout (runs are deterministic per seed).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Threads for sampling and compute (default: all cores).
+    /// L2 weight decay (PyTorch Adam semantics) [default: 0].
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Dropout between layers [default: 0.5].
+    #[arg(long)]
+    pub dropout: Option<f32>,
+    /// Seed of initialisation, shuffling, sampling and dropout (runs are deterministic per
+    /// seed and worker count) [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Threads for sampling and compute in this process, shared by its workers (default: all
+    /// cores).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Evaluate on the validation and test sets every N epochs and after the last (0: only
-    /// after the last).
-    #[arg(long, default_value_t = 1)]
-    pub eval_every: u64,
-    /// Write the run's metrics as JSON (test_acc, per-epoch times, loss and accuracies).
+    /// after the last) [default: 1].
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Write the run's metrics as JSON (test_acc, per-epoch times, loss and accuracies, each
+    /// worker's figures, and the full config under "config", so `--config` replays it).
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
     /// Save the best-validation model (safetensors) for `fanout eval`.
     #[arg(long)]
     pub save_model: Option<PathBuf>,
-    /// Batches queued between pipeline stages.
-    #[arg(long, default_value_t = 2)]
-    pub prefetch: usize,
+    /// Batches queued between pipeline stages [default: 2].
+    #[arg(long)]
+    pub prefetch: Option<usize>,
     /// Feature cache in front of the feature store: none, random, degree (PaGraph), presc or
     /// prescK (GNNLab PreSC with K pre-sampling epochs). The epoch summaries report the hit rate
-    /// and the bytes gathered from the host store.
-    #[arg(long, default_value = "none")]
-    pub cache_policy: String,
+    /// and the bytes gathered from the host store [default: none].
+    #[arg(long)]
+    pub cache_policy: Option<String>,
     /// Cache size: a ratio of all vertices ("0.1", "10%"), bytes ("512MiB", "2GB"), or "auto"
     /// (PaGraph): one trial training step (sample, extract, forward, backward of the first
     /// batch, no optimiser step) measures its peak memory, and the cache gets what is left of
     /// --device-memory after that peak, the batches queued in the pipeline and a safety margin
-    /// of min(1 GiB, device memory / 16). auto needs a --cache-policy.
-    #[arg(long, default_value = "0.1")]
-    pub cache_ratio: String,
+    /// of min(1 GiB, device memory / 16). auto needs a --cache-policy [default: 0.1].
+    #[arg(long)]
+    pub cache_ratio: Option<String>,
     /// Device memory budget of --cache-ratio auto, in bytes ("2GiB", "512MB" or a whole
     /// number). Default on the CPU backend: MemAvailable of /proc/meminfo (the "device" is the
     /// host heap there).
@@ -111,13 +110,30 @@ pub struct TrainArgs {
     /// reuses more rows. Every batch is still trained once per epoch; the order (and so the
     /// trained model) depends on N. 0 or 1: sampled order. The loader samples max(N,
     /// --prefetch) batches ahead, so up to 2N sampled batches are held in memory.
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub reorder_window: usize,
+    #[arg(long, value_name = "N")]
+    pub reorder_window: Option<usize>,
     /// Where the features are read from during training: a copy in huge-page memory (faster
     /// random row gathers; auto copies when they take at most a quarter of available memory,
-    /// and at most 16 GiB) or the memory-mapped dataset file.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub feature_residency: ResidencyArg,
+    /// and at most 16 GiB) or the memory-mapped dataset file [default: auto].
+    #[arg(long, value_enum)]
+    pub feature_residency: Option<ResidencyArg>,
+    /// Data-parallel workers in this process (threads, each with its own share of --threads).
+    /// Under mpirun, each process is one worker instead [default: 1].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// How the run is spread over workers (default: single for one worker, data-parallel for
+    /// more).
+    #[arg(long, value_enum)]
+    pub strategy: Option<StrategyArg>,
+    /// A partition written by `fanout dataset partition` (e.g. pagraph-4): each data-parallel
+    /// worker trains its part's training vertices and caches by degree inside its part
+    /// (PaGraph). Without it, every step's batch is split between the workers.
+    #[arg(long, value_name = "NAME")]
+    pub partition: Option<String>,
+    /// Where partitioned workers sample from: inside their partition (PaGraph's self-reliant
+    /// workers; at most the partition's hops) or the whole graph [default: partition].
+    #[arg(long, value_enum)]
+    pub sample_from: Option<SampleFromArg>,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
@@ -151,105 +167,88 @@ impl From<ModelArg> for ModelKind {
     }
 }
 
-/// A dataset opened from a directory (its features copied into huge-page memory as `features`
-/// says: [`Dataset::make_features_resident`], with a progress bar) or generated in memory
-/// (kept alive by the handle).
-pub fn open_dataset(
-    dir: Option<&PathBuf>,
-    features: Residency,
-    quiet: bool,
-) -> Result<Arc<Dataset>, String> {
-    let mut ds = match dir {
-        Some(d) => Dataset::open(d).map_err(|e| e.to_string())?,
-        None => {
-            let cfg = Preset::Products.config(Some(EMBEDDED_NODES));
-            let opts = GenOptions {
-                seed: EMBEDDED_SEED,
-                ..GenOptions::default()
+/// `--strategy`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum StrategyArg {
+    /// One worker.
+    Single,
+    /// PaGraph's data parallelism: replicas on shares of the seeds, gradients all-reduced.
+    DataParallel,
+}
+
+/// `--sample-from`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SampleFromArg {
+    /// Inside the worker's partition (self-reliant).
+    Partition,
+    /// The whole graph.
+    Global,
+}
+
+impl TrainArgs {
+    /// The run's config: `--config`'s file (or the defaults) with every given flag applied.
+    pub fn to_config(&self) -> Result<TrainConfig, String> {
+        let mut c = match &self.config {
+            Some(p) => TrainConfig::from_file(p).map_err(|e| format!("--config {e}"))?,
+            None => TrainConfig::default(),
+        };
+        if let Some(d) = &self.dataset {
+            c.dataset = Some(d.clone());
+        }
+        if let Some(m) = self.model {
+            c.model = m.into();
+        }
+        if let Some(f) = &self.fanouts {
+            c.fanouts = Some(parse_fanouts(f).map_err(|e| format!("--fanouts: {e}"))?);
+        }
+        set(&mut c.batch_size, self.batch_size.map(Some));
+        set(&mut c.hidden, self.hidden.map(Some));
+        set(&mut c.epochs, self.epochs);
+        set(&mut c.lr, self.lr.map(Some));
+        set(&mut c.weight_decay, self.weight_decay);
+        set(&mut c.dropout, self.dropout);
+        set(&mut c.seed, self.seed);
+        set(&mut c.threads, self.threads.map(Some));
+        set(&mut c.eval_every, self.eval_every);
+        set(&mut c.prefetch, self.prefetch);
+        set(&mut c.cache.policy, self.cache_policy.clone());
+        set(&mut c.cache.ratio, self.cache_ratio.clone());
+        set(
+            &mut c.cache.device_memory,
+            self.device_memory.clone().map(Some),
+        );
+        c.cache.match_reorder |= self.match_reorder;
+        set(&mut c.cache.reorder_window, self.reorder_window);
+        set(
+            &mut c.feature_residency,
+            self.feature_residency.map(Into::into),
+        );
+        set(&mut c.workers, self.workers);
+        if let Some(s) = self.strategy {
+            c.strategy = Some(match s {
+                StrategyArg::Single => StrategyKind::Single,
+                StrategyArg::DataParallel => StrategyKind::DataParallel,
+            });
+        }
+        set(&mut c.partition, self.partition.clone().map(Some));
+        if let Some(s) = self.sample_from {
+            c.sample_from = match s {
+                SampleFromArg::Partition => SampleScope::Partition,
+                SampleFromArg::Global => SampleScope::Global,
             };
-            let (ds, _) = generate(&cfg, &opts, None, &Bars::new(quiet))
-                .map_err(|e| format!("generating the embedded dataset: {e}"))?;
-            ds
         }
-    };
-    // Feature gathers read random rows: from huge pages they miss the TLB far less.
-    ds.make_features_resident(features, &Bars::new(quiet))
-        .map_err(|e| e.to_string())?;
-    let name = ds.dir.display().to_string();
-    if ds.features.is_none() {
-        return Err(format!(
-            "{name}: the dataset has no features; import it with --random-features DIM"
-        ));
+        Ok(c)
     }
-    if ds.labels.is_none() {
-        return Err(format!("{name}: the dataset has no labels (label.bin)"));
+}
+
+/// Overwrites `slot` with `v` when a flag gave one.
+fn set<T>(slot: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *slot = v;
     }
-    if ds.meta.num_class == 0 {
-        return Err(format!("{name}: NUM_CLASS is 0"));
-    }
-    Ok(Arc::new(ds))
 }
 
-/// The sampler for `kind` with hop-order `fanouts` (random walks for PinSAGE).
-pub fn make_sampler(
-    ds: &Arc<Dataset>,
-    kind: ModelKind,
-    fanouts: Vec<u32>,
-) -> Result<Arc<dyn Sampler>, String> {
-    let s: Arc<dyn Sampler> = if kind == ModelKind::PinSage {
-        let cfg = RandomWalkConfig {
-            top_k: fanouts,
-            ..RandomWalkConfig::default()
-        };
-        Arc::new(RandomWalkSampler::new(ds.clone(), cfg).map_err(|e| e.to_string())?)
-    } else {
-        let cfg = KHopConfig {
-            fanouts,
-            replace: false,
-            remap: RemapKind::Auto,
-        };
-        Arc::new(KHopSampler::new(ds.clone(), cfg).map_err(|e| e.to_string())?)
-    };
-    Ok(s)
-}
-
-/// A pipeline over `seeds` with the plain extractor.
-pub fn make_pipeline(
-    ds: &Arc<Dataset>,
-    sampler: &Arc<dyn Sampler>,
-    seeds: Vec<u32>,
-    cfg: &PipelineConfig,
-) -> Result<Pipeline, String> {
-    let ex = PlainExtractor::new(ds.clone()).map_err(|e| e.to_string())?;
-    Pipeline::new(sampler.clone(), Box::new(ex), seeds, cfg).map_err(|e| e.to_string())
-}
-
-/// Builds the global rayon pool with `threads` threads (when given).
-pub fn set_threads(threads: Option<usize>) -> Result<(), String> {
-    if let Some(t) = threads {
-        if t == 0 {
-            return Err("--threads must be at least 1".into());
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()
-            .map_err(|e| format!("cannot start {t} threads: {e}"))?;
-    }
-    Ok(())
-}
-
-/// Checkpoint metadata keys with the sampling settings, so `fanout eval` repeats them.
-pub mod meta {
-    /// Hop-order fanouts, comma-separated.
-    pub const FANOUTS: &str = "train.fanouts";
-    /// Seeds per evaluation batch.
-    pub const BATCH: &str = "train.batch_size";
-    /// The run's seed (keys evaluation sampling).
-    pub const SEED: &str = "train.seed";
-    /// "embedded" when trained on the embedded default dataset.
-    pub const DATASET: &str = "train.dataset";
-}
-
+/// Draws rank 0's progress: a bar per epoch, the set-up lines and one summary line per epoch.
 struct Observer {
     bar: Option<ProgressBar>,
     quiet: bool,
@@ -263,9 +262,11 @@ impl FitObserver for Observer {
         }
         let b = ProgressBar::with_draw_target(Some(batches as u64), ProgressDrawTarget::stderr());
         b.set_style(
-            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} batches {msg}")
-                .unwrap()
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "epoch {prefix} [{bar:30}] {pos}/{len} batches {per_sec} eta {eta} {msg}",
+            )
+            .unwrap()
+            .progress_chars("=> "),
         );
         b.set_prefix(format!("{epoch}/{}", self.epochs));
         self.bar = Some(b);
@@ -281,13 +282,29 @@ impl FitObserver for Observer {
             b.set_message("evaluating");
         }
     }
+    fn note(&mut self, line: &str) {
+        println!("{line}");
+    }
     fn epoch_end(&mut self, m: &EpochMetrics) {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
         let acc = |a: Option<f64>| a.map_or("-".to_string(), |v| format!("{v:.4}"));
+        let sync = if m.workers.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  allreduce {:.2}s ({:.1} MB)  slowest worker {}",
+                m.allreduce_s,
+                m.allreduce_bytes as f64 / 1e6,
+                m.workers
+                    .iter()
+                    .max_by(|a, b| a.wall_s.total_cmp(&b.wall_s))
+                    .map_or(0, |w| w.rank)
+            )
+        };
         println!(
-            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%",
+            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%{sync}",
             m.epoch,
             m.wall_s,
             m.sample_s,
@@ -303,306 +320,76 @@ impl FitObserver for Observer {
     }
 }
 
-/// Bytes as MiB with one decimal, for summaries.
-fn mib(b: u64) -> String {
-    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-}
-
-/// Runs `fanout train`.
+/// Runs `fanout train`: in this process, or as one MPI rank when started by mpirun.
 pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
     let _device = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
-    set_threads(a.threads)?;
-    let kind = ModelKind::from(a.model);
-    let embedded = a.dataset.is_none();
-    if embedded && !quiet {
+    let cfg = a.to_config()?;
+    cfg.validate().map_err(|e| e.to_string())?;
+    if fanout_comm::launched_by_mpi() {
+        return crate::cmd::mpi::train(a, &cfg, quiet);
+    }
+    if cfg.dataset.is_none() && !quiet {
         eprintln!(
-            "no --dataset: training on an embedded products-like graph ({EMBEDDED_NODES} vertices, generated in memory)"
+            "no --dataset: training on an embedded products-like graph ({} vertices, generated in memory)",
+            fanout_exec::EMBEDDED_NODES
         );
     }
-    let ds = open_dataset(a.dataset.as_ref(), a.feature_residency.into(), quiet)?;
-    let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
-    let paper = PaperSetting::for_kind(kind, in_dim, ds.meta.num_class as usize);
-    let fanouts = match &a.fanouts {
-        Some(s) => parse_fanouts(s).map_err(|e| format!("--fanouts: {e}"))?,
-        None => paper.fanouts.iter().map(|&k| k as u32).collect(),
+    let bars = Bars::new(quiet);
+    let probe = HostHeap;
+    let env = RunEnv {
+        progress: &bars,
+        probe: Some(&probe),
     };
-    let batch_size = a
-        .batch_size
-        .unwrap_or(if embedded { 1000 } else { paper.batch_size });
-    if batch_size == 0 {
-        return Err("--batch-size must be at least 1".into());
-    }
-    let config = ModelConfig {
-        hidden: a.hidden.unwrap_or(paper.model.hidden),
-        num_layers: fanouts.len(),
-        dropout: a.dropout,
-        seed: a.seed,
-        ..paper.model.clone()
-    };
-    config.validate().map_err(|e| e.to_string())?;
-    let lr = a.lr.unwrap_or(paper.lr);
-    let sane = |v: f32, min: f32| v.is_finite() && v >= min;
-    if !sane(lr, f32::MIN_POSITIVE) || !sane(a.weight_decay, 0.0) {
-        return Err("--lr must be positive and --weight-decay non-negative".into());
-    }
-    let train_set = ds.train.to_vec();
-    if train_set.is_empty() {
-        return Err(format!("{}: the training set is empty", ds.dir.display()));
-    }
-    let sampler = make_sampler(&ds, kind, fanouts.clone())?;
-    if a.reorder_window > 1 && !a.match_reorder {
-        return Err(format!(
-            "--reorder-window {}: reordering only helps Match (reuse of the previous batch's \
-             rows); add --match-reorder",
-            a.reorder_window
-        ));
-    }
-    let pcfg = PipelineConfig {
-        batch_size,
-        shuffle: true,
-        seed: a.seed,
-        prefetch: a.prefetch.max(1),
-        sample_workers: 1,
-        reorder_window: if a.match_reorder { a.reorder_window } else { 0 },
-    };
-    // Evaluation never reorders.
-    let eval_cfg = pcfg.for_evaluation();
-    let policy = match a.cache_policy.trim() {
-        "none" => None,
-        p => Some(
-            p.parse::<Policy>()
-                .map_err(|e| format!("--cache-policy: {e}"))?,
-        ),
-    };
-    let size_spec =
-        CacheSizeSpec::parse(&a.cache_ratio).map_err(|e| format!("--cache-ratio: {e}, or auto"))?;
-    if size_spec == CacheSizeSpec::Auto && policy.is_none() {
-        return Err(
-            "--cache-ratio auto sizes a feature cache: give --cache-policy random, degree or presc"
-                .into(),
-        );
-    }
-    if a.device_memory.is_some() && size_spec != CacheSizeSpec::Auto {
-        return Err(
-            "--device-memory is the budget of --cache-ratio auto; add --cache-ratio auto".into(),
-        );
-    }
+    let mut obs = observer(&cfg, quiet);
+    let out = fanout_exec::train(&cfg, &env, &mut obs).map_err(|e| e.to_string())?;
+    finish(a, &out)
+}
 
-    let be = CpuBackend;
-    let model = Model::new(be, config.clone()).map_err(|e| e.to_string())?;
-    let opt = Adam::new(be, lr).with_weight_decay(a.weight_decay);
-    let mut trainer = Trainer::new(model, Box::new(opt));
-
-    let (size, auto) = match size_spec {
-        CacheSizeSpec::Fixed(s) => (s, None),
-        CacheSizeSpec::Auto => {
-            let probe = HostHeap;
-            let device_memory = match &a.device_memory {
-                Some(t) => parse_bytes(t).map_err(|e| format!("--device-memory: {e}"))?,
-                None => probe.available().map_err(|e| {
-                    format!(
-                        "--cache-ratio auto: no --device-memory given and the {}'s size is \
-                         unknown: {e}; give --device-memory BYTES",
-                        probe.name()
-                    )
-                })?,
-            };
-            let mut ex = PlainExtractor::new(ds.clone()).map_err(|e| e.to_string())?;
-            let trial =
-                measure_trial_batch(&mut trainer, &sampler, &mut ex, &train_set, &pcfg, &probe)
-                    .map_err(|e| format!("--cache-ratio auto: the trial batch failed: {e}"))?;
-            let f = ds.features.as_ref().ok_or("the dataset has no features")?;
-            let sized = auto_cache_size(
-                device_memory,
-                trial.peak(),
-                trial.queued_bytes(&pcfg),
-                ds.num_nodes() as usize,
-                f.row_bytes(),
-            )
-            .map_err(|e| {
-                format!(
-                    "--cache-ratio auto with --device-memory {}: {e}; raise --device-memory or \
-                     lower --batch-size",
-                    mib(device_memory)
-                )
-            })?;
-            (CacheSize::Rows(sized.rows), Some((trial, sized)))
-        }
-    };
-    let cache = CacheConfig {
-        policy,
-        size,
-        match_previous: a.match_reorder,
-        seed: a.seed,
-    };
-    let mut cache_json = serde_json::json!({ "policy": "none", "rows": 0 });
-    let train = if cache.policy.is_none() && !cache.match_previous {
-        make_pipeline(&ds, &sampler, train_set, &pcfg)?
-    } else {
-        let pre = PreSampling {
-            sampler: sampler.clone(),
-            seeds: &train_set,
-            loader: LoaderConfig {
-                batch_size,
-                shuffle: true,
-                seed: a.seed,
-                ..LoaderConfig::default()
-            },
-        };
-        let (ex, summary) =
-            build_extractor(ds.clone(), &cache, Some(&pre)).map_err(|e| e.to_string())?;
-        let how = match &auto {
-            None if cache.policy.is_none() => String::new(),
-            None => format!(
-                "; size set by hand (--cache-ratio {})",
-                a.cache_ratio.trim()
-            ),
-            Some((t, z)) => format!(
-                "; size auto: device memory {}, trial-batch peak {} (step {} + model state {}), \
-                 queued batches {}, margin {} -> cache {} = {} rows{}",
-                mib(z.device_memory),
-                mib(z.trial_peak),
-                mib(t.step_peak),
-                mib(t.model_state),
-                mib(z.prefetch_buffers),
-                mib(z.margin),
-                mib(z.budget),
-                z.rows,
-                if z.rows == 0 {
-                    " (no memory left for a cache: 0 rows)"
-                } else {
-                    ""
-                }
-            ),
-        };
-        println!(
-            "feature cache: {} holding {} rows ({:.1}% of vertices, {:.1} MB){}{}{}",
-            summary.policy,
-            summary.rows,
-            100.0 * summary.ratio,
-            summary.bytes as f64 / 1e6,
-            if summary.match_previous {
-                ", reusing the previous batch's rows"
-            } else {
-                ""
-            },
-            if pcfg.window() > 1 {
-                format!(", Greedy Reorder in windows of {} batches", pcfg.window())
-            } else {
-                String::new()
-            },
-            how
-        );
-        cache_json = serde_json::json!({
-            "policy": summary.policy,
-            "rows": summary.rows,
-            "ratio": summary.ratio,
-            "bytes": summary.bytes,
-            "match_previous": summary.match_previous,
-            "size_chosen": if auto.is_some() { "auto" } else { "by hand" },
-            "cache_ratio": a.cache_ratio.trim(),
-            "auto": auto.map(|(t, z)| serde_json::json!({
-                "device_memory": z.device_memory,
-                "trial_peak": z.trial_peak,
-                "trial_step_peak": t.step_peak,
-                "model_state": t.model_state,
-                "trial_batch_bytes": t.batch_bytes,
-                "trial_feature_bytes": t.feature_bytes,
-                "trial_input_nodes": t.input_nodes,
-                "prefetch_buffers": z.prefetch_buffers,
-                "margin": z.margin,
-                "budget": z.budget,
-                "row_bytes": ds.features.as_ref().map_or(0, |f| f.row_bytes()),
-                "num_nodes": ds.num_nodes(),
-                "rows": z.rows,
-            })),
-        });
-        Pipeline::new(sampler.clone(), Box::new(ex), train_set, &pcfg).map_err(|e| e.to_string())?
-    };
-    let split = |v: Vec<u32>| -> Result<Option<Pipeline>, String> {
-        if v.is_empty() {
-            Ok(None)
-        } else {
-            make_pipeline(&ds, &sampler, v, &eval_cfg).map(Some)
-        }
-    };
-    let valid = split(ds.valid.to_vec())?;
-    let test = split(ds.test.to_vec())?;
-
-    let fanout_str: Vec<String> = fanouts.iter().map(|k| k.to_string()).collect();
-    println!(
-        "{} on {} ({} vertices, {} train / {} valid / {} test): {} layers, hidden {}, fanouts {}, batch {}, lr {lr}, {} parameters",
-        kind.name(),
-        if embedded { "the embedded graph".to_string() } else { ds.dir.display().to_string() },
-        ds.num_nodes(),
-        ds.train.len(),
-        ds.valid.len(),
-        ds.test.len(),
-        config.num_layers,
-        config.hidden,
-        fanout_str.join(","),
-        batch_size,
-        trainer.model().num_params()
-    );
-    let mut obs = Observer {
+/// Rank 0's observer.
+pub fn observer(cfg: &TrainConfig, quiet: bool) -> impl FitObserver {
+    Observer {
         bar: None,
         quiet,
-        epochs: a.epochs,
-    };
-    let cfg = FitConfig {
-        epochs: a.epochs,
-        eval_every: a.eval_every,
-    };
-    let run = fit(
-        &mut trainer,
-        &train,
-        valid.as_ref(),
-        test.as_ref(),
-        cfg,
-        &mut obs,
-    )
-    .map_err(|e| e.to_string())?;
+        epochs: cfg.epochs,
+    }
+}
+
+/// Prints the run's summary and writes the metrics JSON and the checkpoint (rank 0's job).
+pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
+    let m = &out.metrics;
     println!(
-        "test accuracy {:.4} (epoch {}, best validation accuracy {:.4}); median epoch {:.2}s",
-        run.test_acc, run.best_epoch, run.best_val_acc, run.median_epoch_s
+        "test accuracy {:.4} (epoch {}, best validation accuracy {:.4}); median epoch {:.2}s{}",
+        m.test_acc,
+        m.best_epoch,
+        m.best_val_acc,
+        m.median_epoch_s,
+        if out.workers > 1 {
+            format!(" over {} workers ({})", out.workers, out.comm)
+        } else {
+            String::new()
+        }
     );
     if let Some(p) = &a.metrics_out {
-        let json = serde_json::json!({
-            "model": kind.name(),
-            "dataset": if embedded { "embedded".to_string() } else { ds.dir.display().to_string() },
-            "fanouts": fanouts,
-            "batch_size": batch_size,
-            "hidden": config.hidden,
-            "lr": lr,
-            "weight_decay": a.weight_decay,
-            "dropout": a.dropout,
-            "seed": a.seed,
-            "threads": a.threads.unwrap_or_else(rayon::current_num_threads),
-            "test_acc": run.test_acc,
-            "best_val_acc": run.best_val_acc,
-            "best_epoch": run.best_epoch,
-            "median_epoch_s": run.median_epoch_s,
-            "cache": cache_json,
-            "reorder_window": pcfg.window(),
-            "features_resident": ds.features.as_ref().is_some_and(|f| f.is_resident()),
-            "epochs": run.epochs,
-        });
-        let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
-        std::fs::write(p, text + "\n").map_err(|e| format!("{}: {e}", p.display()))?;
+        write_atomic(p, &out.report())?;
     }
     if let Some(p) = &a.save_model {
-        let extra = vec![
-            (meta::FANOUTS.to_string(), fanout_str.join(",")),
-            (meta::BATCH.to_string(), batch_size.to_string()),
-            (meta::SEED.to_string(), a.seed.to_string()),
-            (
-                meta::DATASET.to_string(),
-                if embedded { "embedded" } else { "dir" }.to_string(),
-            ),
-        ];
-        let bytes = io::to_bytes_with(trainer.model(), &extra).map_err(|e| e.to_string())?;
-        io::save_bytes(&bytes, p).map_err(|e| e.to_string())?;
+        out.save_model(p).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Writes `json` (pretty) to `path` through a temporary file beside it, renamed at the end.
+fn write_atomic(path: &Path, json: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(json).map_err(|e| e.to_string())?;
+    let name = path
+        .file_name()
+        .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    std::fs::write(&tmp, text + "\n").map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e)
+    })
 }

@@ -11,6 +11,8 @@ pub enum ExecError {
     Compute(fanout_compute::ComputeError),
     /// A request that cannot be carried out (missing labels, empty training set, ...).
     Invalid(String),
+    /// Talking to the other workers failed, or one of them failed (its rank and message).
+    Comm(fanout_comm::CommError),
 }
 
 /// Shorthand for results of this crate.
@@ -22,6 +24,7 @@ impl fmt::Display for ExecError {
             ExecError::Graph(e) => write!(f, "{e}"),
             ExecError::Compute(e) => write!(f, "{e}"),
             ExecError::Invalid(m) => f.write_str(m),
+            ExecError::Comm(e) => write!(f, "{e}"),
         }
     }
 }
@@ -37,5 +40,11 @@ impl From<fanout_graph::Error> for ExecError {
 impl From<fanout_compute::ComputeError> for ExecError {
     fn from(e: fanout_compute::ComputeError) -> Self {
         ExecError::Compute(e)
+    }
+}
+
+impl From<fanout_comm::CommError> for ExecError {
+    fn from(e: fanout_comm::CommError) -> Self {
+        ExecError::Comm(e)
     }
 }

@@ -21,26 +21,47 @@
 //! turns prepared batches into steps; [`fit`] drives epochs with evaluation on the validation
 //! and test sets every `k` epochs and keeps the best-validation model.
 //!
-//! Room for the strategies of later issues: a pipeline is built from an `Arc<dyn Sampler>` and
-//! a `Box<dyn Extractor>` only, and a trainer from a backend only, so a worker bound to a
-//! device is "one pipeline feeding one trainer". Caches sit behind the extractor (GNNLab /
-//! PaGraph); factored placement (GNNLab) runs the sample stage of one pipeline on another
-//! device; data-parallel (PaGraph) runs one pipeline+trainer per device over a partition of the
-//! seeds with a gradient all-reduce between [`Trainer::compute_gradients`] and
-//! [`Trainer::apply_gradients`]; split-parallel (GSplit) and hybrid (MorphGL) replace the
-//! extract/train split of one batch. None of those exist yet.
+//! A run is described by one serde value, [`TrainConfig`], and executed by [`train`] (all
+//! workers in this process) or [`train_worker`] (one worker of a group whose [`Comm`] the
+//! caller made, e.g. one MPI process); both return a [`TrainOutcome`]. The command line and
+//! the Python package are thin shells over these. Workers talk only through
+//! [`fanout_comm::Comm`]; a strategy ([`strategy`]) decides which seeds each worker trains,
+//! and every strategy runs the same loop, [`fit`], which all-reduces gradients between
+//! [`Trainer::compute_gradients`] and [`Trainer::apply_gradients`] when there are several
+//! workers. Where a trainer's batches come from is a [`BatchSource`]: a local [`Pipeline`]
+//! today, a queue filled by sampler workers for GNNLab's factored design later.
+//! [`evaluate_checkpoint`] repeats a saved model's evaluation.
 
+pub mod config;
 pub mod error;
+pub mod eval;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
+pub mod run;
+pub mod strategy;
 pub mod trainer;
 
+pub use config::{CacheSpec, SampleScope, StrategyKind, TrainConfig};
 pub use error::{ExecError, Result};
+pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
+pub use fanout_comm::{Comm, LocalComm};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
-pub use metrics::{EpochMetrics, RunMetrics, StageClock};
-pub use pipeline::{EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
-pub use trainer::{block_refs, fit, BatchOutcome, FitConfig, FitObserver, Trainer, EVAL_EPOCH};
+pub use metrics::{EpochMetrics, RunMetrics, StageClock, WorkerEpochMetrics};
+pub use pipeline::{BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
+pub use run::{
+    checkpoint_meta, open_dataset, train, train_worker, RunEnv, TrainOutcome, EMBEDDED_NODES,
+    EMBEDDED_SEED,
+};
+pub use strategy::WorkerPlan;
+
+/// The communicator of a single-worker run: a group of one, whose collectives return at once.
+pub fn solo() -> LocalComm {
+    LocalComm::group(1).pop().expect("a group of one member")
+}
+pub use trainer::{
+    block_refs, fit, BatchOutcome, FitConfig, FitObserver, ReducedStep, Trainer, EVAL_EPOCH,
+};
 
 /// Tunes the C allocator for training's allocation pattern: large buffers of similar sizes
 /// freed and re-requested every step. With glibc's defaults every buffer above 128 KiB is a

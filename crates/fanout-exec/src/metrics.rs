@@ -1,7 +1,7 @@
 //! Stage timers and the metrics of epochs and runs.
 
 use fanout_cache::ExtractStats;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -72,6 +72,43 @@ pub struct EpochMetrics {
     pub extract: ExtractStats,
     /// `extract.hit_rate()`: share of feature bytes not gathered from the host store.
     pub hit_rate: f64,
+    /// Seconds this worker spent in the gradient all-reduce (0 with one worker).
+    pub allreduce_s: f64,
+    /// Bytes this worker contributed to gradient all-reduces (0 with one worker).
+    pub allreduce_bytes: u64,
+    /// Each worker's own figures, in rank order (empty with one worker). With several workers
+    /// `wall_s` is the slowest worker's, the loss and accuracies are over all workers' seeds,
+    /// and the stage times, counts and bytes above are this worker's.
+    pub workers: Vec<WorkerEpochMetrics>,
+}
+
+/// One worker's share of an epoch of a multi-worker run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerEpochMetrics {
+    /// The worker's rank.
+    pub rank: usize,
+    /// Wall time of its training pass.
+    pub wall_s: f64,
+    /// Busy time of its sample stage.
+    pub sample_s: f64,
+    /// Busy time of its extract stage.
+    pub extract_s: f64,
+    /// Busy time of its train stage, all-reduce included.
+    pub train_s: f64,
+    /// Time its train stage waited for a prepared batch.
+    pub wait_s: f64,
+    /// Time in gradient all-reduces (waiting for the slowest worker included).
+    pub allreduce_s: f64,
+    /// Bytes it contributed to gradient all-reduces.
+    pub allreduce_bytes: u64,
+    /// Batches it trained.
+    pub batches: u64,
+    /// Labelled seeds it trained.
+    pub seeds: u64,
+    /// Feature rows it extracted.
+    pub input_nodes: u64,
+    /// Feature bytes it gathered from the host store.
+    pub bytes_from_host: u64,
 }
 
 /// A whole run: the per-epoch metrics and the test accuracy of the best-validation epoch.

@@ -18,7 +18,7 @@ use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use fanout_cache::{reorder_batches, ExtractStats, Extractor};
 use fanout_graph::Dataset;
-use fanout_sample::{BatchKey, Loader, LoaderConfig, MiniBatch, Sampler};
+use fanout_sample::{BatchKey, BatchPlan, Loader, LoaderConfig, MiniBatch, Sampler};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -74,6 +74,13 @@ pub struct PipelineConfig {
     /// than the epoch = the whole epoch in one window. Only useful with an extractor that
     /// reuses the previous batch's rows (Match); evaluation pipelines keep it 0.
     pub reorder_window: usize,
+    /// How this worker's batches are cut from its seeds ([`BatchPlan::Whole`] for one worker;
+    /// data-parallel workers slice global batches or cut their partition into equal step
+    /// counts).
+    pub plan: BatchPlan,
+    /// The rayon pool sampling and extraction run on (`None`: the global pool). In-process
+    /// workers each get their own.
+    pub pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 impl Default for PipelineConfig {
@@ -87,6 +94,8 @@ impl Default for PipelineConfig {
             prefetch: 2,
             sample_workers: 1,
             reorder_window: 0,
+            plan: BatchPlan::Whole,
+            pool: None,
         }
     }
 }
@@ -157,6 +166,7 @@ pub struct Pipeline {
     prefetch: usize,
     window: usize,
     num_nodes: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
     sample_clock: Arc<StageClock>,
     extract_clock: Arc<StageClock>,
 }
@@ -186,15 +196,17 @@ impl Pipeline {
                 seed: cfg.seed,
                 prefetch: cfg.loader_depth(),
                 workers: cfg.sample_workers.max(1),
-                pool: None,
+                pool: cfg.pool.clone(),
             },
-        )?;
+        )?
+        .with_plan(cfg.plan)?;
         Ok(Pipeline {
             loader,
             extractor: Arc::new(Mutex::new(extractor)),
             prefetch: cfg.prefetch.max(1),
             window: cfg.window(),
             num_nodes,
+            pool: cfg.pool.clone(),
             sample_clock,
             extract_clock: Arc::new(StageClock::default()),
         })
@@ -230,14 +242,19 @@ impl Pipeline {
         let total = batches.len();
         let ex = self.extractor.clone();
         let clock = self.extract_clock.clone();
-        let (window, num_nodes) = (self.window, self.num_nodes);
+        let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let handle = std::thread::spawn(move || {
             let mut ex = ex.lock().unwrap();
             let dim = ex.dim();
             let mut extract = |batch: MiniBatch| {
                 let t = Instant::now();
                 let mut features = Vec::new();
-                let s = ex.extract(&batch.input_nodes, &mut features);
+                let exr: &mut dyn Extractor = &mut **ex;
+                let mut gather = || exr.extract(&batch.input_nodes, &mut features);
+                let s = match &pool {
+                    Some(p) => p.install(gather),
+                    None => gather(),
+                };
                 clock.add_since(t);
                 Prepared {
                     batch,
@@ -288,6 +305,30 @@ impl Pipeline {
             handle: Some(handle),
             total,
         }
+    }
+}
+
+/// Where a trainer's prepared batches come from: a local [`Pipeline`] today; a queue fed by
+/// other workers (GNNLab's factored design) implements the same trait, so the training loop
+/// ([`crate::fit`]) is shared by every strategy.
+pub trait BatchSource: Sync {
+    /// Batches of every epoch (every worker of a run sees the same count).
+    fn num_batches(&self) -> usize;
+    /// The prepared batches of `epoch` (see [`Pipeline::epoch`]).
+    fn epoch(&self, epoch: u64) -> EpochStream;
+    /// `(sample_s, extract_s)` busy seconds since the last call (see [`Pipeline::take_times`]).
+    fn take_times(&self) -> (f64, f64);
+}
+
+impl BatchSource for Pipeline {
+    fn num_batches(&self) -> usize {
+        Pipeline::num_batches(self)
+    }
+    fn epoch(&self, epoch: u64) -> EpochStream {
+        Pipeline::epoch(self, epoch)
+    }
+    fn take_times(&self) -> (f64, f64) {
+        Pipeline::take_times(self)
     }
 }
 

@@ -2,11 +2,13 @@
 //! with periodic evaluation.
 
 use crate::error::{ExecError, Result};
-use crate::metrics::{EpochMetrics, RunMetrics};
-use crate::pipeline::{EpochStream, Pipeline, Prepared};
+use crate::metrics::{EpochMetrics, RunMetrics, WorkerEpochMetrics};
+use crate::pipeline::{BatchSource, EpochStream, Prepared};
 use fanout_cache::ExtractStats;
+use fanout_comm::Comm;
 use fanout_compute::{Backend, BlockRef, Mode, Model, Optimizer, Tensor};
 use fanout_sample::Block;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The epoch number evaluation batches are sampled under. Evaluation always uses this one key
@@ -25,12 +27,26 @@ pub struct BatchOutcome {
     pub labelled: usize,
 }
 
+/// What [`Trainer::compute_reduced_gradients`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReducedStep {
+    /// This worker's own share: its mean loss, correct and labelled seeds.
+    pub outcome: BatchOutcome,
+    /// Labelled seeds of the step over all workers.
+    pub step_labelled: usize,
+    /// Seconds spent in the all-reduce (packing and waiting for the others included).
+    pub sync_s: f64,
+    /// Bytes this worker contributed to it.
+    pub sync_bytes: u64,
+}
+
 /// A model with its optimiser on one backend: the train stage of a pipeline. Guarantee: given
 /// the same prepared batches in the same order, the parameters after each step are a pure
 /// function of the model's initial parameters (deterministic kernels, dropout keyed by step).
 pub struct Trainer<B: Backend> {
     model: Model<B>,
     opt: Box<dyn Optimizer<B> + Send>,
+    pool: Option<Arc<rayon::ThreadPool>>,
 }
 
 /// Borrowed compute-side views of a mini-batch's sampled blocks (outermost first), as
@@ -57,7 +73,33 @@ fn labels(p: &Prepared) -> Result<&[i64]> {
 impl<B: Backend> Trainer<B> {
     /// A trainer updating `model` with `opt`.
     pub fn new(model: Model<B>, opt: Box<dyn Optimizer<B> + Send>) -> Self {
-        Trainer { model, opt }
+        Trainer {
+            model,
+            opt,
+            pool: None,
+        }
+    }
+
+    /// This trainer with its steps run on `pool` instead of the global rayon pool (in-process
+    /// workers each compute on their own threads).
+    pub fn with_pool(mut self, pool: Option<Arc<rayon::ThreadPool>>) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// Runs `step` (a training or evaluation step of `p`) where this trainer computes: on its
+    /// pool when it has one, else as [`run_step`] decides.
+    fn run<R: Send>(&mut self, p: Prepared, step: impl FnOnce(&mut Self, Prepared) -> R + Send) -> R
+    where
+        B: Send,
+    {
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| step(self, p)),
+            None => {
+                let be = self.model.backend().clone();
+                run_step(&be, p, |p| step(self, p))
+            }
+        }
     }
 
     /// The model.
@@ -80,7 +122,12 @@ impl<B: Backend> Trainer<B> {
         let rows = p.batch.input_nodes.len();
         let x = Tensor::new(rows, p.dim, p.features);
         let be = self.model.backend().clone();
-        Ok(self.model.forward(&blocks, be.upload_owned(x), mode)?)
+        // Dropout is keyed by vertex id, so data-parallel workers drop what the one-worker
+        // union batch would.
+        let ids = Some(&p.batch.input_nodes[..]);
+        Ok(self
+            .model
+            .forward_rows(&blocks, be.upload_owned(x), mode, ids)?)
     }
 
     /// Forward and backward of one batch: the parameter gradients are *replaced* by this
@@ -88,6 +135,12 @@ impl<B: Backend> Trainer<B> {
     /// workers can all-reduce gradients in between.
     pub fn compute_gradients(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
         let labels = labels(&p)?.to_vec();
+        if p.batch.num_seeds == 0 {
+            // A data-parallel worker's empty share of a step: no gradient of its own, but it
+            // still takes part in the all-reduce and the optimiser step.
+            self.model.zero_grad();
+            return Ok(BatchOutcome::default());
+        }
         let logits = self.forward(p, Mode::Train { dropout_key })?;
         let be = self.model.backend().clone();
         let ce = be.softmax_cross_entropy(&logits, &labels)?;
@@ -101,9 +154,102 @@ impl<B: Backend> Trainer<B> {
         })
     }
 
+    /// Appends every parameter gradient, multiplied by `scale`, to `out` (parameters in
+    /// [`Model::named_params`] order, each row-major). With [`Trainer::set_gradients`] this is
+    /// how data-parallel workers all-reduce their gradients.
+    pub fn gradients_into(&self, scale: f32, out: &mut Vec<f32>) {
+        let be = self.model.backend();
+        for (_, p) in self.model.named_params() {
+            let g = be.download(&p.grad);
+            out.extend(g.data().iter().map(|v| v * scale));
+        }
+    }
+
+    /// A data-parallel worker's share of a step: forward and backward of its batch `p`, then
+    /// the all-reduce that leaves on every worker of `comm` the gradient of the mean loss over
+    /// the step's labelled seeds of all workers (each worker's mean gradient weighted by its
+    /// labelled count, summed in rank order, divided by the global count), which is the
+    /// one-worker gradient over the union of the workers' batches up to rounding, provided the
+    /// batches were sampled under the same key. `scratch` is reused between steps. The
+    /// optimiser does not step.
+    pub fn compute_reduced_gradients(
+        &mut self,
+        p: Prepared,
+        dropout_key: u64,
+        comm: &dyn Comm,
+        scratch: &mut Vec<f32>,
+    ) -> Result<ReducedStep>
+    where
+        B: Send,
+    {
+        let outcome = self.run(p, |t, p| t.compute_gradients(p, dropout_key))?;
+        let start = Instant::now();
+        scratch.clear();
+        self.gradients_into(outcome.labelled as f32, scratch);
+        scratch.push(outcome.labelled as f32);
+        comm.all_reduce_sum_f32(scratch)?;
+        let step_labelled = scratch.pop().unwrap_or(0.0);
+        let scale = if step_labelled > 0.0 {
+            1.0 / step_labelled
+        } else {
+            0.0
+        };
+        self.set_gradients(scratch, scale)?;
+        Ok(ReducedStep {
+            outcome,
+            step_labelled: step_labelled as usize,
+            sync_s: start.elapsed().as_secs_f64(),
+            sync_bytes: 4 * (scratch.len() as u64 + 1),
+        })
+    }
+
+    /// Replaces every parameter gradient by the matching run of `flat` (the layout of
+    /// [`Trainer::gradients_into`]) multiplied by `scale`. `Err` if `flat`'s length is not the
+    /// model's parameter count.
+    pub fn set_gradients(&mut self, flat: &[f32], scale: f32) -> Result<()> {
+        let n = self.model.num_params();
+        if flat.len() != n {
+            return Err(ExecError::Invalid(format!(
+                "{} gradient values for a model of {n} parameters",
+                flat.len()
+            )));
+        }
+        let be = self.model.backend().clone();
+        let mut at = 0;
+        for p in self.model.params_mut() {
+            let (r, c) = be.shape(&p.grad);
+            let v: Vec<f32> = flat[at..at + r * c].iter().map(|v| v * scale).collect();
+            at += r * c;
+            p.grad = be.upload_owned(Tensor::new(r, c, v));
+        }
+        Ok(())
+    }
+
+    /// The parameters' values, flattened in [`Trainer::gradients_into`]'s layout (to check
+    /// that replicas agree, or to broadcast them).
+    pub fn parameters(&self) -> Vec<f32> {
+        let be = self.model.backend();
+        let mut out = Vec::with_capacity(self.model.num_params());
+        for (_, p) in self.model.named_params() {
+            out.extend_from_slice(be.download(&p.value).data());
+        }
+        out
+    }
+
     /// One optimiser step from the current gradients.
     pub fn apply_gradients(&mut self) -> Result<()> {
         Ok(self.opt.step_model(&mut self.model)?)
+    }
+
+    /// [`Trainer::apply_gradients`] on this trainer's pool, when it has one.
+    fn run_apply(&mut self) -> Result<()>
+    where
+        B: Send,
+    {
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.apply_gradients()),
+            None => self.apply_gradients(),
+        }
     }
 
     /// A full training step: [`Trainer::compute_gradients`] then [`Trainer::apply_gradients`].
@@ -140,21 +286,32 @@ impl<B: Backend> Trainer<B> {
 
     /// Accuracy (`0..=1`, 0 when nothing is labelled) over every seed of `pipe`, sampled under
     /// [`EVAL_EPOCH`]. The pipeline's stage clocks are reset afterwards.
-    pub fn evaluate(&mut self, pipe: &Pipeline) -> Result<f64> {
+    pub fn evaluate(&mut self, pipe: &dyn BatchSource) -> Result<f64>
+    where
+        B: Send,
+    {
+        let (correct, labelled) = self.evaluate_counts(pipe)?;
+        Ok(ratio(correct as f64, labelled as f64))
+    }
+
+    /// `(correct, labelled)` over every seed of `pipe` (see [`Trainer::evaluate`]); workers
+    /// that evaluate slices of a set sum these.
+    pub fn evaluate_counts(&mut self, pipe: &dyn BatchSource) -> Result<(usize, usize)>
+    where
+        B: Send,
+    {
         let (mut correct, mut labelled) = (0usize, 0usize);
-        let be = self.model.backend().clone();
         for p in pipe.epoch(EVAL_EPOCH) {
             let p = p?;
-            let (c, l) = run_step(&be, p, |p| self.eval_batch(p))?;
+            if p.batch.num_seeds == 0 {
+                continue;
+            }
+            let (c, l) = self.run(p, |t, p| t.eval_batch(p))?;
             correct += c;
             labelled += l;
         }
         pipe.take_times();
-        Ok(if labelled == 0 {
-            0.0
-        } else {
-            correct as f64 / labelled as f64
-        })
+        Ok((correct, labelled))
     }
 
     fn snapshot(&self) -> Vec<Tensor> {
@@ -225,6 +382,8 @@ pub trait FitObserver {
     fn eval_start(&mut self, _epoch: u64) {}
     /// The epoch is finished (evaluation included).
     fn epoch_end(&mut self, _metrics: &EpochMetrics) {}
+    /// A line of information for the user (the run's set-up, the cache built).
+    fn note(&mut self, _line: &str) {}
 }
 
 impl FitObserver for () {}
@@ -233,20 +392,32 @@ impl FitObserver for () {}
 /// every `cfg.eval_every` epochs and after the last. On return the trainer holds the
 /// parameters of the best-validation epoch (the last evaluated one without a validation set),
 /// so saving it gives a model whose test accuracy is [`RunMetrics::test_acc`].
-pub fn fit<B: Backend>(
+///
+/// `comm` joins the workers of a data-parallel run (a one-member group for one worker).
+/// With several workers, every step's gradients are weighted by each worker's labelled seeds,
+/// summed across workers in rank order and divided by the step's global labelled count, and
+/// every worker then takes the same optimiser step, so the replicas stay bit-identical and a
+/// step equals the one-worker step over the union of the workers' batches (up to rounding).
+/// Losses, accuracies and evaluation counts are summed the same way, so every worker returns
+/// the same [`RunMetrics`]; [`EpochMetrics::workers`] holds each worker's own times. Every
+/// worker must see the same number of batches per epoch.
+pub fn fit<B: Backend + Send>(
     trainer: &mut Trainer<B>,
-    train: &Pipeline,
-    valid: Option<&Pipeline>,
-    test: Option<&Pipeline>,
+    train: &dyn BatchSource,
+    valid: Option<&dyn BatchSource>,
+    test: Option<&dyn BatchSource>,
     cfg: FitConfig,
+    comm: &dyn Comm,
     obs: &mut dyn FitObserver,
 ) -> Result<RunMetrics> {
     if cfg.epochs == 0 {
         return Err(ExecError::Invalid("epochs must be at least 1".into()));
     }
+    let workers = comm.size();
     let mut run = RunMetrics::default();
     let mut best: Option<(f64, Vec<Tensor>)> = None;
     train.take_times();
+    let mut grads: Vec<f32> = Vec::new();
     // The next epoch's stream, started while this epoch's last batch trains, so that its first
     // batches are sampled and extracted behind that step instead of in front of the epoch.
     let mut next: Option<EpochStream> = None;
@@ -256,6 +427,7 @@ pub fn fit<B: Backend>(
         let (mut train_s, mut wait_s) = (0.0, 0.0);
         let (mut loss_sum, mut correct, mut labelled) = (0.0, 0usize, 0usize);
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
+        let (mut sync_s, mut sync_bytes) = (0.0, 0u64);
         let mut extract = ExtractStats::default();
         let mut stream = next.take().unwrap_or_else(|| train.epoch(epoch));
         let total = stream.len() as u64;
@@ -276,8 +448,15 @@ pub fn fit<B: Backend>(
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
             let key = (epoch << 32) | p.batch.key.step;
-            let be = trainer.model.backend().clone();
-            let out = run_step(&be, p, |p| trainer.train_batch(p, key))?;
+            let out = if workers == 1 {
+                trainer.run(p, |t, p| t.train_batch(p, key))?
+            } else {
+                let r = trainer.compute_reduced_gradients(p, key, comm, &mut grads)?;
+                sync_s += r.sync_s;
+                sync_bytes += r.sync_bytes;
+                trainer.run_apply()?;
+                r.outcome
+            };
             train_s += t.elapsed().as_secs_f64();
             loss_sum += out.loss * out.labelled as f64;
             correct += out.correct;
@@ -286,12 +465,36 @@ pub fn fit<B: Backend>(
             obs.batch_done(&out);
         }
         drop(stream);
-        let wall_s = start.elapsed().as_secs_f64();
+        let mut wall_s = start.elapsed().as_secs_f64();
         // Busy times of the stages since the last call: with the next epoch started early,
         // its first batches' sampling and extraction count here (they ran in this epoch's
         // wall time). Bytes are summed per batch above, so they belong to their own epoch.
         let (sample_s, extract_s) = train.take_times();
-        let frac = |a: f64, b: usize| if b == 0 { 0.0 } else { a / b as f64 };
+        let mine = WorkerEpochMetrics {
+            rank: comm.rank(),
+            wall_s,
+            sample_s,
+            extract_s,
+            train_s,
+            wait_s,
+            allreduce_s: sync_s,
+            allreduce_bytes: sync_bytes,
+            batches,
+            seeds: labelled as u64,
+            input_nodes: inputs,
+            bytes_from_host: extract.bytes_from_host,
+        };
+        let mut per_worker = Vec::new();
+        if workers > 1 {
+            let mut sums = [loss_sum, correct as f64, labelled as f64];
+            comm.all_reduce_sum_f64(&mut sums)?;
+            loss_sum = sums[0];
+            correct = sums[1] as usize;
+            labelled = sums[2] as usize;
+            per_worker = gather_workers(comm, &mine)?;
+            // The epoch lasts as long as its slowest worker.
+            wall_s = per_worker.iter().map(|w| w.wall_s).fold(wall_s, f64::max);
+        }
         let mut m = EpochMetrics {
             epoch,
             wall_s,
@@ -299,21 +502,33 @@ pub fn fit<B: Backend>(
             extract_s,
             train_s,
             wait_s,
-            loss: frac(loss_sum, labelled),
-            train_acc: frac(correct as f64, labelled),
+            loss: ratio(loss_sum, labelled as f64),
+            train_acc: ratio(correct as f64, labelled as f64),
             batches,
             edges,
             input_nodes: inputs,
             hit_rate: extract.hit_rate(),
             extract,
+            allreduce_s: sync_s,
+            allreduce_bytes: sync_bytes,
+            workers: per_worker,
             ..EpochMetrics::default()
         };
         let last = epoch + 1 == cfg.epochs;
         if last || (cfg.eval_every > 0 && (epoch + 1) % cfg.eval_every == 0) {
             obs.eval_start(epoch);
             let t = Instant::now();
-            m.val_acc = valid.map(|v| trainer.evaluate(v)).transpose()?;
-            m.test_acc = test.map(|v| trainer.evaluate(v)).transpose()?;
+            let mut acc = |set: Option<&dyn BatchSource>| -> Result<Option<f64>> {
+                let Some(set) = set else { return Ok(None) };
+                let (c, l) = trainer.evaluate_counts(set)?;
+                let mut counts = [c as f64, l as f64];
+                if workers > 1 {
+                    comm.all_reduce_sum_f64(&mut counts)?;
+                }
+                Ok(Some(ratio(counts[0], counts[1])))
+            };
+            m.val_acc = acc(valid)?;
+            m.test_acc = acc(test)?;
             m.eval_s = t.elapsed().as_secs_f64();
             // Without a validation set, the latest evaluation counts as best.
             let score = m.val_acc.unwrap_or(f64::INFINITY);
@@ -336,4 +551,26 @@ pub fn fit<B: Backend>(
     }
     run.median_epoch_s = RunMetrics::median_epoch_time(&run.epochs);
     Ok(run)
+}
+
+/// `a / b`, 0 when `b` is 0.
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+/// Every worker's epoch figures, in rank order (an all-gather of their JSON).
+fn gather_workers(comm: &dyn Comm, mine: &WorkerEpochMetrics) -> Result<Vec<WorkerEpochMetrics>> {
+    let bytes = serde_json::to_vec(mine).map_err(|e| ExecError::Invalid(e.to_string()))?;
+    comm.all_gather(&bytes)?
+        .iter()
+        .map(|b| {
+            serde_json::from_slice(b).map_err(|e| {
+                ExecError::Invalid(format!("a worker sent unreadable epoch metrics: {e}"))
+            })
+        })
+        .collect()
 }

@@ -3,7 +3,7 @@
 
 use fanout_cache::PlainExtractor;
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
-use fanout_exec::{fit, FitConfig, Pipeline, PipelineConfig, Trainer};
+use fanout_exec::{fit, solo, FitConfig, Pipeline, PipelineConfig, Trainer};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler, FANOUT_ALL};
 use fanout_synth::{generate, GenOptions, Preset};
@@ -29,6 +29,7 @@ fn pipeline(ds: &Arc<Dataset>, fanouts: Vec<u32>, seeds: Vec<u32>, shuffle: bool
         prefetch: 2,
         sample_workers: 2,
         reorder_window: 0,
+        ..PipelineConfig::default()
     };
     let ex = PlainExtractor::new(ds.clone()).unwrap();
     Pipeline::new(s, Box::new(ex), seeds, &pc).unwrap()
@@ -53,7 +54,7 @@ fn sage_overfits_a_tiny_graph_through_the_pipeline() {
         epochs: 60,
         eval_every: 0,
     };
-    let run = fit(&mut t, &train, None, None, cfg, &mut ()).unwrap();
+    let run = fit(&mut t, &train, None, None, cfg, &solo(), &mut ()).unwrap();
     let last = run.epochs.last().unwrap();
     assert!(last.loss < run.epochs[0].loss);
     let eval_train = pipeline(&ds, all, seeds, false);
@@ -72,7 +73,16 @@ fn runs_are_deterministic_and_clocks_tick() {
             epochs: 3,
             eval_every: 2,
         };
-        fit(&mut t, &train, Some(&valid), Some(&test), cfg, &mut ()).unwrap()
+        fit(
+            &mut t,
+            &train,
+            Some(&valid),
+            Some(&test),
+            cfg,
+            &solo(),
+            &mut (),
+        )
+        .unwrap()
     };
     let (a, b) = (run(), run());
     assert_eq!(a.epochs.len(), 3);
@@ -108,7 +118,7 @@ fn runs_are_deterministic_and_clocks_tick() {
             epochs: 1,
             eval_every: 0,
         };
-        fit(&mut t, &train, None, None, cfg, &mut ()).unwrap()
+        fit(&mut t, &train, None, None, cfg, &solo(), &mut ()).unwrap()
     };
     assert_eq!(one.epochs[0].input_nodes, a.epochs[0].input_nodes);
     assert_eq!(one.epochs[0].loss, a.epochs[0].loss);

@@ -6,7 +6,7 @@
 use fanout_cache::match_reorder::reorder_windows;
 use fanout_cache::{CachedExtractor, ExtractStats, Extractor, PlainExtractor};
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
-use fanout_exec::{fit, FitConfig, Pipeline, PipelineConfig, Prepared, Trainer};
+use fanout_exec::{fit, solo, FitConfig, Pipeline, PipelineConfig, Prepared, Trainer};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler};
 use fanout_synth::{generate, GenOptions, Preset};
@@ -38,6 +38,7 @@ fn config(shuffle: bool, window: usize, prefetch: usize, workers: usize) -> Pipe
         prefetch,
         sample_workers: workers,
         reorder_window: window,
+        ..PipelineConfig::default()
     }
 }
 
@@ -175,7 +176,7 @@ fn training_with_a_window_trains_every_batch_deterministically_and_stops_early_c
             epochs: 2,
             eval_every: 0,
         };
-        let m = fit(&mut t, &train, None, None, fc, &mut ()).unwrap();
+        let m = fit(&mut t, &train, None, None, fc, &solo(), &mut ()).unwrap();
         assert!(m
             .epochs
             .iter()

@@ -1,0 +1,396 @@
+//! [`TrainConfig`]: everything that defines a training run, as one serde value.
+//!
+//! The command line (`fanout train`, its `--config FILE`), the Python package and tests all
+//! describe a run with this type and hand it to [`crate::train`]. A config read from a file
+//! may leave settings out (they take [`TrainConfig::default`]'s values); settings whose
+//! default depends on the model or the dataset (fanouts, batch size, hidden width, learning
+//! rate) are `None` until [`TrainConfig::resolve`] fills them in. Every metrics JSON records
+//! the resolved config under `"config"`, and [`TrainConfig::from_file`] reads such a file
+//! back, so a run can be replayed exactly.
+
+use crate::error::{ExecError, Result};
+use fanout_compute::{ModelKind, PaperSetting};
+use fanout_graph::Residency;
+use fanout_sample::{SamplerKind, SamplerSpec};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// How the run is spread over workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// One worker: one pipeline feeding one trainer.
+    Single,
+    /// PaGraph's data parallelism: each worker trains a replica on its share of every step's
+    /// seeds (or on its partition's training vertices), gradients are summed across workers and
+    /// every replica takes the same optimiser step.
+    DataParallel,
+}
+
+impl StrategyKind {
+    /// The name used in configs and metrics (`single`, `data-parallel`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Single => "single",
+            StrategyKind::DataParallel => "data-parallel",
+        }
+    }
+}
+
+/// Where a partitioned data-parallel worker samples from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleScope {
+    /// Inside its partition (PaGraph's self-reliant workers): the partition holds the L-hop
+    /// in-neighbourhood of its training vertices, so a model of at most L layers never leaves
+    /// it; deeper models are refused.
+    #[default]
+    Partition,
+    /// From the whole graph (any depth).
+    Global,
+}
+
+/// The feature cache in front of the host feature store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSpec {
+    /// `none`, `random`, `degree` (PaGraph), `presc` or `prescK` (GNNLab).
+    pub policy: String,
+    /// A ratio of all vertices (`"0.1"`, `"10%"`), bytes (`"512MiB"`) or `"auto"`.
+    pub ratio: String,
+    /// Memory budget of `ratio = "auto"` (bytes, e.g. `"2GiB"`); `None`: what the device offers.
+    pub device_memory: Option<String>,
+    /// FastGL Match: reuse the previous batch's rows.
+    pub match_reorder: bool,
+    /// FastGL Greedy Reorder window in batches (needs `match_reorder`; 0 or 1: off).
+    pub reorder_window: usize,
+}
+
+impl Default for CacheSpec {
+    /// No cache (`policy = "none"`, `ratio = "0.1"` should one be chosen), no Match.
+    fn default() -> Self {
+        CacheSpec {
+            policy: "none".into(),
+            ratio: "0.1".into(),
+            device_memory: None,
+            match_reorder: false,
+            reorder_window: 0,
+        }
+    }
+}
+
+/// A training run. Serialises to and from JSON and TOML with these field names; unknown
+/// fields are refused (a misspelt setting is an error, not silently ignored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Dataset directory; `None`: a 100,000-vertex products-like graph generated in memory.
+    pub dataset: Option<PathBuf>,
+    /// The model.
+    pub model: ModelKind,
+    /// Per-hop fanouts in hop order from the seeds (`None`: the model's paper setting).
+    pub fanouts: Option<Vec<u32>>,
+    /// Seeds per step, over all workers together (`None`: 8000, or 1000 on the embedded graph).
+    pub batch_size: Option<usize>,
+    /// Hidden width (`None`: the model's paper setting).
+    pub hidden: Option<usize>,
+    /// Epochs (at least 1).
+    pub epochs: u64,
+    /// Adam learning rate (`None`: 0.003).
+    pub lr: Option<f32>,
+    /// L2 weight decay (PyTorch Adam semantics).
+    pub weight_decay: f32,
+    /// Dropout between layers, in `[0, 1)`.
+    pub dropout: f32,
+    /// Seed of initialisation, shuffling, sampling and dropout.
+    pub seed: u64,
+    /// Threads for sampling and compute in this process (`None`: all cores), shared by its
+    /// in-process workers.
+    pub threads: Option<usize>,
+    /// Evaluate every N epochs and after the last (0: only after the last).
+    pub eval_every: u64,
+    /// Batches queued between pipeline stages.
+    pub prefetch: usize,
+    /// The sampler (`kind = None`: random walks for PinSAGE, k-hop otherwise).
+    pub sampler: SamplerSpec,
+    /// The feature cache.
+    pub cache: CacheSpec,
+    /// Where features are read from during training.
+    pub feature_residency: Residency,
+    /// How the run is spread over workers (`None`: single for one worker, data-parallel for
+    /// more).
+    pub strategy: Option<StrategyKind>,
+    /// Workers: in-process threads groups, or under MPI the number of processes (which must
+    /// then match, or be left at 1).
+    pub workers: usize,
+    /// Partition under `DATASET/partitions/` whose training vertices the data-parallel
+    /// workers split (`None`: every step's seeds are sliced across the workers, so N workers
+    /// train exactly the one-worker batches).
+    pub partition: Option<String>,
+    /// Where partitioned workers sample from.
+    pub sample_from: SampleScope,
+}
+
+impl Default for TrainConfig {
+    /// GraphSAGE on the embedded graph: 10 epochs, dropout 0.5, seed 0, evaluation every
+    /// epoch, queues of 2, no cache, one worker; model-dependent settings unresolved.
+    fn default() -> Self {
+        TrainConfig {
+            dataset: None,
+            model: ModelKind::Sage,
+            fanouts: None,
+            batch_size: None,
+            hidden: None,
+            epochs: 10,
+            lr: None,
+            weight_decay: 0.0,
+            dropout: 0.5,
+            seed: 0,
+            threads: None,
+            eval_every: 1,
+            prefetch: 2,
+            sampler: SamplerSpec::default(),
+            cache: CacheSpec::default(),
+            feature_residency: Residency::Auto,
+            strategy: None,
+            workers: 1,
+            partition: None,
+            sample_from: SampleScope::Partition,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Reads a config from `path`: TOML (`.toml`), or JSON, either a config object or a
+    /// metrics file written by a run (its `"config"` member is taken, so the run is
+    /// replayed). Errors name the file and what was wrong.
+    pub fn from_file(path: &Path) -> Result<TrainConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ExecError::Invalid(format!("{}: {e}", path.display())))?;
+        let bad = |e: String| ExecError::Invalid(format!("{}: {e}", path.display()));
+        let is_toml = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        if is_toml {
+            return toml::from_str(&text).map_err(|e| bad(e.to_string()));
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not JSON or TOML: {e}")))?;
+        let value = match value.get("config") {
+            Some(c) if value.get("epochs").is_some_and(|e| e.is_array()) => c.clone(),
+            _ => value,
+        };
+        serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The strategy in effect: the configured one, else single for one worker and
+    /// data-parallel for more.
+    pub fn strategy_kind(&self) -> StrategyKind {
+        self.strategy.unwrap_or(if self.workers > 1 {
+            StrategyKind::DataParallel
+        } else {
+            StrategyKind::Single
+        })
+    }
+
+    /// The sampler kind in effect (random walks for PinSAGE unless set).
+    pub fn sampler_kind(&self) -> SamplerKind {
+        self.sampler
+            .kind
+            .unwrap_or(if self.model == ModelKind::PinSage {
+                SamplerKind::Randomwalk
+            } else {
+                SamplerKind::Khop
+            })
+    }
+
+    /// Checks what can be checked without the dataset: ranges and combinations of settings.
+    /// Errors read like the command line's (`--workers must be at least 1`).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(ExecError::Invalid(m.to_string()));
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1");
+        }
+        if self.batch_size == Some(0) {
+            return bad("--batch-size must be at least 1");
+        }
+        if self.hidden == Some(0) {
+            return bad("--hidden must be at least 1");
+        }
+        if self.threads == Some(0) {
+            return bad("--threads must be at least 1");
+        }
+        if self.workers == 0 {
+            return bad("--workers must be at least 1");
+        }
+        if let Some(f) = &self.fanouts {
+            if f.is_empty() {
+                return bad("--fanouts needs at least one hop");
+            }
+        }
+        let sane = |v: f32, min: f32| v.is_finite() && v >= min;
+        if self.lr.is_some_and(|lr| !sane(lr, f32::MIN_POSITIVE)) || !sane(self.weight_decay, 0.0) {
+            return bad("--lr must be positive and --weight-decay non-negative");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("--dropout must be in [0, 1)");
+        }
+        if self.cache.reorder_window > 1 && !self.cache.match_reorder {
+            return Err(ExecError::Invalid(format!(
+                "--reorder-window {}: reordering only helps Match (reuse of the previous \
+                 batch's rows); add --match-reorder",
+                self.cache.reorder_window
+            )));
+        }
+        match self.strategy_kind() {
+            StrategyKind::Single if self.workers > 1 => {
+                return Err(ExecError::Invalid(format!(
+                    "--strategy single runs one worker, not --workers {}; use --strategy \
+                     data-parallel",
+                    self.workers
+                )))
+            }
+            StrategyKind::Single if self.partition.is_some() => {
+                return bad("--partition is for --strategy data-parallel");
+            }
+            _ => {}
+        }
+        if self.partition.is_some() && self.dataset.is_none() {
+            return bad("--partition needs --dataset (partitions live beside a dataset)");
+        }
+        Ok(())
+    }
+
+    /// Fills in the settings whose defaults depend on the model and the dataset (fanouts,
+    /// batch size, hidden width, learning rate), from `in_dim` and `num_classes` of the
+    /// dataset. After this the config describes the run completely.
+    pub fn resolve(&mut self, in_dim: usize, num_classes: usize) {
+        let paper = PaperSetting::for_kind(self.model, in_dim, num_classes);
+        if self.fanouts.is_none() {
+            self.fanouts = Some(paper.fanouts.iter().map(|&k| k as u32).collect());
+        }
+        if self.batch_size.is_none() {
+            let embedded = self.dataset.is_none();
+            self.batch_size = Some(if embedded { 1000 } else { paper.batch_size });
+        }
+        if self.hidden.is_none() {
+            self.hidden = Some(paper.model.hidden);
+        }
+        if self.lr.is_none() {
+            self.lr = Some(paper.lr);
+        }
+        if self.sampler.kind.is_none() {
+            self.sampler.kind = Some(self.sampler_kind());
+        }
+        if self.strategy.is_none() {
+            self.strategy = Some(self.strategy_kind());
+        }
+    }
+
+    /// The first top-level setting in which `self` and `other` differ, as `name: a vs b`
+    /// (for refusing workers started with different configs); `None` when equal.
+    pub fn first_difference(&self, other: &TrainConfig) -> Option<String> {
+        let (a, b) = (
+            serde_json::to_value(self).ok()?,
+            serde_json::to_value(other).ok()?,
+        );
+        let (a, b) = (a.as_object()?, b.as_object()?);
+        a.iter().find(|(k, v)| b.get(*k) != Some(v)).map(|(k, v)| {
+            format!(
+                "{k}: {v} vs {}",
+                b.get(k).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_through_json_and_toml() {
+        let mut c = TrainConfig {
+            dataset: Some("data/cora".into()),
+            model: ModelKind::Gcn,
+            workers: 3,
+            partition: Some("pagraph-3".into()),
+            ..TrainConfig::default()
+        };
+        c.cache.policy = "degree".into();
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<TrainConfig>(&json).unwrap(), c);
+        let toml_text = toml::to_string(&c).unwrap();
+        assert_eq!(toml::from_str::<TrainConfig>(&toml_text).unwrap(), c);
+    }
+
+    #[test]
+    fn partial_files_take_defaults_and_unknown_keys_are_refused() {
+        let c: TrainConfig = toml::from_str("model = \"gat\"\nepochs = 3\n").unwrap();
+        assert_eq!(c.model, ModelKind::Gat);
+        assert_eq!(c.epochs, 3);
+        assert_eq!(c.dropout, 0.5);
+        let e = toml::from_str::<TrainConfig>("epoch = 3\n").unwrap_err();
+        assert!(e.to_string().contains("epoch"), "{e}");
+    }
+
+    #[test]
+    fn metrics_files_replay_their_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = TrainConfig {
+            epochs: 7,
+            seed: 11,
+            ..TrainConfig::default()
+        };
+        let metrics = serde_json::json!({ "test_acc": 0.5, "config": c, "epochs": [] });
+        let p = dir.path().join("m.json");
+        std::fs::write(&p, metrics.to_string()).unwrap();
+        assert_eq!(TrainConfig::from_file(&p).unwrap(), c);
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "epochs = \"many\"\n").unwrap();
+        let e = TrainConfig::from_file(&bad).unwrap_err().to_string();
+        assert!(e.contains("bad.toml") && e.contains("epochs"), "{e}");
+    }
+
+    #[test]
+    fn strategy_follows_workers_and_bad_combinations_are_refused() {
+        let mut c = TrainConfig::default();
+        assert_eq!(c.strategy_kind(), StrategyKind::Single);
+        c.workers = 2;
+        assert_eq!(c.strategy_kind(), StrategyKind::DataParallel);
+        assert!(c.validate().is_ok());
+        c.strategy = Some(StrategyKind::Single);
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--workers 2"));
+        let c = TrainConfig {
+            dropout: 1.0,
+            ..TrainConfig::default()
+        };
+        assert!(c.validate().is_err());
+        let c = TrainConfig {
+            partition: Some("p".into()),
+            workers: 2,
+            ..TrainConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("--dataset"));
+    }
+
+    #[test]
+    fn resolve_fills_model_defaults_and_differences_are_named() {
+        let mut c = TrainConfig {
+            model: ModelKind::PinSage,
+            ..TrainConfig::default()
+        };
+        c.resolve(100, 47);
+        assert_eq!(c.sampler.kind, Some(SamplerKind::Randomwalk));
+        assert_eq!(c.batch_size, Some(1000));
+        assert!(c.fanouts.is_some() && c.hidden.is_some() && c.lr.is_some());
+        let mut d = c.clone();
+        assert_eq!(c.first_difference(&d), None);
+        d.seed = 4;
+        assert_eq!(c.first_difference(&d).unwrap(), "seed: 0 vs 4");
+    }
+}

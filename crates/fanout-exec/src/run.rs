@@ -1,0 +1,657 @@
+//! The run API: one call trains a [`TrainConfig`] and returns a [`TrainOutcome`].
+//!
+//! [`train`] is what `fanout train` and the Python package call: it opens (or generates) the
+//! dataset once, starts `config.workers` in-process workers sharing it (each with its own
+//! threads), and returns rank 0's outcome. [`train_worker`] runs one worker of a group whose
+//! [`Comm`] the caller made (one MPI process of `mpirun -np N fanout train ...`).
+//!
+//! A worker is one pipeline feeding one trainer ([`crate::fit`]); the strategy decides which
+//! seeds it trains ([`crate::strategy::WorkerPlan`]). Workers first check that they were all
+//! given the same config. A worker that fails tells the others through [`Comm::fail`], so
+//! the run ends with that worker's message instead of hanging.
+
+use crate::config::{StrategyKind, TrainConfig};
+use crate::error::{ExecError, Result};
+use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
+use crate::metrics::RunMetrics;
+use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::strategy::WorkerPlan;
+use crate::trainer::{fit, FitConfig, FitObserver, Trainer};
+use fanout_cache::{
+    auto_cache_size, build_extractor, parse_bytes, AutoSize, CacheConfig, CacheSize, CacheSizeSpec,
+    PlainExtractor, Policy, PreSampling,
+};
+use fanout_comm::{Comm, CommError, CommStats, LocalComm};
+use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig};
+use fanout_graph::{Dataset, NoProgress, Progress};
+use fanout_sample::{LoaderConfig, Sampler};
+use fanout_synth::{generate, GenOptions, Preset};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Vertices of the embedded default dataset (products preset shape).
+pub const EMBEDDED_NODES: u64 = 100_000;
+/// Generator seed of the embedded default dataset.
+pub const EMBEDDED_SEED: u64 = 7;
+
+/// Checkpoint metadata keys with the run's settings, so evaluation repeats its sampling.
+pub mod checkpoint_meta {
+    /// Hop-order fanouts, comma-separated.
+    pub const FANOUTS: &str = "train.fanouts";
+    /// Seeds per evaluation batch.
+    pub const BATCH: &str = "train.batch_size";
+    /// The run's seed (keys evaluation sampling).
+    pub const SEED: &str = "train.seed";
+    /// "embedded" when trained on the embedded default dataset, else "dir".
+    pub const DATASET: &str = "train.dataset";
+    /// The whole resolved [`crate::TrainConfig`] as JSON (sampler settings included).
+    pub const CONFIG: &str = "train.config";
+}
+
+/// What a run needs from its host besides the config: where progress goes and, for
+/// `cache.ratio = "auto"`, how to measure memory.
+pub struct RunEnv<'a> {
+    /// Progress of dataset generation and feature copies (rank 0 only).
+    pub progress: &'a dyn Progress,
+    /// Measures the device's memory for PaGraph's trial batch; `None`: `auto` is refused.
+    pub probe: Option<&'a (dyn MemoryProbe + Sync)>,
+}
+
+impl Default for RunEnv<'_> {
+    /// No progress, no memory probe.
+    fn default() -> Self {
+        RunEnv {
+            progress: &NoProgress,
+            probe: None,
+        }
+    }
+}
+
+/// What one worker's run produced. Every worker of a run ends with the same parameters and
+/// the same [`RunMetrics`] (losses and accuracies are summed over workers); only rank 0
+/// should write files.
+pub struct TrainOutcome {
+    /// The config, resolved (model and dataset defaults filled in).
+    pub config: TrainConfig,
+    /// Per-epoch metrics and the best-validation test accuracy.
+    pub metrics: RunMetrics,
+    /// The best-validation model.
+    pub model: Model<CpuBackend>,
+    /// This worker's rank, and the number of workers.
+    pub rank: usize,
+    /// Workers in the run.
+    pub workers: usize,
+    /// The communicator's kind ("local", "mpi").
+    pub comm: &'static str,
+    /// Everything this worker sent through the communicator.
+    pub comm_stats: CommStats,
+    /// The feature cache as built (JSON, for the metrics file).
+    pub cache: serde_json::Value,
+    /// Name of the dataset ("embedded" or its directory).
+    pub dataset: String,
+    /// Whether features were read from a resident copy.
+    pub features_resident: bool,
+    /// Threads this worker computed on.
+    pub threads: usize,
+}
+
+impl TrainOutcome {
+    /// The metrics JSON of `fanout train --metrics-out`: the run's figures, the resolved
+    /// config under `"config"` (so the file replays the run), and the per-worker figures.
+    pub fn report(&self) -> serde_json::Value {
+        let c = &self.config;
+        serde_json::json!({
+            "model": c.model.name(),
+            "dataset": self.dataset,
+            "fanouts": c.fanouts,
+            "batch_size": c.batch_size,
+            "hidden": c.hidden,
+            "lr": c.lr,
+            "weight_decay": c.weight_decay,
+            "dropout": c.dropout,
+            "seed": c.seed,
+            "threads": self.threads,
+            "strategy": c.strategy_kind().name(),
+            "workers": self.workers,
+            "comm": { "kind": self.comm, "calls": self.comm_stats.calls,
+                      "bytes_sent": self.comm_stats.bytes_sent,
+                      "seconds": self.comm_stats.seconds },
+            "test_acc": self.metrics.test_acc,
+            "best_val_acc": self.metrics.best_val_acc,
+            "best_epoch": self.metrics.best_epoch,
+            "median_epoch_s": self.metrics.median_epoch_s,
+            "cache": self.cache,
+            "reorder_window": c.cache.reorder_window.max(1),
+            "features_resident": self.features_resident,
+            "epochs": self.metrics.epochs,
+            "config": c,
+        })
+    }
+
+    /// The best-validation model as a safetensors checkpoint carrying the run's settings
+    /// ([`checkpoint_meta`]), written atomically to `path`.
+    pub fn save_model(&self, path: &Path) -> Result<()> {
+        let c = &self.config;
+        let fanouts: Vec<String> = c.fanouts.iter().flatten().map(|k| k.to_string()).collect();
+        let config = serde_json::to_string(c).map_err(|e| ExecError::Invalid(e.to_string()))?;
+        let extra = vec![
+            (checkpoint_meta::FANOUTS.to_string(), fanouts.join(",")),
+            (
+                checkpoint_meta::BATCH.to_string(),
+                c.batch_size.unwrap_or(1).to_string(),
+            ),
+            (checkpoint_meta::SEED.to_string(), c.seed.to_string()),
+            (
+                checkpoint_meta::DATASET.to_string(),
+                if c.dataset.is_none() {
+                    "embedded"
+                } else {
+                    "dir"
+                }
+                .to_string(),
+            ),
+            (checkpoint_meta::CONFIG.to_string(), config),
+        ];
+        let bytes = io::to_bytes_with(&self.model, &extra)?;
+        Ok(io::save_bytes(&bytes, path)?)
+    }
+}
+
+/// Opens the config's dataset (its features copied into huge-page memory as
+/// `feature_residency` says) or generates the embedded one, and checks that it can be trained
+/// on (features, labels, classes, a training set).
+pub fn open_dataset(cfg: &TrainConfig, progress: &dyn Progress) -> Result<Arc<Dataset>> {
+    let mut ds = match &cfg.dataset {
+        Some(d) => Dataset::open(d)?,
+        None => {
+            let gen = Preset::Products.config(Some(EMBEDDED_NODES));
+            let opts = GenOptions {
+                seed: EMBEDDED_SEED,
+                ..GenOptions::default()
+            };
+            let (ds, _) = generate(&gen, &opts, None, progress)
+                .map_err(|e| ExecError::Invalid(format!("generating the embedded dataset: {e}")))?;
+            ds
+        }
+    };
+    // Feature gathers read random rows: from huge pages they miss the TLB far less.
+    ds.make_features_resident(cfg.feature_residency, progress)?;
+    let name = ds.dir.display().to_string();
+    let bad = |m: String| Err(ExecError::Invalid(format!("{name}: {m}")));
+    if ds.features.is_none() {
+        return bad("the dataset has no features; import it with --random-features DIM".into());
+    }
+    if ds.labels.is_none() {
+        return bad("the dataset has no labels (label.bin)".into());
+    }
+    if ds.meta.num_class == 0 {
+        return bad("NUM_CLASS is 0".into());
+    }
+    if ds.train.is_empty() {
+        return bad("the training set is empty".into());
+    }
+    Ok(Arc::new(ds))
+}
+
+/// Trains `cfg` in this process: one worker, or `cfg.workers` in-process workers (threads)
+/// sharing one opened dataset and splitting `cfg.threads` (default: all cores) between them.
+/// `obs` sees rank 0's progress. Returns rank 0's outcome; if any worker fails, the error of
+/// the worker that failed first.
+pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Result<TrainOutcome> {
+    cfg.validate()?;
+    let ds = open_dataset(cfg, env.progress)?;
+    let n = cfg.workers.max(1);
+    let mut group = LocalComm::group(n);
+    if n == 1 {
+        let comm = group.pop().expect("a group of one");
+        let pool = single_worker_pool(cfg.threads)?;
+        return train_worker(ds, cfg, &comm, pool, env, obs);
+    }
+    let threads = cfg.threads.unwrap_or_else(available_cores);
+    let per_worker = (threads / n).max(1);
+    let pools = (0..n)
+        .map(|r| worker_pool(per_worker, r))
+        .collect::<Result<Vec<_>>>()?;
+    let quiet_env = RunEnv {
+        progress: &NoProgress,
+        probe: env.probe,
+    };
+    std::thread::scope(|s| {
+        let mut members = group.into_iter();
+        let mut pools = pools.into_iter();
+        let comm0 = members.next().expect("rank 0");
+        let pool0 = pools.next().expect("rank 0's pool");
+        let others: Vec<_> = members
+            .zip(pools)
+            .map(|(comm, pool)| {
+                let (ds, env) = (ds.clone(), &quiet_env);
+                std::thread::Builder::new()
+                    .name(format!("worker-{}", comm.rank()))
+                    .spawn_scoped(s, move || {
+                        let r = train_worker(ds, cfg, &comm, Some(pool), env, &mut ());
+                        if let Err(e) = &r {
+                            comm.fail(&e.to_string());
+                        }
+                        r.map(|_| ())
+                    })
+                    .map_err(|e| ExecError::Invalid(format!("cannot start a worker thread: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        let first = train_worker(ds.clone(), cfg, &comm0, Some(pool0), env, obs);
+        if let Err(e) = &first {
+            comm0.fail(&e.to_string());
+        }
+        let mut errors: Vec<ExecError> = Vec::new();
+        for h in others {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(e),
+                Err(_) => errors.push(ExecError::Invalid("a worker thread panicked".into())),
+            }
+        }
+        match first {
+            Ok(out) if errors.is_empty() => Ok(out),
+            Ok(_) => Err(pick_error(errors)),
+            Err(e) => {
+                errors.insert(0, e);
+                Err(pick_error(errors))
+            }
+        }
+    })
+}
+
+/// Of several workers' errors, the one that caused the others: not a "rank R failed" echo.
+fn pick_error(errors: Vec<ExecError>) -> ExecError {
+    let echo = |e: &ExecError| matches!(e, ExecError::Comm(CommError::PeerFailed { .. }));
+    let mut errors = errors;
+    match errors.iter().position(|e| !echo(e)) {
+        Some(i) => errors.swap_remove(i),
+        None => errors.swap_remove(0),
+    }
+}
+
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn worker_pool(threads: usize, rank: usize) -> Result<Arc<rayon::ThreadPool>> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("w{rank}-{i}"))
+        .build()
+        .map(Arc::new)
+        .map_err(|e| ExecError::Invalid(format!("cannot start {threads} threads: {e}")))
+}
+
+/// One worker computes on the global pool (sized to `threads` when it can still be sized),
+/// or on a pool of its own when the global one already has another size.
+fn single_worker_pool(threads: Option<usize>) -> Result<Option<Arc<rayon::ThreadPool>>> {
+    let Some(t) = threads else { return Ok(None) };
+    if rayon::ThreadPoolBuilder::new()
+        .num_threads(t)
+        .build_global()
+        .is_ok()
+        || rayon::current_num_threads() == t
+    {
+        return Ok(None);
+    }
+    worker_pool(t, 0).map(Some)
+}
+
+/// Refuses a group whose workers were given different configs: every worker compares its
+/// config with rank 0's and all of them return the same error.
+fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mine = serde_json::to_vec(cfg).map_err(|e| ExecError::Invalid(e.to_string()))?;
+    let all = comm.all_gather(&mine)?;
+    let root: TrainConfig = serde_json::from_slice(&all[0])
+        .map_err(|e| ExecError::Invalid(format!("rank 0 sent an unreadable config: {e}")))?;
+    for (rank, bytes) in all.iter().enumerate().skip(1) {
+        let other: TrainConfig = serde_json::from_slice(bytes).map_err(|e| {
+            ExecError::Invalid(format!("rank {rank} sent an unreadable config: {e}"))
+        })?;
+        if let Some(d) = root.first_difference(&other) {
+            return Err(ExecError::Invalid(format!(
+                "workers were started with different configs: rank 0 and rank {rank} differ in {d}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs one worker of a group: `comm` joins it to the others (a one-member group for a
+/// single-worker run), `pool` is where it computes (`None`: the global rayon pool). Every
+/// worker of the group must be given the same `cfg` (checked first) and a dataset with the
+/// same content. Returns this worker's outcome; see [`TrainOutcome`].
+pub fn train_worker(
+    ds: Arc<Dataset>,
+    cfg: &TrainConfig,
+    comm: &dyn Comm,
+    pool: Option<Arc<rayon::ThreadPool>>,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
+    cfg.validate()?;
+    check_same_config(cfg, comm)?;
+    let (rank, workers) = (comm.rank(), comm.size());
+    if cfg.workers != workers && !(cfg.workers == 1 && comm.kind() == "mpi") {
+        return Err(ExecError::Invalid(format!(
+            "the config asks for {} workers but {workers} were started",
+            cfg.workers
+        )));
+    }
+    let strategy = cfg.strategy_kind();
+    if workers > 1 && strategy == StrategyKind::Single {
+        return Err(ExecError::Invalid(format!(
+            "{workers} workers were started for --strategy single; use --strategy data-parallel"
+        )));
+    }
+    let mut cfg = cfg.clone();
+    cfg.workers = workers;
+    let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
+    cfg.resolve(in_dim, ds.meta.num_class as usize);
+    let fanouts = cfg.fanouts.clone().unwrap_or_default();
+    let batch_size = cfg.batch_size.unwrap_or(1);
+    let plan = WorkerPlan::new(&ds, &cfg, rank, workers)?;
+    let sampler = cfg
+        .sampler
+        .build(&ds, fanouts.clone(), cfg.sampler_kind())?;
+
+    let model_cfg = ModelConfig {
+        hidden: cfg.hidden.unwrap_or(1),
+        num_layers: fanouts.len(),
+        dropout: cfg.dropout,
+        seed: cfg.seed,
+        ..fanout_compute::PaperSetting::for_kind(cfg.model, in_dim, ds.meta.num_class as usize)
+            .model
+    };
+    model_cfg.validate()?;
+    let be = CpuBackend;
+    let model = Model::new(be, model_cfg.clone())?;
+    let opt = Adam::new(be, cfg.lr.unwrap_or(0.003)).with_weight_decay(cfg.weight_decay);
+    let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
+    let threads = pool
+        .as_ref()
+        .map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+
+    let pcfg = PipelineConfig {
+        batch_size: plan.batch_size,
+        shuffle: true,
+        seed: cfg.seed,
+        prefetch: cfg.prefetch.max(1),
+        sample_workers: 1,
+        reorder_window: if cfg.cache.match_reorder {
+            cfg.cache.reorder_window
+        } else {
+            0
+        },
+        plan: plan.train_plan,
+        pool: pool.clone(),
+    };
+    let (extractor, cache_json, cache_line) =
+        build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
+    if let Some(line) = cache_line {
+        obs.note(&line);
+    }
+    let train = Pipeline::new(sampler.clone(), extractor, plan.train_seeds.clone(), &pcfg)?;
+    let eval_cfg = PipelineConfig {
+        batch_size,
+        plan: plan.eval_plan,
+        ..pcfg.for_evaluation()
+    };
+    let split = |v: Vec<u32>| -> Result<Option<Pipeline>> {
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let ex = PlainExtractor::new(ds.clone())?;
+        Pipeline::new(sampler.clone(), Box::new(ex), v, &eval_cfg).map(Some)
+    };
+    let valid = split(ds.valid.to_vec())?;
+    let test = split(ds.test.to_vec())?;
+
+    let dataset = match &cfg.dataset {
+        None => "embedded".to_string(),
+        Some(d) => d.display().to_string(),
+    };
+    let fanout_str: Vec<String> = fanouts.iter().map(|k| k.to_string()).collect();
+    obs.note(&format!(
+        "{} on {} ({} vertices, {} train / {} valid / {} test): {} layers, hidden {}, fanouts {}, batch {}, lr {}, {} parameters{}",
+        cfg.model.name(),
+        if cfg.dataset.is_none() { "the embedded graph".to_string() } else { ds.dir.display().to_string() },
+        ds.num_nodes(),
+        ds.train.len(),
+        ds.valid.len(),
+        ds.test.len(),
+        model_cfg.num_layers,
+        model_cfg.hidden,
+        fanout_str.join(","),
+        batch_size,
+        cfg.lr.unwrap_or(0.0),
+        trainer.model().num_params(),
+        plan.describe(workers, threads),
+    ));
+    let fit_cfg = FitConfig {
+        epochs: cfg.epochs,
+        eval_every: cfg.eval_every,
+    };
+    let metrics = fit(
+        &mut trainer,
+        &train,
+        valid.as_ref().map(|p| p as &dyn crate::BatchSource),
+        test.as_ref().map(|p| p as &dyn crate::BatchSource),
+        fit_cfg,
+        comm,
+        obs,
+    )?;
+    Ok(TrainOutcome {
+        config: cfg,
+        metrics,
+        model: trainer.into_model(),
+        rank,
+        workers,
+        comm: comm.kind(),
+        comm_stats: comm.stats(),
+        cache: cache_json,
+        dataset,
+        features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),
+        threads,
+    })
+}
+
+/// Builds the training pipeline's extractor: plain, or with the configured cache (sized by
+/// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
+/// summary line for the user.
+#[allow(clippy::type_complexity)]
+fn build_cache(
+    ds: &Arc<Dataset>,
+    cfg: &TrainConfig,
+    sampler: &Arc<dyn Sampler>,
+    plan: &WorkerPlan,
+    pcfg: &PipelineConfig,
+    trainer: &mut Trainer<CpuBackend>,
+    env: &RunEnv,
+) -> Result<(
+    Box<dyn fanout_cache::Extractor>,
+    serde_json::Value,
+    Option<String>,
+)> {
+    let c = &cfg.cache;
+    let policy = match c.policy.trim() {
+        "none" | "" => None,
+        p => Some(
+            p.parse::<Policy>()
+                .map_err(|e| ExecError::Invalid(format!("--cache-policy: {e}")))?,
+        ),
+    };
+    let size_spec = CacheSizeSpec::parse(&c.ratio)
+        .map_err(|e| ExecError::Invalid(format!("--cache-ratio: {e}, or auto")))?;
+    if size_spec == CacheSizeSpec::Auto && policy.is_none() {
+        return Err(ExecError::Invalid(
+            "--cache-ratio auto sizes a feature cache: give --cache-policy random, degree or presc"
+                .into(),
+        ));
+    }
+    if c.device_memory.is_some() && size_spec != CacheSizeSpec::Auto {
+        return Err(ExecError::Invalid(
+            "--device-memory is the budget of --cache-ratio auto; add --cache-ratio auto".into(),
+        ));
+    }
+    if policy.is_none() && !c.match_reorder {
+        let ex = PlainExtractor::new(ds.clone())?;
+        let json = serde_json::json!({ "policy": "none", "rows": 0 });
+        return Ok((Box::new(ex), json, None));
+    }
+    let (size, auto) = match size_spec {
+        CacheSizeSpec::Fixed(s) => (s, None),
+        CacheSizeSpec::Auto => {
+            let (rows, t, z) = auto_size(ds, cfg, sampler, plan, pcfg, trainer, env)?;
+            (CacheSize::Rows(rows), Some((t, z)))
+        }
+    };
+    let cache = CacheConfig {
+        policy,
+        size,
+        match_previous: c.match_reorder,
+        seed: cfg.seed,
+        ranking: plan.cache_ranking(ds, policy),
+    };
+    let pre = PreSampling {
+        sampler: sampler.clone(),
+        seeds: &plan.train_seeds,
+        loader: LoaderConfig {
+            batch_size: plan.batch_size,
+            shuffle: true,
+            seed: cfg.seed,
+            ..LoaderConfig::default()
+        },
+    };
+    let (ex, summary) = build_extractor(ds.clone(), &cache, Some(&pre))?;
+    let how = match &auto {
+        None if cache.policy.is_none() => String::new(),
+        None => format!("; size set by hand (--cache-ratio {})", c.ratio.trim()),
+        Some((t, z)) => format!(
+            "; size auto: device memory {}, trial-batch peak {} (step {} + model state {}), \
+             queued batches {}, margin {} -> cache {} = {} rows{}",
+            mib(z.device_memory),
+            mib(z.trial_peak),
+            mib(t.step_peak),
+            mib(t.model_state),
+            mib(z.prefetch_buffers),
+            mib(z.margin),
+            mib(z.budget),
+            z.rows,
+            if z.rows == 0 {
+                " (no memory left for a cache: 0 rows)"
+            } else {
+                ""
+            }
+        ),
+    };
+    let line = format!(
+        "feature cache: {} holding {} rows ({:.1}% of vertices, {:.1} MB){}{}{}{}",
+        summary.policy,
+        summary.rows,
+        100.0 * summary.ratio,
+        summary.bytes as f64 / 1e6,
+        if cache.ranking.is_some() {
+            ", ranked within this worker's partition"
+        } else {
+            ""
+        },
+        if summary.match_previous {
+            ", reusing the previous batch's rows"
+        } else {
+            ""
+        },
+        if pcfg.window() > 1 {
+            format!(", Greedy Reorder in windows of {} batches", pcfg.window())
+        } else {
+            String::new()
+        },
+        how
+    );
+    let json = serde_json::json!({
+        "policy": summary.policy,
+        "rows": summary.rows,
+        "ratio": summary.ratio,
+        "bytes": summary.bytes,
+        "match_previous": summary.match_previous,
+        "ranked_in_partition": cache.ranking.is_some(),
+        "size_chosen": if auto.is_some() { "auto" } else { "by hand" },
+        "cache_ratio": c.ratio.trim(),
+        "auto": auto.map(|(t, z)| serde_json::json!({
+            "device_memory": z.device_memory,
+            "trial_peak": z.trial_peak,
+            "trial_step_peak": t.step_peak,
+            "model_state": t.model_state,
+            "trial_batch_bytes": t.batch_bytes,
+            "trial_feature_bytes": t.feature_bytes,
+            "trial_input_nodes": t.input_nodes,
+            "prefetch_buffers": z.prefetch_buffers,
+            "margin": z.margin,
+            "budget": z.budget,
+            "row_bytes": ds.features.as_ref().map_or(0, |f| f.row_bytes()),
+            "num_nodes": ds.num_nodes(),
+            "rows": z.rows,
+        })),
+    });
+    Ok((Box::new(ex), json, Some(line)))
+}
+
+/// PaGraph's cache sizing: one trial step measures the peak, the cache gets what is left.
+fn auto_size(
+    ds: &Arc<Dataset>,
+    cfg: &TrainConfig,
+    sampler: &Arc<dyn Sampler>,
+    plan: &WorkerPlan,
+    pcfg: &PipelineConfig,
+    trainer: &mut Trainer<CpuBackend>,
+    env: &RunEnv,
+) -> Result<(usize, TrialMemory, AutoSize)> {
+    let probe = env.probe.ok_or_else(|| {
+        ExecError::Invalid("--cache-ratio auto needs a memory probe, which this host lacks".into())
+    })?;
+    let device_memory = match &cfg.cache.device_memory {
+        Some(t) => {
+            parse_bytes(t).map_err(|e| ExecError::Invalid(format!("--device-memory: {e}")))?
+        }
+        None => probe.available().map_err(|e| {
+            ExecError::Invalid(format!(
+                "--cache-ratio auto: no --device-memory given and the {}'s size is unknown: \
+                 {e}; give --device-memory BYTES",
+                probe.name()
+            ))
+        })?,
+    };
+    let mut ex = PlainExtractor::new(ds.clone())?;
+    let trial = measure_trial_batch(trainer, sampler, &mut ex, &plan.train_seeds, pcfg, probe)
+        .map_err(|e| {
+            ExecError::Invalid(format!("--cache-ratio auto: the trial batch failed: {e}"))
+        })?;
+    let f = ds
+        .features
+        .as_ref()
+        .ok_or_else(|| ExecError::Invalid("the dataset has no features".into()))?;
+    let sized = auto_cache_size(
+        device_memory,
+        trial.peak(),
+        trial.queued_bytes(pcfg),
+        ds.num_nodes() as usize,
+        f.row_bytes(),
+    )
+    .map_err(|e| {
+        ExecError::Invalid(format!(
+            "--cache-ratio auto with --device-memory {}: {e}; raise --device-memory or lower \
+             --batch-size",
+            mib(device_memory)
+        ))
+    })?;
+    Ok((sized.rows, trial, sized))
+}
+
+/// Bytes as MiB with one decimal, for summaries.
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}

@@ -1,0 +1,136 @@
+//! Strategies: which seeds each worker trains, and how its batches are cut.
+//!
+//! Every strategy runs the same training loop ([`crate::fit`]) over a [`crate::BatchSource`];
+//! a strategy only decides each worker's [`WorkerPlan`] (and, through `fit`'s communicator,
+//! how replicas are kept equal):
+//!
+//! - **single**: one worker trains the whole training set in batches of `batch_size`.
+//! - **data-parallel** without a partition: every step's global batch (the one-worker batch)
+//!   is sliced across the workers ([`BatchPlan::Slice`]), so N workers compute exactly the
+//!   one-worker gradient, up to rounding, whatever N.
+//! - **data-parallel** over a PaGraph partition (`partition = NAME`): worker `r` trains the
+//!   training vertices of part `r`, cut into the same number of steps as every other worker
+//!   (`ceil(|train| / batch_size)`, [`BatchPlan::Steps`]); its degree cache ranks vertices
+//!   by their degree inside its part. Self-reliant sampling needs no copy of the graph: a
+//!   part holds the whole L-hop in-neighbourhood of its training vertices, so sampling at
+//!   most L hops from them never leaves it.
+//!
+//! Evaluation is always sliced ([`BatchPlan::Slice`]): the union of the workers' evaluation
+//! batches is the one-worker batch under the same key, so N workers report exactly the
+//! one-worker accuracy of the same parameters.
+
+use crate::config::{SampleScope, StrategyKind, TrainConfig};
+use crate::error::{ExecError, Result};
+use fanout_cache::Policy;
+use fanout_graph::{part_degree_ranking, Dataset, Partition};
+use fanout_sample::{BatchPlan, SamplerKind};
+
+/// One worker's share of a run.
+#[derive(Clone, Debug)]
+pub struct WorkerPlan {
+    /// The training seeds this worker's loader holds (all of them when batches are sliced).
+    pub train_seeds: Vec<u32>,
+    /// How its training epochs are cut.
+    pub train_plan: BatchPlan,
+    /// How its evaluation passes are cut.
+    pub eval_plan: BatchPlan,
+    /// Batch size handed to its loader: the global batch when slicing, else about its own
+    /// share of a step (what PreSC pre-samples with).
+    pub batch_size: usize,
+    /// The partition's name and this worker's part, for partitioned data parallelism.
+    pub part: Option<(String, Vec<u32>)>,
+}
+
+impl WorkerPlan {
+    /// The plan of worker `rank` of `workers` under `cfg` (resolved). Errors: a partition
+    /// that cannot be opened or whose part count differs from `workers`, and self-reliant
+    /// sampling deeper than the partition's hops.
+    pub fn new(ds: &Dataset, cfg: &TrainConfig, rank: usize, workers: usize) -> Result<Self> {
+        let batch = cfg.batch_size.unwrap_or(1).max(1);
+        let all = ds.train.to_vec();
+        if cfg.strategy_kind() == StrategyKind::Single || workers == 1 && cfg.partition.is_none() {
+            return Ok(WorkerPlan {
+                train_seeds: all,
+                train_plan: BatchPlan::Whole,
+                eval_plan: BatchPlan::Whole,
+                batch_size: batch,
+                part: None,
+            });
+        }
+        let slice = BatchPlan::Slice { rank, workers };
+        let Some(name) = &cfg.partition else {
+            return Ok(WorkerPlan {
+                train_seeds: all,
+                train_plan: slice,
+                eval_plan: slice,
+                batch_size: batch,
+                part: None,
+            });
+        };
+        let mut p = Partition::open(&ds.dir, name)?;
+        if p.parts != workers {
+            return Err(ExecError::Invalid(format!(
+                "partition {name} of {} has {} parts but the run has {workers} workers; \
+                 partition with --parts {workers}",
+                ds.dir.display(),
+                p.parts
+            )));
+        }
+        let layers = cfg.fanouts.as_ref().map_or(0, Vec::len);
+        if cfg.sample_from == SampleScope::Partition {
+            let kind = cfg.sampler_kind();
+            if kind == SamplerKind::Randomwalk || layers > p.hops {
+                return Err(ExecError::Invalid(format!(
+                    "partition {name} holds the {}-hop neighbourhood of its training vertices, \
+                     but the {} sampler with {layers} layers reaches further; repartition with \
+                     --hops {layers} or add --sample-from global",
+                    p.hops,
+                    match kind {
+                        SamplerKind::Randomwalk => "random-walk",
+                        SamplerKind::Khop => "k-hop",
+                        SamplerKind::Weighted => "weighted",
+                        SamplerKind::Layerwise => "layer-wise",
+                    }
+                )));
+            }
+        }
+        let steps = all.len().div_ceil(batch);
+        let train_seeds = std::mem::take(&mut p.train[rank]);
+        Ok(WorkerPlan {
+            batch_size: train_seeds.len().div_ceil(steps).max(1),
+            train_seeds,
+            train_plan: BatchPlan::Steps(steps),
+            eval_plan: slice,
+            part: Some((name.clone(), std::mem::take(&mut p.vertices[rank]))),
+        })
+    }
+
+    /// The cache ranking that replaces `policy`'s own: PaGraph's degree inside this worker's
+    /// part for the degree policy; `None` otherwise (the policy ranks the whole graph, and
+    /// PreSC pre-samples this worker's own seeds).
+    pub fn cache_ranking(&self, ds: &Dataset, policy: Option<Policy>) -> Option<Vec<u32>> {
+        match (&self.part, policy) {
+            (Some((_, vertices)), Some(Policy::Degree)) => Some(part_degree_ranking(ds, vertices)),
+            _ => None,
+        }
+    }
+
+    /// A phrase for the run's summary line ("" for one worker).
+    pub fn describe(&self, workers: usize, threads: usize) -> String {
+        if workers == 1 {
+            return String::new();
+        }
+        match &self.part {
+            None => format!(
+                "; data-parallel over {workers} workers ({threads} threads each), each step's \
+                 batch split between them"
+            ),
+            Some((name, vertices)) => format!(
+                "; data-parallel over {workers} workers ({threads} threads each) on partition \
+                 {name}: this worker trains {} seeds in a part of {} vertices",
+                self.train_seeds.len(),
+                vertices.len()
+            ),
+        }
+    }
+}

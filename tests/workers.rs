@@ -1,0 +1,151 @@
+//! End-to-end tests of runs over several workers and of run configs: `--workers N` trains the
+//! one-worker model (data parallelism over sliced batches), metrics record every worker and
+//! the full config, `--config` reads TOML and replays a metrics file, and bad combinations
+//! fail cleanly.
+
+mod common;
+
+use common::{fails, ok, ok_json, s, tiny};
+use serde_json::Value;
+use std::path::Path;
+
+fn small<'a>(ds: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--dataset",
+        ds,
+        "--fanouts",
+        "5,5",
+        "--batch-size",
+        "128",
+        "--hidden",
+        "32",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.01",
+        "--threads",
+        "2",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+#[test]
+fn workers_train_the_one_worker_model_and_report_each_worker() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let (m1, m3) = (t.path().join("m1.json"), t.path().join("m3.json"));
+    ok(&small(&ds, &["--metrics-out", s(&m1)]));
+    let out = ok(&small(&ds, &["--workers", "3", "--metrics-out", s(&m3)]));
+    assert!(out.contains("data-parallel over 3 workers"), "{out}");
+    assert!(out.contains("allreduce"), "{out}");
+    let (j1, j3) = (read_json(&m1), read_json(&m3));
+    let train = ok_json(&["dataset", "info", "--json", &ds])["train"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(j3["workers"], 3);
+    assert_eq!(j3["strategy"], "data-parallel");
+    assert_eq!(j3["config"]["workers"], 3);
+    assert_eq!(j1["workers"], 1);
+    for (a, b) in j3["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(j1["epochs"].as_array().unwrap())
+    {
+        let (la, lb) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((la - lb).abs() < 1e-3, "loss {la} vs {lb}");
+        let w = a["workers"].as_array().unwrap();
+        assert_eq!(w.len(), 3);
+        for (rank, wk) in w.iter().enumerate() {
+            assert_eq!(wk["rank"], rank);
+            assert!(wk["allreduce_bytes"].as_u64().unwrap() > 0);
+            assert_eq!(wk["batches"], a["batches"]);
+        }
+        // Every training seed is trained once per epoch, over the workers together.
+        let seeds: u64 = w.iter().map(|wk| wk["seeds"].as_u64().unwrap()).sum();
+        assert_eq!(seeds, train);
+    }
+    let (t1, t3) = (
+        j1["test_acc"].as_f64().unwrap(),
+        j3["test_acc"].as_f64().unwrap(),
+    );
+    assert!((t1 - t3).abs() < 0.02, "test accuracy {t1} vs {t3}");
+}
+
+#[test]
+fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let cfg = t.path().join("run.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "dataset = {ds:?}\nfanouts = [5, 5]\nbatch_size = 128\nhidden = 16\nepochs = 4\n\
+             lr = 0.01\nseed = 3\n[cache]\npolicy = \"degree\"\nratio = \"0.2\"\n"
+        ),
+    )
+    .unwrap();
+    let m = t.path().join("m.json");
+    ok(&[
+        "train",
+        "--config",
+        s(&cfg),
+        "--epochs",
+        "2",
+        "--metrics-out",
+        s(&m),
+    ]);
+    let j = read_json(&m);
+    assert_eq!(j["config"]["epochs"], 2, "the flag overrides the file");
+    assert_eq!(j["config"]["hidden"], 16);
+    assert_eq!(j["config"]["seed"], 3);
+    assert_eq!(j["cache"]["policy"], "degree");
+    assert_eq!(j["epochs"].as_array().unwrap().len(), 2);
+    // Replaying the metrics file reproduces the run.
+    let m2 = t.path().join("m2.json");
+    ok(&["train", "--config", s(&m), "--metrics-out", s(&m2)]);
+    let j2 = read_json(&m2);
+    assert_eq!(j2["test_acc"], j["test_acc"]);
+    assert_eq!(j2["config"], j["config"]);
+    // A misspelt setting in a file is refused by name.
+    std::fs::write(&cfg, "epoch = 3\n").unwrap();
+    fails(&["train", "--config", s(&cfg)], 1, &["run.toml", "epoch"]);
+}
+
+#[test]
+fn bad_worker_settings_fail_cleanly() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    fails(
+        &small(&ds, &["--workers", "2", "--strategy", "single"]),
+        1,
+        &["--workers 2", "data-parallel"],
+    );
+    fails(&small(&ds, &["--workers", "0"]), 1, &["--workers"]);
+    fails(
+        &small(&ds, &["--workers", "2", "--partition", "nope-2"]),
+        1,
+        &["nope-2"],
+    );
+    // Started by an MPI launcher without MPI support: refused, not N unrelated runs.
+    if !cfg!(feature = "mpi") {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(small(&ds, &[]))
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_RANK", "0")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("--features mpi") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}
