@@ -51,4 +51,3 @@ pub use sampler::Sampler;
 pub use weighted::{WeightedConfig, WeightedSampler};
 pub mod spec;
 pub use spec::{SamplerKind, SamplerSpec};
-pub mod spec; pub use spec::{SamplerKind, SamplerSpec};
