@@ -333,23 +333,26 @@ pub fn train_worker(
     env: &RunEnv,
     obs: &mut dyn FitObserver,
 ) -> Result<TrainOutcome> {
-    cfg.validate()?;
     check_same_config(cfg, comm)?;
     let (rank, workers) = (comm.rank(), comm.size());
-    if cfg.workers != workers && !(cfg.workers == 1 && comm.kind() == "mpi") {
+    let mut cfg = cfg.clone();
+    // Under MPI the launcher sets the worker count (`mpirun -np N`); a config may leave it
+    // at 1 or repeat it.
+    if comm.kind() == "mpi" && cfg.workers == 1 {
+        cfg.workers = workers;
+    }
+    if cfg.workers != workers {
         return Err(ExecError::Invalid(format!(
             "the config asks for {} workers but {workers} were started",
             cfg.workers
         )));
     }
-    let strategy = cfg.strategy_kind();
-    if workers > 1 && strategy == StrategyKind::Single {
+    cfg.validate()?;
+    if workers > 1 && cfg.strategy_kind() == StrategyKind::Single {
         return Err(ExecError::Invalid(format!(
             "{workers} workers were started for --strategy single; use --strategy data-parallel"
         )));
     }
-    let mut cfg = cfg.clone();
-    cfg.workers = workers;
     let in_dim = ds.features.as_ref().map_or(0, |f| f.dim);
     cfg.resolve(in_dim, ds.meta.num_class as usize);
     let fanouts = cfg.fanouts.clone().unwrap_or_default();
