@@ -16,6 +16,25 @@ use std::time::{Duration, Instant};
 /// The largest element count of one MPI call (MPI counts and displacements are C `int`s).
 const MAX_COUNT: u64 = i32::MAX as u64;
 
+/// A zero-filled buffer of `len` elements whose address is a real allocation even when empty.
+///
+/// Open MPI's `MPI_IN_PLACE` is the address 1, which is also where an empty Rust slice of bytes
+/// points; passed as a collective's buffer, it would mean "in place" (or be rejected).
+fn buffer<T: Clone + Default>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len.max(1));
+    v.resize(len, T::default());
+    v
+}
+
+/// `s`, or an empty slice at `pad`'s (real) address when `s` is empty (see [`buffer`]).
+fn real<'a, T>(s: &'a [T], pad: &'a [T; 1]) -> &'a [T] {
+    if s.is_empty() {
+        &pad[..0]
+    } else {
+        s
+    }
+}
+
 /// A worker of an MPI job: rank and size of (a duplicate of) `MPI_COMM_WORLD`.
 ///
 /// Made once per process by [`MpiComm::init`]; it keeps MPI initialised for its lifetime and
@@ -161,14 +180,18 @@ impl MpiComm {
         let cm = ranges[self.rank].len();
         let recv_counts: Vec<Count> = vec![cm as Count; n];
         let recv_displs: Vec<Count> = (0..n).map(|i| (i * cm) as Count).collect();
-        let mut recv = vec![T::default(); n * cm];
+        if len == 0 {
+            self.stats.record(start, 0);
+            return Ok(());
+        }
+        let mut recv = buffer::<T>(n * cm);
         {
             let send = Partition::new(&*buf, &counts[..], &displs[..]);
             let mut into = PartitionMut::new(&mut recv[..], &recv_counts[..], &recv_displs[..]);
             self.comm.all_to_all_varcount_into(&send, &mut into);
         }
         let pieces: Vec<&[T]> = (0..n).map(|i| &recv[i * cm..(i + 1) * cm]).collect();
-        let mut summed = vec![T::default(); cm];
+        let mut summed = buffer::<T>(cm);
         sum_in_order(&pieces, &mut summed);
         {
             let mut into = PartitionMut::new(&mut *buf, &counts[..], &displs[..]);
@@ -214,7 +237,7 @@ impl MpiComm {
         }
         let send_counts: Vec<Count> = send.iter().map(|v| v.len() as Count).collect();
         let mut send_displs = Vec::with_capacity(n);
-        let mut flat = Vec::with_capacity(send.iter().map(Vec::len).sum());
+        let mut flat = Vec::with_capacity(send.iter().map(Vec::len).sum::<usize>().max(1));
         for v in send {
             send_displs.push(flat.len() as Count);
             flat.extend_from_slice(v);
@@ -231,7 +254,7 @@ impl MpiComm {
             recv_displs.push(total as Count);
             total += c as usize;
         }
-        let mut recv = vec![T::default(); total];
+        let mut recv = buffer::<T>(total);
         {
             let from = Partition::new(&flat[..], &send_counts[..], &send_displs[..]);
             let mut into = PartitionMut::new(&mut recv[..], &recv_counts[..], &recv_displs[..]);
@@ -354,10 +377,12 @@ impl Comm for MpiComm {
             displs.push(at);
             at += c;
         }
-        let mut recv = vec![0u8; total as usize];
+        let mut recv = buffer::<u8>(total as usize);
+        let pad = [0u8];
         {
             let mut into = PartitionMut::new(&mut recv[..], &counts[..], &displs[..]);
-            self.comm.all_gather_varcount_into(mine, &mut into);
+            self.comm
+                .all_gather_varcount_into(real(mine, &pad), &mut into);
         }
         let out = (0..n)
             .map(|i| recv[displs[i] as usize..(displs[i] + counts[i]) as usize].to_vec())
