@@ -366,7 +366,7 @@ fn stats_count_calls_and_bytes(c: &dyn Comm) -> std::result::Result<(), String> 
             after.bytes_sent - before.bytes_sent
         ));
     }
-    if !(after.seconds >= before.seconds) {
+    if after.seconds.is_nan() || after.seconds < before.seconds {
         return Err(format!(
             "seconds went from {} to {}",
             before.seconds, after.seconds
