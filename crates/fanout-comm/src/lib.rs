@@ -108,7 +108,8 @@ impl std::error::Error for CommError {}
 /// sends nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct CommStats {
-    /// Calls made (every method except `rank`, `size`, `kind`, `fail` and `stats`).
+    /// Calls that returned `Ok` (of every method except `rank`, `size`, `kind`, `fail` and
+    /// `stats`).
     pub calls: u64,
     /// Payload bytes sent to other ranks (see the type's doc).
     pub bytes_sent: u64,
@@ -146,7 +147,8 @@ pub trait Comm: Send + Sync {
     fn broadcast(&self, root: usize, buf: &mut Vec<u8>) -> Result<()>;
     /// Every rank's bytes, indexed by rank (variable lengths).
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
-    /// send[j] goes to rank j; returns recv[i] = what rank i sent to me. Variable lengths.
+    /// `send[j]` goes to rank j; returns `recv` with `recv[i]` = what rank i sent to me. Variable
+    /// lengths.
     /// `send.len()` must be `size()` on every rank (Err(Invalid) on every rank otherwise).
     fn all_to_all_v(&self, send: &[Vec<u8>]) -> Result<Vec<Vec<u8>>>;
     /// [`Comm::all_to_all_v`] for f32 values.
@@ -365,6 +367,15 @@ mod tests {
         assert_eq!(sum_bytes_sent(10, 2, 0, 4), 40);
         // n = 3, len 10: rank 0's chunk is 4: sends 6, then 4 to each of 2 ranks.
         assert_eq!(sum_bytes_sent(10, 3, 0, 8), (6 + 8) * 8);
+    }
+
+    #[test]
+    fn launched_by_mpi_reads_the_launcher_variables() {
+        // `cargo test` does not run under a launcher (mpi_check covers the other case).
+        let vars = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"];
+        if vars.iter().all(|v| std::env::var_os(v).is_none()) {
+            assert!(!launched_by_mpi());
+        }
     }
 
     #[test]

@@ -74,7 +74,8 @@ fn poisoned(st: &State, collective: bool) -> Option<CommError> {
 /// member returns [`CommError::PeerFailed`]; dropping a member (its thread returned or panicked)
 /// makes the others' pending and later collectives, and their `recv` from it once its queued
 /// messages are read, return [`CommError::PeerFailed`] with "exited ..." or "panicked".
-/// A group of one does no locking.
+/// Collectives of a group of one take no lock and copy only what they return. Two threads of one
+/// rank must not be in collectives at once (the second gets [`CommError::Invalid`]).
 pub struct LocalComm {
     rank: usize,
     shared: Arc<Shared>,
@@ -114,6 +115,13 @@ impl LocalComm {
         let mut st = self.shared.lock();
         if let Some(e) = poisoned(&st, true) {
             return Err(e);
+        }
+        if st.slots[self.rank].is_some() {
+            return Err(CommError::Invalid(format!(
+                "{}: rank {} is already in a collective on another thread",
+                op.name(),
+                self.rank
+            )));
         }
         let my_gen = st.generation;
         st.slots[self.rank] = Some((op, Box::new(payload)));

@@ -275,3 +275,35 @@ fn comm_is_object_safe_and_shareable() {
         .collect();
     assert_eq!(g[0].size(), 1);
 }
+
+#[test]
+fn a_second_concurrent_collective_on_one_rank_is_refused() {
+    let mut g = LocalComm::group(2);
+    let r1 = g.pop().unwrap();
+    let r0 = std::sync::Arc::new(g.pop().unwrap());
+    let first = {
+        let r0 = std::sync::Arc::clone(&r0);
+        std::thread::spawn(move || r0.barrier())
+    };
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        (r1.barrier(), r1)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // Whichever of the two threads of rank 0 came second is refused; the other meets rank 1.
+    let second = r0.barrier();
+    let first = first.join().unwrap();
+    let (r1_result, r1) = late.join().unwrap();
+    assert_eq!(r1_result, Ok(()));
+    let mut outcomes = [first, second];
+    outcomes.sort_by_key(|o| o.is_ok());
+    assert!(
+        matches!(outcomes[0], Err(CommError::Invalid(_))),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[1], Ok(()));
+    // Both ranks can go on.
+    let other = std::thread::spawn(move || r1.barrier());
+    assert_eq!(r0.barrier(), Ok(()));
+    assert_eq!(other.join().unwrap(), Ok(()));
+}
