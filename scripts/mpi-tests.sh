@@ -7,7 +7,8 @@
 #
 # Adding a test: build what it needs in `build`, then add a line at the end, e.g.
 #   run_np "train equivalence, 2 ranks" 2 target/debug/fanout train --workers-check ...
-# `run_np NAME NP CMD...` passes when the command exits 0 on every rank within MPI_TEST_TIMEOUT
+# `run_np NAME NP CMD...` (CMD may start with mpirun options such as `-x VAR=value`) passes
+# when the command exits 0 on every rank within MPI_TEST_TIMEOUT
 # seconds (default 300); `expect_abort NAME NP PATTERN SECONDS CMD...` passes when the job exits
 # non-zero within SECONDS with PATTERN (a fixed string) on its stderr.
 set -uo pipefail
@@ -114,6 +115,8 @@ echo "== MPI tests ($(mpirun --version 2>/dev/null | head -1))"
 run_np "comm conformance, 1 rank" 1 "$CHECK"
 run_np "comm conformance, 2 ranks" 2 "$CHECK"
 run_np "comm conformance, 3 ranks" 3 "$CHECK"
+run_np "comm conformance, 3 ranks, MPI_THREAD_SERIALIZED" 3 \
+  -x FANOUT_MPI_THREADS=serialized "$CHECK"
 expect_abort "comm fail ends the job, 2 ranks" 2 \
   "fanout: rank 1: deliberate failure from mpi_check" 60 "$CHECK" fail
 expect_abort "comm fail ends the job, 3 ranks" 3 \

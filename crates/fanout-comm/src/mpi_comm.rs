@@ -86,14 +86,25 @@ impl MpiComm {
     /// returns this process's worker of the world communicator. Errors with [`CommError::Mpi`]
     /// when MPI was already initialised in this process (one `MpiComm` per process) or gives a
     /// lower thread level. Run outside `mpirun`, it makes a job of one rank (singleton).
+    ///
+    /// With the environment variable `FANOUT_MPI_THREADS=serialized` it asks for
+    /// `MPI_THREAD_SERIALIZED` and serialises its calls whatever the library gives (to test that
+    /// path, or for an MPI whose `MULTIPLE` mode is slow or broken).
     pub fn init() -> Result<MpiComm> {
-        let (universe, level) =
-            mpi::initialize_with_threading(Threading::Multiple).ok_or_else(|| {
-                CommError::Mpi(
-                    "MPI is already initialised in this process (one MpiComm per process)".into(),
-                )
-            })?;
+        let force_serialized =
+            std::env::var("FANOUT_MPI_THREADS").is_ok_and(|v| v.eq_ignore_ascii_case("serialized"));
+        let want = if force_serialized {
+            Threading::Serialized
+        } else {
+            Threading::Multiple
+        };
+        let (universe, level) = mpi::initialize_with_threading(want).ok_or_else(|| {
+            CommError::Mpi(
+                "MPI is already initialised in this process (one MpiComm per process)".into(),
+            )
+        })?;
         let serialize = match level {
+            Threading::Multiple if force_serialized => Some(Mutex::new(())),
             Threading::Multiple => None,
             Threading::Serialized => Some(Mutex::new(())),
             other => {
@@ -115,7 +126,11 @@ impl MpiComm {
             rank: rank as usize,
             size: size as usize,
             serialize,
-            threading: level,
+            threading: if force_serialized {
+                Threading::Serialized
+            } else {
+                level
+            },
             self_mail: Mutex::new(HashMap::new()),
             self_mail_cond: Condvar::new(),
             stats: StatsCell::default(),
@@ -123,7 +138,8 @@ impl MpiComm {
         })
     }
 
-    /// True when the MPI library gave `MPI_THREAD_MULTIPLE` (else calls are serialised).
+    /// True when calls are not serialised: the MPI library gave `MPI_THREAD_MULTIPLE` and
+    /// `FANOUT_MPI_THREADS=serialized` was not set.
     pub fn thread_multiple(&self) -> bool {
         self.threading == Threading::Multiple
     }
