@@ -18,6 +18,10 @@ TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 MPI_TEST_TIMEOUT="${MPI_TEST_TIMEOUT:-300}"
 # Open MPI refuses to run as root without these; more ranks than cores need --oversubscribe.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# In containers without ptrace rights, Open MPI's shared-memory single copy (CMA) fails; copy
+# through the shared segment instead (4.x calls the component vader, 5.x sm).
+export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+export OMPI_MCA_btl_sm_single_copy_mechanism="${OMPI_MCA_btl_sm_single_copy_mechanism:-none}"
 MPIRUN=(mpirun --oversubscribe)
 
 PASSED=0

@@ -6,7 +6,7 @@
 //! - [`LocalComm`] (always built): the workers are threads of one process
 //!   (`fanout train --workers N`). [`LocalComm::group`] makes the `N` members, one per worker
 //!   thread. Collectives meet in shared state (a mutex and a condition variable); no bytes are
-//!   serialised. A group of one (every single-worker run) answers every call without locking
+//!   serialised. A group of one (every single-worker run) answers every collective without locking
 //!   anything.
 //! - `MpiComm` (cargo feature `mpi`, Open MPI through the `mpi` crate): one worker per MPI process
 //!   over `MPI_COMM_WORLD` (a duplicate of it). Build with `cargo build --release --features mpi`
