@@ -98,6 +98,9 @@ fn fail_mode(comm: &MpiComm) -> ExitCode {
     }
     let mut buf = vec![1.0f32; 1000];
     let got = comm.all_reduce_sum_f32(&mut buf);
-    eprintln!("mpi_check: rank {r}: the sum returned {got:?} after rank 1 failed (expected the job to end)");
+    eprintln!(
+        "mpi_check: rank {r}: the sum returned {got:?} after rank 1 failed (expected the job to \
+         end)"
+    );
     ExitCode::from(3)
 }
