@@ -57,7 +57,47 @@ ensure_mpi() {
 
 build() {
   echo "== cargo build -p fanout-comm --features mpi --examples"
-  cargo build -p fanout-comm --features mpi --examples
+  cargo build -p fanout-comm --features mpi --examples || return 1
+  echo "== cargo build -p fanout-exec --features mpi --example mpi_equivalence"
+  cargo build -p fanout-exec --features mpi --example mpi_equivalence || return 1
+  echo "== cargo build --features mpi --bin fanout"
+  cargo build --features mpi --bin fanout
+}
+
+# same_run NAME NP ARGS... -- passes when `mpirun -np NP fanout train ARGS` and the same run
+# as NP in-process workers (`--workers NP`) write metrics with identical losses, accuracies and
+# per-worker counts (both sum in rank order, so they agree bit for bit).
+same_run() {
+  local name="$1" np="$2"
+  shift 2
+  local start dir
+  start=$(( $(date +%s%N) / 1000000 ))
+  dir=$(mktemp -d)
+  if ! timeout "$MPI_TEST_TIMEOUT" "${MPIRUN[@]}" -np "$np" "$FANOUT" --quiet train "$@" \
+      --threads 1 --metrics-out "$dir/mpi.json" >"$dir/mpi.log" 2>&1; then
+    fail "$name" "$(elapsed_since "$start")" "the MPI run failed"
+    sed 's/^/     | /' "$dir/mpi.log" | tail -20
+  elif ! "$FANOUT" --quiet train "$@" --threads "$np" --workers "$np" \
+      --metrics-out "$dir/local.json" >"$dir/local.log" 2>&1; then
+    fail "$name" "$(elapsed_since "$start")" "the in-process run failed"
+    sed 's/^/     | /' "$dir/local.log" | tail -20
+  elif ! python3 - "$dir/mpi.json" "$dir/local.json" "$np" <<'PY'
+import json, sys
+a, b, n = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+assert a["comm"]["kind"] == "mpi" and b["comm"]["kind"] == "local", (a["comm"], b["comm"])
+assert a["workers"] == b["workers"] == n, (a["workers"], b["workers"])
+key = lambda e: (e["loss"], e["train_acc"], e["val_acc"], e["test_acc"], e["batches"],
+                 [(w["rank"], w["batches"], w["seeds"]) for w in e["workers"]])
+for x, y in zip(a["epochs"], b["epochs"]):
+    assert key(x) == key(y), (key(x), key(y))
+assert a["test_acc"] == b["test_acc"]
+PY
+  then
+    fail "$name" "$(elapsed_since "$start")" "MPI and in-process metrics differ"
+  else
+    pass "$name" "$(elapsed_since "$start")"
+  fi
+  rm -rf "$dir"
 }
 
 elapsed_since() { echo "$(( $(date +%s%N) / 1000000 - $1 ))" | awk '{ printf "%.1f", $1 / 1000 }'; }
@@ -125,6 +165,27 @@ expect_abort "comm fail ends the job, 2 ranks" 2 \
   "fanout: rank 1: deliberate failure from mpi_check" 60 "$CHECK" fail
 expect_abort "comm fail ends the job, 3 ranks" 3 \
   "fanout: rank 1: deliberate failure from mpi_check" 60 "$CHECK" fail
+
+
+# Training: data parallelism over MPI against one worker and against in-process workers.
+EQUIV="$TARGET_DIR/debug/examples/mpi_equivalence"
+FANOUT="$TARGET_DIR/debug/fanout"
+run_np "data-parallel gradients and run equal one worker's, 2 ranks" 2 "$EQUIV"
+run_np "data-parallel gradients and run equal one worker's, 3 ranks" 3 "$EQUIV"
+DATA=$(mktemp -d)
+"$FANOUT" --quiet dataset gen --preset tiny "$DATA/tiny" >/dev/null
+TRAIN=(--dataset "$DATA/tiny" --fanouts 5,5 --batch-size 128 --hidden 32 --epochs 3 --lr 0.01)
+same_run "fanout train under mpirun equals --workers 2" 2 "${TRAIN[@]}"
+same_run "fanout train under mpirun equals --workers 3" 3 "${TRAIN[@]}"
+# A rank that cannot open its dataset ends the job with its message (rank 0 waits in the
+# config check meanwhile); ranks started with different configs are refused.
+# (`-np 1 A : -np 1 B`: two ranks, rank 1 running B.)
+expect_abort "a failing rank ends a training job" 1 "fanout: rank 1: " 60 \
+  "$FANOUT" --quiet train "${TRAIN[@]}" : -np 1 "$FANOUT" --quiet train "${TRAIN[@]}" \
+  --dataset "$DATA/missing"
+expect_abort "ranks with different configs are refused" 1 "different configs" 60 \
+  "$FANOUT" --quiet train "${TRAIN[@]}" : -np 1 "$FANOUT" --quiet train "${TRAIN[@]}" --seed 9
+rm -rf "$DATA"
 
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
