@@ -25,8 +25,9 @@ struct Cli {
     command: Command,
 }
 
-// subcommands
+// subcommands (parsed once per process, so the size of the largest variant does not matter)
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Create, import, inspect and verify datasets (the GNNLab-compatible directory format).
     #[command(subcommand)]

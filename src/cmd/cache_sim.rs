@@ -2,13 +2,11 @@
 //! (GNNLab PreSC, PaGraph degree, random, the optimal oracle), optionally with FastGL
 //! Match-Reorder, on one sampled epoch's trace.
 
-use clap::{Args, ValueEnum};
+use crate::cmd::sampler_args::SamplerArgs;
+use clap::Args;
 use fanout_cache::{parse_policies, simulate, Policy, SimConfig, SimReport};
 use fanout_graph::Dataset;
-use fanout_sample::{
-    layout_note, parse_fanouts, AliasTables, KHopConfig, KHopSampler, LoaderConfig,
-    RandomWalkConfig, RandomWalkSampler, RemapKind, Sampler, WeightedConfig, WeightedSampler,
-};
+use fanout_sample::{layout_note, parse_fanouts, LoaderConfig, SamplerKind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,9 +28,8 @@ pub struct CacheSimArgs {
     /// Dataset directory.
     #[arg(long)]
     dataset: PathBuf,
-    /// Sampling algorithm.
-    #[arg(long, value_enum, default_value = "khop")]
-    sampler: SimSampler,
+    #[command(flatten)]
+    sampler: SamplerArgs,
     /// Per-hop sizes in hop order from the seeds; khop/weighted: neighbours per vertex (-1 =
     /// all); randomwalk: top-k neighbours per layer.
     #[arg(long, default_value = "15,10,5")]
@@ -68,18 +65,6 @@ pub struct CacheSimArgs {
     /// vertices that one epoch draws).
     #[arg(long, default_value_t = 10)]
     epochs: u64,
-    /// Sample neighbours with replacement (khop, weighted).
-    #[arg(long)]
-    replace: bool,
-    /// Random walks per vertex (randomwalk).
-    #[arg(long, default_value_t = 4)]
-    walks: u32,
-    /// Maximum steps per walk (randomwalk).
-    #[arg(long, default_value_t = 3)]
-    walk_length: u32,
-    /// Probability of stopping a walk after each step (randomwalk).
-    #[arg(long, default_value_t = 0.5)]
-    stop_prob: f64,
     /// Threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -87,16 +72,6 @@ pub struct CacheSimArgs {
     /// policy, ratio, hit_rate, bytes_per_epoch, share_of_optimal).
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum SimSampler {
-    /// Uniform k-hop neighbour sampling.
-    Khop,
-    /// Weighted k-hop through alias tables (needs weight.bin).
-    Weighted,
-    /// PinSAGE random-walk neighbourhoods.
-    Randomwalk,
 }
 
 /// Runs the simulation and prints the table or JSON lines.
@@ -130,7 +105,13 @@ pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
         return Err(format!("{}: no training vertices", args.dataset.display()));
     }
     let fanouts = parse_fanouts(&args.fanouts).map_err(|e| format!("--fanouts: {e}"))?;
-    let sampler = pool.install(|| build_sampler(args, &ds, fanouts, quiet))?;
+    let spec = args.sampler.spec();
+    let kind = spec.kind_or(SamplerKind::Khop);
+    let bars = crate::progress::Bars::new(quiet || args.json);
+    let sampler = pool
+        .install(|| spec.build_with(&ds, fanouts, kind, &bars))
+        .map_err(|e| e.to_string())?
+        .sampler;
     let loader = LoaderConfig {
         batch_size: args.batch_size,
         seed: args.seed,
@@ -152,7 +133,7 @@ pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
     let start = Instant::now();
     say(format!(
         "simulating {} on {} ({} vertices, {} training), fanouts {} (hop order), batch {}",
-        args.sampler.to_possible_value().unwrap().get_name(),
+        kind.name(),
         args.dataset.display(),
         ds.num_nodes(),
         seeds.len(),
@@ -196,7 +177,7 @@ fn print_table(args: &CacheSimArgs, rep: &SimReport, policies: &[Policy]) {
     println!(
         "{} | {} | fanouts {} | batch {} | {} epoch(s) of {} batches, {:.0} rows/epoch ({} MB), {} distinct ({:.1}% of |V|)",
         args.dataset.display(),
-        args.sampler.to_possible_value().unwrap().get_name(),
+        args.sampler.spec().kind_or(SamplerKind::Khop).name(),
         args.fanouts,
         args.batch_size,
         rep.epochs,
@@ -280,7 +261,7 @@ fn print_json(args: &CacheSimArgs, rep: &SimReport) {
         o.insert("dataset".into(), args.dataset.display().to_string().into());
         o.insert(
             "sampler".into(),
-            args.sampler.to_possible_value().unwrap().get_name().into(),
+            args.sampler.spec().kind_or(SamplerKind::Khop).name().into(),
         );
         o.insert("fanouts_hop_order".into(), args.fanouts.clone().into());
         o.insert("batch_size".into(), args.batch_size.into());
@@ -296,47 +277,4 @@ fn print_json(args: &CacheSimArgs, rep: &SimReport) {
         }
         println!("{v}");
     }
-}
-
-fn build_sampler(
-    args: &CacheSimArgs,
-    ds: &Arc<Dataset>,
-    fanouts: Vec<u32>,
-    quiet: bool,
-) -> Result<Arc<dyn Sampler>, String> {
-    let e = |e: fanout_graph::Error| e.to_string();
-    let remap = RemapKind::Auto;
-    Ok(match args.sampler {
-        SimSampler::Khop => Arc::new(
-            KHopSampler::new(
-                ds.clone(),
-                KHopConfig {
-                    fanouts,
-                    replace: args.replace,
-                    remap,
-                },
-            )
-            .map_err(e)?,
-        ),
-        SimSampler::Weighted => {
-            let bars = crate::progress::Bars::new(quiet || args.json);
-            let tables = AliasTables::load_or_build(ds, &bars).map_err(e)?;
-            let cfg = WeightedConfig {
-                fanouts,
-                replace: args.replace,
-                remap,
-            };
-            Arc::new(WeightedSampler::new(ds.clone(), cfg, Arc::new(tables)).map_err(e)?)
-        }
-        SimSampler::Randomwalk => {
-            let cfg = RandomWalkConfig {
-                top_k: fanouts,
-                walks: args.walks,
-                length: args.walk_length,
-                stop_prob: args.stop_prob,
-                remap,
-            };
-            Arc::new(RandomWalkSampler::new(ds.clone(), cfg).map_err(e)?)
-        }
-    })
 }

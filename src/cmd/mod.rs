@@ -1,4 +1,5 @@
-//! One module per subcommand, and `device` and `residency` for flags several of them take.
+//! One module per subcommand, and `device`, `residency` and `sampler_args` for flags several
+//! of them take.
 
 pub mod cache_sim;
 pub mod dataset;
@@ -7,4 +8,5 @@ pub mod eval;
 pub mod mpi;
 pub mod residency;
 pub mod sample_bench;
+pub mod sampler_args;
 pub mod train;

@@ -1,14 +1,10 @@
 //! `fanout sample-bench`: sampling throughput of one sampler on one dataset, in sampled edges
 //! per second (SEPS), batches per second and mean input nodes per batch.
 
-use crate::cmd::residency::ResidencyArg;
-use clap::{Args, ValueEnum};
+use crate::cmd::sampler_args::SamplerArgs;
+use clap::Args;
 use fanout_graph::Dataset;
-use fanout_sample::{
-    layout_note, parse_fanouts, AliasTables, KHopConfig, KHopSampler, LayerwiseConfig,
-    LayerwiseSampler, Loader, LoaderConfig, RandomWalkConfig, RandomWalkSampler, RemapKind,
-    Residency, Sampler, WeightedConfig, WeightedSampler,
-};
+use fanout_sample::{layout_note, parse_fanouts, Loader, LoaderConfig, SamplerKind};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,9 +24,8 @@ pub struct SampleBenchArgs {
     /// Dataset directory.
     #[arg(long)]
     dataset: PathBuf,
-    /// Sampling algorithm.
-    #[arg(long, value_enum, default_value = "khop")]
-    sampler: SamplerArg,
+    #[command(flatten)]
+    sampler: SamplerArgs,
     /// Per-hop sizes in hop order from the seeds (first = the seeds' hop). khop/weighted:
     /// neighbours per vertex (-1 = all); randomwalk: top-k neighbours per layer; layerwise:
     /// vertices per layer.
@@ -39,9 +34,6 @@ pub struct SampleBenchArgs {
     /// Seeds per mini-batch.
     #[arg(long, default_value_t = 8000)]
     batch_size: usize,
-    /// Sample neighbours with replacement (khop, weighted).
-    #[arg(long)]
-    replace: bool,
     /// Threads of the sampling pool (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -63,48 +55,10 @@ pub struct SampleBenchArgs {
     /// Batches sampled ahead of the consumer.
     #[arg(long, default_value_t = 4)]
     prefetch: usize,
-    /// Global-to-local id table.
-    #[arg(long, value_enum, default_value = "auto")]
-    remap: RemapArg,
-    /// Where rows are read from: a resident huge-page copy of the topology (auto: when it takes
-    /// at most a quarter of available memory) or the memory-mapped files.
-    #[arg(long, value_enum, default_value = "auto")]
-    residency: ResidencyArg,
-    /// Random walks per vertex (randomwalk).
-    #[arg(long, default_value_t = 4)]
-    walks: u32,
-    /// Maximum steps per walk (randomwalk).
-    #[arg(long, default_value_t = 3)]
-    walk_length: u32,
-    /// Probability of stopping a walk after each step (randomwalk).
-    #[arg(long, default_value_t = 0.5)]
-    stop_prob: f64,
     /// Print one JSON object on stdout (keys include seps, batches_per_s, mean_input_nodes,
     /// threads) instead of text.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum SamplerArg {
-    /// Uniform k-hop neighbour sampling.
-    Khop,
-    /// Weighted k-hop through alias tables (needs weight.bin; tables are built and saved once).
-    Weighted,
-    /// PinSAGE random-walk neighbourhoods.
-    Randomwalk,
-    /// LADIES-style layer-wise importance sampling.
-    Layerwise,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum RemapArg {
-    /// Dense for small graphs or dense batches, hash otherwise.
-    Auto,
-    /// One slot per graph vertex.
-    Dense,
-    /// Concurrent open-addressing hash table (FastGL Fused-Map).
-    Hash,
 }
 
 /// Runs the benchmark and prints its figures.
@@ -124,7 +78,16 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
         eprintln!("{note}");
     }
     let fanouts = parse_fanouts(&args.fanouts).map_err(|e| format!("--fanouts: {e}"))?;
-    let sampler = pool.install(|| build_sampler(args, &ds, fanouts.clone()))?;
+    let spec = args.sampler.spec();
+    let kind = spec.kind_or(SamplerKind::Khop);
+    let bars = crate::progress::Bars::new(args.json);
+    let built = pool
+        .install(|| spec.build_with(&ds, fanouts.clone(), kind, &bars))
+        .map_err(|e| e.to_string())?;
+    if let (Some(note), false) = (&built.note, args.json) {
+        eprintln!("{note}");
+    }
+    let sampler = built.sampler;
     let resident = sampler.is_resident();
     let train = ds.train.to_vec();
     if train.is_empty() {
@@ -207,10 +170,10 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
     if args.json {
         let out = serde_json::json!({
             "dataset": args.dataset.display().to_string(),
-            "sampler": args.sampler.to_possible_value().unwrap().get_name(),
+            "sampler": kind.name(),
             "fanouts_hop_order": args.fanouts,
             "batch_size": args.batch_size,
-            "replace": args.replace,
+            "replace": spec.replace,
             "threads": threads,
             "workers": args.workers,
             "resident_topology": resident,
@@ -227,7 +190,7 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
     } else {
         println!(
             "{} sampler on {} ({} vertices, {} arcs, {}), fanouts {} (hop order from the seeds), batch size {}, {} threads",
-            args.sampler.to_possible_value().unwrap().get_name(),
+            kind.name(),
             args.dataset.display(),
             ds.num_nodes(),
             ds.num_arcs(),
@@ -243,74 +206,4 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-fn build_sampler(
-    args: &SampleBenchArgs,
-    ds: &Arc<Dataset>,
-    fanouts: Vec<u32>,
-) -> Result<Arc<dyn Sampler>, String> {
-    let remap = match args.remap {
-        RemapArg::Auto => RemapKind::Auto,
-        RemapArg::Dense => RemapKind::Dense,
-        RemapArg::Hash => RemapKind::Hash,
-    };
-    let e = |e: fanout_graph::Error| e.to_string();
-    let residency = Residency::from(args.residency);
-    Ok(match args.sampler {
-        SamplerArg::Khop => Arc::new(
-            KHopSampler::new(
-                ds.clone(),
-                KHopConfig {
-                    fanouts,
-                    replace: args.replace,
-                    remap,
-                },
-            )
-            .map_err(e)?
-            .with_residency(residency),
-        ),
-        SamplerArg::Weighted => {
-            let bars = crate::progress::Bars::new(args.json);
-            let tables = AliasTables::load_or_build(ds, &bars).map_err(e)?;
-            if !args.json {
-                eprintln!("alias tables: {}", tables.origin);
-            }
-            let cfg = WeightedConfig {
-                fanouts,
-                replace: args.replace,
-                remap,
-            };
-            Arc::new(
-                WeightedSampler::new(ds.clone(), cfg, Arc::new(tables))
-                    .map_err(e)?
-                    .with_residency(residency),
-            )
-        }
-        SamplerArg::Randomwalk => {
-            let cfg = RandomWalkConfig {
-                top_k: fanouts,
-                walks: args.walks,
-                length: args.walk_length,
-                stop_prob: args.stop_prob,
-                remap,
-            };
-            Arc::new(
-                RandomWalkSampler::new(ds.clone(), cfg)
-                    .map_err(e)?
-                    .with_residency(residency),
-            )
-        }
-        SamplerArg::Layerwise => {
-            let cfg = LayerwiseConfig {
-                layer_sizes: fanouts,
-                remap,
-            };
-            Arc::new(
-                LayerwiseSampler::new(ds.clone(), cfg)
-                    .map_err(e)?
-                    .with_residency(residency),
-            )
-        }
-    })
 }

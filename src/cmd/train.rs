@@ -3,6 +3,7 @@
 //! 0 writes the metrics JSON and the checkpoint.
 
 use crate::cmd::residency::ResidencyArg;
+use crate::cmd::sampler_args::SamplerArgs;
 use crate::memory::HostHeap;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
@@ -41,8 +42,12 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub model: Option<ModelArg>,
     /// Per-hop fanouts from the seeds; the layer count is their number (default per model).
+    /// khop/weighted: neighbours per vertex; randomwalk: top-k per layer; layerwise: vertices
+    /// per layer.
     #[arg(long)]
     pub fanouts: Option<String>,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
     /// Seeds per mini-batch, over all workers together (default 8000; 1000 on the embedded
     /// dataset).
     #[arg(long)]
@@ -198,6 +203,7 @@ impl TrainArgs {
         if let Some(m) = self.model {
             c.model = m.into();
         }
+        self.sampler.apply(&mut c.sampler);
         if let Some(f) = &self.fanouts {
             c.fanouts = Some(parse_fanouts(f).map_err(|e| format!("--fanouts: {e}"))?);
         }

@@ -62,7 +62,7 @@ fn main() {
         remap: RemapKind::Auto,
     };
     let s: Arc<dyn Sampler> = Arc::new(KHopSampler::new(ds.clone(), kcfg).expect("sampler"));
-    let union: Vec<u32> = ds.train.to_vec().into_iter().take(61).collect();
+    let union: Vec<u32> = ds.train.iter().copied().take(61).collect();
     let key = BatchKey {
         seed: 7,
         epoch: 2,

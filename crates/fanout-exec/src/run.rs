@@ -358,9 +358,13 @@ pub fn train_worker(
     let fanouts = cfg.fanouts.clone().unwrap_or_default();
     let batch_size = cfg.batch_size.unwrap_or(1);
     let plan = WorkerPlan::new(&ds, &cfg, rank, workers)?;
-    let sampler = cfg
+    let built = cfg
         .sampler
-        .build(&ds, fanouts.clone(), cfg.sampler_kind())?;
+        .build_with(&ds, fanouts.clone(), cfg.sampler_kind(), env.progress)?;
+    if let Some(note) = &built.note {
+        obs.note(note);
+    }
+    let sampler = built.sampler;
 
     let model_cfg = ModelConfig {
         hidden: cfg.hidden.unwrap_or(1),

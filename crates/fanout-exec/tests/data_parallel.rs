@@ -65,7 +65,7 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 fn allreduced_gradients_equal_the_union_batch_gradient() {
     let ds = tiny(600);
     let s = sampler(&ds);
-    let union: Vec<u32> = ds.train.to_vec().into_iter().take(61).collect();
+    let union: Vec<u32> = ds.train.iter().copied().take(61).collect();
     assert_eq!(
         union.len(),
         61,
@@ -138,7 +138,7 @@ fn a_worker_with_another_mask_key_breaks_the_equality() {
     // using another step key) makes the gradients differ.
     let ds = tiny(600);
     let s = sampler(&ds);
-    let union: Vec<u32> = ds.train.to_vec().into_iter().take(40).collect();
+    let union: Vec<u32> = ds.train.iter().copied().take(40).collect();
     let key = BatchKey {
         seed: 7,
         epoch: 0,

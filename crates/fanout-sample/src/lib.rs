@@ -50,4 +50,4 @@ pub use resident::Residency;
 pub use sampler::Sampler;
 pub use weighted::{WeightedConfig, WeightedSampler};
 pub mod spec;
-pub use spec::{SamplerKind, SamplerSpec};
+pub use spec::{BuiltSampler, SamplerKind, SamplerSpec};

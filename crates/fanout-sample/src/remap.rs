@@ -53,7 +53,7 @@ fn atomics(n: usize) -> HugeBuf<AtomicU32> {
 }
 
 /// Which table a [`Remapper`] uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RemapKind {
     /// Dense when the graph is small (at most 2^24 vertices, 64 MiB of slots) or a batch is
