@@ -185,6 +185,15 @@ expect_abort "a failing rank ends a training job" 1 "fanout: rank 1: " 60 \
   --dataset "$DATA/missing"
 expect_abort "ranks with different configs are refused" 1 "different configs" 60 \
   "$FANOUT" --quiet train "${TRAIN[@]}" : -np 1 "$FANOUT" --quiet train "${TRAIN[@]}" --seed 9
+# PaGraph partitions under MPI: each rank reads only its own part, so a damaged part stops
+# the rank that owns it, and the job ends with its message.
+"$FANOUT" --quiet dataset partition --parts 2 "$DATA/tiny" >/dev/null
+same_run "partitioned fanout train under mpirun equals --workers 2" 2 "${TRAIN[@]}" \
+  --partition pagraph-2 --cache-policy degree
+PART1="$DATA/tiny/partitions/pagraph-2/train_1.bin"
+head -c 8 "$PART1" >"$PART1.short" && mv "$PART1.short" "$PART1"
+expect_abort "a rank with a damaged partition file ends the job" 2 \
+  "fanout: rank 1: $PART1" 60 "$FANOUT" --quiet train "${TRAIN[@]}" --partition pagraph-2
 rm -rf "$DATA"
 
 echo "$PASSED passed, $FAILED failed"

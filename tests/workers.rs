@@ -149,3 +149,80 @@ fn bad_worker_settings_fail_cleanly() {
         );
     }
 }
+
+#[test]
+fn pagraph_partitions_train_each_worker_on_its_part_and_damage_stops_the_run() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let out = ok(&[
+        "dataset",
+        "partition",
+        "--method",
+        "pagraph",
+        "--parts",
+        "2",
+        &ds,
+    ]);
+    assert!(
+        out.contains("partition pagraph-2") && out.contains("part 1:"),
+        "{out}"
+    );
+    fails(
+        &["dataset", "partition", "--parts", "2", &ds],
+        1,
+        &["pagraph-2", "--overwrite"],
+    );
+    let info = ok_json(&["dataset", "info", "--json", &ds]);
+    let p = &info["partitions"][0];
+    assert_eq!(p["name"], "pagraph-2");
+    let train = info["train"].as_u64().unwrap();
+    let per_part: u64 = p["stats"]["train"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_part, train);
+    let m = t.path().join("m.json");
+    let args = small(
+        &ds,
+        &[
+            "--workers",
+            "2",
+            "--partition",
+            "pagraph-2",
+            "--cache-policy",
+            "degree",
+            "--metrics-out",
+            s(&m),
+        ],
+    );
+    let out = ok(&args);
+    assert!(
+        out.contains("ranked within this worker's partition"),
+        "{out}"
+    );
+    let j = read_json(&m);
+    assert_eq!(j["cache"]["ranked_in_partition"], true);
+    assert_eq!(j["config"]["partition"], "pagraph-2");
+    for e in j["epochs"].as_array().unwrap() {
+        let w = e["workers"].as_array().unwrap();
+        // Equal step counts on both workers; every training seed once per epoch.
+        assert_eq!(w[0]["batches"], w[1]["batches"]);
+        let seeds: u64 = w.iter().map(|wk| wk["seeds"].as_u64().unwrap()).sum();
+        assert_eq!(seeds, train);
+    }
+    // Deeper than the partition's hops: refused unless sampling the whole graph.
+    let mut deep = small(&ds, &["--workers", "2", "--partition", "pagraph-2"]);
+    deep[4] = "5,5,5";
+    fails(&deep, 1, &["2-hop", "--sample-from global"]);
+    deep.extend(["--sample-from", "global", "--epochs", "1"]);
+    ok(&deep);
+    // A damaged part: one line naming the file, no backtrace; info reports it as damaged.
+    let f = Path::new(&ds).join("partitions/pagraph-2/train_1.bin");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() - 2]).unwrap();
+    fails(&args, 1, &["train_1.bin", "NUM_TRAIN_1"]);
+    let out = ok(&["dataset", "info", &ds]);
+    assert!(out.contains("partition pagraph-2: damaged"), "{out}");
+}

@@ -35,7 +35,13 @@ pub enum DatasetCommand {
     /// Example: fanout dataset weights data/twitter --scheme newer
     #[command(verbatim_doc_comment)]
     Weights(WeightsArgs),
-    /// Print sizes, degree statistics, split sizes and bytes on disk.
+    /// Split the training set into parts for data-parallel workers (PaGraph), written under
+    /// DIR/partitions/NAME/ (`fanout train --workers K --partition NAME`).
+    ///
+    /// Example: fanout dataset partition --method pagraph --parts 4 data/products
+    #[command(verbatim_doc_comment)]
+    Partition(crate::cmd::partition::PartitionArgs),
+    /// Print sizes, degree statistics, split sizes, bytes on disk and the stored partitions.
     Info(InfoArgs),
     /// Check every entry (checksums, offsets, ids, labels, splits, features); exit code 0 when
     /// sound, 1 with a message naming the file and the first bad entry otherwise.
@@ -325,13 +331,29 @@ pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
             }
             Ok(())
         }
+        DatasetCommand::Partition(a) => crate::cmd::partition::run(a, quiet),
         DatasetCommand::Info(a) => {
             let ds = Dataset::open(&a.dir).map_err(|e| e.to_string())?;
             let info = DatasetInfo::of(&ds);
+            let parts = crate::cmd::partition::partitions_of(&ds);
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&info).unwrap());
+                let mut v = serde_json::to_value(&info).unwrap();
+                v["partitions"] = parts
+                    .iter()
+                    .map(|(name, s)| match s {
+                        Ok(s) => serde_json::json!({ "name": name, "stats": s }),
+                        Err(e) => serde_json::json!({ "name": name, "error": e }),
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v).unwrap());
             } else {
                 print!("{info}");
+                for (name, s) in &parts {
+                    match s {
+                        Ok(s) => print!("{}", crate::cmd::partition::describe(name, s)),
+                        Err(e) => println!("partition {name}: damaged: {e}"),
+                    }
+                }
             }
             Ok(())
         }

@@ -6,6 +6,7 @@ pub mod dataset;
 pub mod device;
 pub mod eval;
 pub mod mpi;
+pub mod partition;
 pub mod residency;
 pub mod sample_bench;
 pub mod sampler_args;

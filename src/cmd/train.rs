@@ -331,10 +331,11 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
     let _device = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
-    cfg.validate().map_err(|e| e.to_string())?;
     if fanout_comm::launched_by_mpi() {
+        // Validated by each rank once the launcher's rank count is known.
         return crate::cmd::mpi::train(a, &cfg, quiet);
     }
+    cfg.validate().map_err(|e| e.to_string())?;
     if cfg.dataset.is_none() && !quiet {
         eprintln!(
             "no --dataset: training on an embedded products-like graph ({} vertices, generated in memory)",

@@ -67,24 +67,24 @@ impl WorkerPlan {
                 part: None,
             });
         };
-        let mut p = Partition::open(&ds.dir, name)?;
-        if p.parts != workers {
+        // A worker reads only its own part, so a damaged part stops the worker that owns it.
+        let (parts, hops, train_seeds, vertices) = Partition::open_part(ds, name, rank)?;
+        if parts != workers {
             return Err(ExecError::Invalid(format!(
-                "partition {name} of {} has {} parts but the run has {workers} workers; \
+                "partition {name} of {} has {parts} parts but the run has {workers} workers; \
                  partition with --parts {workers}",
                 ds.dir.display(),
-                p.parts
             )));
         }
         let layers = cfg.fanouts.as_ref().map_or(0, Vec::len);
         if cfg.sample_from == SampleScope::Partition {
             let kind = cfg.sampler_kind();
-            if kind == SamplerKind::Randomwalk || layers > p.hops {
+            if kind == SamplerKind::Randomwalk || layers > hops {
                 return Err(ExecError::Invalid(format!(
                     "partition {name} holds the {}-hop neighbourhood of its training vertices, \
                      but the {} sampler with {layers} layers reaches further; repartition with \
                      --hops {layers} or add --sample-from global",
-                    p.hops,
+                    hops,
                     match kind {
                         SamplerKind::Randomwalk => "random-walk",
                         SamplerKind::Khop => "k-hop",
@@ -95,13 +95,12 @@ impl WorkerPlan {
             }
         }
         let steps = all.len().div_ceil(batch);
-        let train_seeds = std::mem::take(&mut p.train[rank]);
         Ok(WorkerPlan {
             batch_size: train_seeds.len().div_ceil(steps).max(1),
             train_seeds,
             train_plan: BatchPlan::Steps(steps),
             eval_plan: slice,
-            part: Some((name.clone(), std::mem::take(&mut p.vertices[rank]))),
+            part: Some((name.clone(), vertices)),
         })
     }
 

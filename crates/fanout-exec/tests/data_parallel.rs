@@ -306,3 +306,51 @@ fn workers_refuse_different_configs_and_bad_partitions() {
     .to_string();
     assert!(e.contains("3 workers"), "{e}");
 }
+
+#[test]
+fn partitioned_workers_sample_inside_their_part() {
+    use fanout_graph::{partition_training_set, PartitionMethod};
+    use fanout_sample::{Loader, LoaderConfig, SamplerKind};
+    let (_dir, ds) = saved_tiny();
+    let p = partition_training_set(&ds, PartitionMethod::PaGraph, 3, 2, 0, &NoProgress).unwrap();
+    p.write(&ds, "pg3", false).unwrap();
+    let mut cfg = config(&ds, 3);
+    cfg.partition = Some("pg3".into());
+    cfg.resolve(16, 4);
+    let mut seen = 0;
+    for rank in 0..3 {
+        let plan = fanout_exec::WorkerPlan::new(&ds, &cfg, rank, 3).unwrap();
+        assert_eq!(plan.train_seeds, p.train[rank]);
+        let part = &plan.part.as_ref().unwrap().1;
+        let s = cfg
+            .sampler
+            .build(&ds, vec![4, 3], SamplerKind::Khop)
+            .unwrap();
+        let lc = LoaderConfig {
+            batch_size: plan.batch_size,
+            seed: 5,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(s, plan.train_seeds.clone(), lc)
+            .unwrap()
+            .with_plan(plan.train_plan)
+            .unwrap();
+        assert_eq!(loader.num_batches(), ds.train.len().div_ceil(40));
+        for epoch in 0..2 {
+            for b in loader.epoch(epoch) {
+                for v in b.unwrap().input_nodes {
+                    assert!(
+                        part.binary_search(&v).is_ok(),
+                        "rank {rank}: {v} left the part"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(seen > 1000);
+    // Three layers reach past a 2-hop part: refused.
+    cfg.fanouts = Some(vec![4, 3, 2]);
+    let e = fanout_exec::WorkerPlan::new(&ds, &cfg, 0, 3).unwrap_err();
+    assert!(e.to_string().contains("--sample-from global"), "{e}");
+}

@@ -13,6 +13,7 @@ pub mod dataset;
 pub mod error;
 pub mod info;
 pub mod meta;
+pub mod partition;
 pub mod progress;
 pub mod verify;
 pub mod writer;
@@ -26,8 +27,10 @@ pub use error::{Error, Result};
 pub use half::f16;
 pub use info::{DatasetInfo, DegreeStats};
 pub use meta::{FeatDtype, Layout, Meta};
+pub use partition::{
+    list_partitions, part_degree_ranking, partition_training_set, Partition, PartitionMethod,
+    PartitionStats,
+};
 pub use progress::{NoProgress, Progress};
 pub use verify::{verify, VerifyReport};
 pub use writer::DatasetWriter;
-pub mod partition;
-pub use partition::{part_degree_ranking, Partition};
