@@ -109,6 +109,8 @@ pub struct WorkerEpochMetrics {
     pub input_nodes: u64,
     /// Feature bytes it gathered from the host store.
     pub bytes_from_host: u64,
+    /// Share of its feature bytes served without the host store (cache and Match reuse).
+    pub hit_rate: f64,
 }
 
 /// A whole run: the per-epoch metrics and the test accuracy of the best-validation epoch.

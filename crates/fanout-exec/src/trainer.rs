@@ -483,6 +483,7 @@ pub fn fit<B: Backend + Send>(
             seeds: labelled as u64,
             input_nodes: inputs,
             bytes_from_host: extract.bytes_from_host,
+            hit_rate: extract.hit_rate(),
         };
         let mut per_worker = Vec::new();
         if workers > 1 {
