@@ -38,7 +38,27 @@ enum Command {
     CacheSim(cmd::cache_sim::CacheSimArgs),
 }
 
+/// Restores the default action of SIGPIPE (Rust ignores it, so `println!` to a closed pipe
+/// panics): `fanout ... | head` then ends quietly, as other command-line tools do. Hand-written
+/// because it is one libc call; no crate is needed for it.
+fn default_sigpipe() {
+    #[cfg(unix)]
+    {
+        extern "C" {
+            fn signal(signum: i32, handler: usize) -> usize;
+        }
+        const SIGPIPE: i32 = 13;
+        const SIG_DFL: usize = 0;
+        // SAFETY: setting a signal's disposition to its default is async-signal-safe and has
+        // no preconditions.
+        unsafe {
+            signal(SIGPIPE, SIG_DFL);
+        }
+    }
+}
+
 fn main() {
+    default_sigpipe();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Dataset(c) => cmd::dataset::run(c, cli.quiet),

@@ -172,6 +172,57 @@ fn damaged_dataset_fails_verify_naming_the_file() {
 }
 
 #[test]
+fn damaged_offsets_are_one_line_errors_for_every_command() {
+    // A decreasing indptr used to reach the samplers and panic with a backtrace.
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("tiny");
+    ok_json(&["dataset", "gen", "--preset", "tiny", s(&out), "--json"]);
+    let p = out.join("indptr.bin");
+    let mut b = std::fs::read(&p).unwrap();
+    // Entry 10 far above entry 11.
+    b[40..44].copy_from_slice(&40_000u32.to_le_bytes());
+    std::fs::write(&p, b).unwrap();
+    let d = s(&out);
+    for args in [
+        vec!["train", "--dataset", d, "--epochs", "1"],
+        vec!["sample-bench", "--dataset", d, "--batches", "2"],
+        vec!["cache-sim", "--dataset", d, "--epochs", "1"],
+        vec!["dataset", "info", d],
+        vec!["dataset", "partition", "--parts", "2", d],
+    ] {
+        fails(&args, 1, &["indptr.bin", "entry 11", "must not decrease"]);
+    }
+}
+
+#[test]
+fn a_closed_stdout_ends_the_run_without_a_backtrace() {
+    // `fanout train | head -1`: the reader goes away while fanout still prints.
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("tiny");
+    ok_json(&["dataset", "gen", "--preset", "tiny", s(&out), "--json"]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args([
+            "--quiet",
+            "train",
+            "--dataset",
+            s(&out),
+            "--epochs",
+            "30",
+            "--batch-size",
+            "64",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!o.status.success(), "it cannot have printed everything");
+}
+
+#[test]
 fn device_flag_runs_cpu_and_refuses_cuda_it_cannot_use() {
     let t = tempfile::tempdir().unwrap();
     // Values that are not devices: clap's exit code 2, naming the value and the accepted forms.

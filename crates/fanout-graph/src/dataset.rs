@@ -410,8 +410,46 @@ fn exists(p: &Path) -> bool {
     p.try_exists().unwrap_or(false)
 }
 
+/// Checks that `indptr` starts at 0, never decreases and ends at NUM_EDGE (`e`); the error
+/// names `path`, the first bad entry and what was expected.
+fn check_offsets<O: Offset>(path: &Path, p: &[O], e: u64) -> Result<()> {
+    let first = p.first().map_or(0, |&x| x.into());
+    if first != 0 {
+        return Err(Error::format(
+            path,
+            format!("entry 0 is {first}, expected 0 (offsets start at 0)"),
+        ));
+    }
+    if let Some(i) = p
+        .par_windows(2)
+        .position_first(|w| w[1].into() < w[0].into())
+    {
+        let (a, b): (u64, u64) = (p[i].into(), p[i + 1].into());
+        return Err(Error::format(
+            path,
+            format!(
+                "entry {}: {b} after {a}; offsets must not decrease (row {i} would have a \
+                 negative length)",
+                i + 1
+            ),
+        ));
+    }
+    let last = p.last().map_or(0, |&x| x.into());
+    if last != e {
+        return Err(Error::format(
+            path,
+            format!(
+                "last entry ({}) is {last}, expected NUM_EDGE = {e}",
+                p.len().saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Dataset {
-    /// Opens the dataset in `dir`. Errors name the file and say what was expected.
+    /// Opens the dataset in `dir`. Errors name the file and say what was expected; the offsets
+    /// are checked (they start at 0, never decrease and end at NUM_EDGE).
     pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
@@ -435,6 +473,12 @@ impl Dataset {
         } else {
             Offsets::U32(Array::map(&dir.join(files::INDPTR), n + 1, "NUM_NODE + 1")?)
         };
+        // O(NUM_NODE) and cheap: a damaged offset array would otherwise surface as an
+        // out-of-bounds row deep inside a sampler.
+        match &indptr {
+            Offsets::U32(p) => check_offsets(&dir.join(files::INDPTR), p, e)?,
+            Offsets::U64(p) => check_offsets(&p64, p, e)?,
+        }
         let i64p = dir.join(files::INDICES64);
         let indices = if exists(&i64p) {
             Ids::U64(Array::map(&i64p, e, "NUM_EDGE")?)
