@@ -18,7 +18,7 @@ pub struct CheckResult {
 
 type Check = fn(&dyn Comm) -> std::result::Result<(), String>;
 
-const CHECKS: [(&str, Check); 11] = [
+const CHECKS: [(&str, Check); 12] = [
     ("rank_and_size", rank_and_size),
     ("barrier", barrier),
     ("sum_f32_rank_order", sum_f32_rank_order),
@@ -33,6 +33,7 @@ const CHECKS: [(&str, Check); 11] = [
     ("send_recv_order_and_tags", send_recv_order_and_tags),
     ("misuse_is_reported_on_every_rank", misuse_is_reported),
     ("stats_count_calls_and_bytes", stats_count_calls_and_bytes),
+    ("split_by_color", split_by_color),
 ];
 
 /// Runs every check on this rank, in order, and returns their outcomes. Every rank of the group
@@ -373,4 +374,41 @@ fn stats_count_calls_and_bytes(c: &dyn Comm) -> std::result::Result<(), String> 
         ));
     }
     Ok(())
+}
+
+/// Splits the group into even and odd ranks: each new group holds exactly the ranks of its
+/// color in their old order, its sums and messages stay inside it, and the old group still
+/// works afterwards.
+fn split_by_color(c: &dyn Comm) -> std::result::Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    let sub = c.split(r % 2).map_err(err)?;
+    let members: Vec<usize> = (0..n).filter(|q| q % 2 == r % 2).collect();
+    if sub.size() != members.len() || members.get(sub.rank()) != Some(&r) {
+        return Err(format!(
+            "rank {r} became rank {} of {} (expected {} of {})",
+            sub.rank(),
+            sub.size(),
+            members.iter().position(|&q| q == r).unwrap_or(usize::MAX),
+            members.len()
+        ));
+    }
+    let mut v = [r as f64 + 1.0];
+    sub.all_reduce_sum_f64(&mut v).map_err(err)?;
+    let want: f64 = members.iter().map(|&q| q as f64 + 1.0).sum();
+    if v[0] != want {
+        return Err(format!(
+            "sum over the sub-group is {} (expected {want})",
+            v[0]
+        ));
+    }
+    // A ring of messages inside the sub-group.
+    let (sr, sn) = (sub.rank(), sub.size());
+    sub.send((sr + 1) % sn, 7, &[r as u8]).map_err(err)?;
+    let got = sub.recv((sr + sn - 1) % sn, 7).map_err(err)?;
+    let from = members[(sr + sn - 1) % sn];
+    if got != [from as u8] {
+        return Err(format!("sub-group message {got:?} (expected [{from}])"));
+    }
+    drop(sub);
+    c.barrier().map_err(err)
 }

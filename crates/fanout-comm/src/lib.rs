@@ -169,6 +169,12 @@ pub trait Comm: Send + Sync {
     /// Bytes this rank has sent so far through collectives and send (for metrics), and the
     /// seconds spent inside calls.
     fn stats(&self) -> CommStats;
+    /// Collective: splits the group by `color`. Every rank gets a new communicator joining
+    /// the ranks that passed the same color, ranked in their order in this group (like
+    /// `MPI_Comm_split` with the old rank as key). Used by strategies whose roles reduce among
+    /// themselves only (GNNLab's trainers). The new group's collectives and messages are
+    /// separate from this group's.
+    fn split(&self, color: usize) -> Result<Box<dyn Comm>>;
 }
 
 /// True when this process was started by an MPI launcher (`mpirun`/`mpiexec` of Open MPI or

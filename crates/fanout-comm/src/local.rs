@@ -6,6 +6,7 @@ use crate::{
 };
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -30,6 +31,9 @@ struct State {
     last: Arc<Vec<Item>>,
     /// Point-to-point queues keyed by (from, to, tag).
     mail: HashMap<(usize, usize, u32), VecDeque<Vec<u8>>>,
+    /// Members of groups made by `split`, keyed by (split number, lowest rank of the color),
+    /// waiting to be taken by their ranks (in the new group's rank order).
+    splits: HashMap<(u64, usize), Vec<Option<LocalComm>>>,
 }
 
 struct Shared {
@@ -80,6 +84,8 @@ pub struct LocalComm {
     rank: usize,
     shared: Arc<Shared>,
     stats: StatsCell,
+    /// Splits this member has taken part in (every member makes the same sequence).
+    splits: AtomicU64,
 }
 
 impl LocalComm {
@@ -96,6 +102,7 @@ impl LocalComm {
                 arrived: 0,
                 last: Arc::new(Vec::new()),
                 mail: HashMap::new(),
+                splits: HashMap::new(),
             }),
             cond: Condvar::new(),
         });
@@ -104,6 +111,7 @@ impl LocalComm {
                 rank,
                 shared: Arc::clone(&shared),
                 stats: StatsCell::default(),
+                splits: AtomicU64::new(0),
             })
             .collect()
     }
@@ -428,6 +436,49 @@ impl Comm for LocalComm {
 
     fn stats(&self) -> CommStats {
         self.stats.get()
+    }
+
+    fn split(&self, color: usize) -> Result<Box<dyn Comm>> {
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let colors: Vec<usize> = self
+            .all_gather(&(color as u64).to_le_bytes())?
+            .iter()
+            .map(|b| {
+                b.get(..8).map_or(usize::MAX, |b| {
+                    u64::from_le_bytes(b.try_into().unwrap_or([0xff; 8])) as usize
+                })
+            })
+            .collect();
+        let same: Vec<usize> = (0..colors.len()).filter(|&r| colors[r] == color).collect();
+        let leader = same[0];
+        let index = same.iter().position(|&r| r == self.rank).unwrap_or(0);
+        let mut st = self.shared.lock();
+        if self.rank == leader {
+            let members = LocalComm::group(same.len()).into_iter().map(Some).collect();
+            st.splits.insert((seq, leader), members);
+            self.shared.cond.notify_all();
+        }
+        loop {
+            if let Some(e) = poisoned(&st, false) {
+                return Err(e);
+            }
+            if let Some(members) = st.splits.get_mut(&(seq, leader)) {
+                let mine = members[index].take();
+                if members.iter().all(Option::is_none) {
+                    st.splits.remove(&(seq, leader));
+                }
+                return mine.map(|c| Box::new(c) as Box<dyn Comm>).ok_or_else(|| {
+                    CommError::Invalid("split: this rank's member was already taken".into())
+                });
+            }
+            if let Some(why) = &st.exited[leader] {
+                return Err(CommError::PeerFailed {
+                    rank: leader,
+                    message: why.clone(),
+                });
+            }
+            st = self.shared.cond.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use mpi::{Count, Threading};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The largest element count of one MPI call (MPI counts and displacements are C `int`s).
@@ -65,13 +65,15 @@ pub struct MpiComm {
     rank: usize,
     size: usize,
     /// Some when the library gave only `MPI_THREAD_SERIALIZED`.
-    serialize: Option<Mutex<()>>,
+    /// Shared with the groups made by `split`: the library's calls are serialised process-wide.
+    serialize: Option<Arc<Mutex<()>>>,
     threading: Threading,
     /// Messages to this rank from itself, by tag.
     self_mail: Mutex<HashMap<u32, VecDeque<Vec<u8>>>>,
     self_mail_cond: Condvar,
     stats: StatsCell,
-    _universe: Universe,
+    /// Shared with the groups made by `split`, so MPI is finalised after the last of them.
+    _universe: Arc<Universe>,
 }
 
 // SAFETY: the handles inside are plain MPI handles. MPI_THREAD_MULTIPLE (checked at `init`)
@@ -104,9 +106,9 @@ impl MpiComm {
             )
         })?;
         let serialize = match level {
-            Threading::Multiple if force_serialized => Some(Mutex::new(())),
+            Threading::Multiple if force_serialized => Some(Arc::new(Mutex::new(()))),
             Threading::Multiple => None,
-            Threading::Serialized => Some(Mutex::new(())),
+            Threading::Serialized => Some(Arc::new(Mutex::new(()))),
             other => {
                 return Err(CommError::Mpi(format!(
                     "the MPI library gives thread level {other:?}; fanout needs SERIALIZED or \
@@ -134,7 +136,7 @@ impl MpiComm {
             self_mail: Mutex::new(HashMap::new()),
             self_mail_cond: Condvar::new(),
             stats: StatsCell::default(),
-            _universe: universe,
+            _universe: Arc::new(universe),
         })
     }
 
@@ -494,6 +496,29 @@ impl Comm for MpiComm {
 
     fn stats(&self) -> CommStats {
         self.stats.get()
+    }
+
+    fn split(&self, color: usize) -> Result<Box<dyn Comm>> {
+        let color = i32::try_from(color)
+            .map_err(|_| CommError::Invalid(format!("split: color {color} is too large")))?;
+        let sub = {
+            let _g = self.guard();
+            self.comm
+                .split_by_color(mpi::topology::Color::with_value(color))
+        }
+        .ok_or_else(|| CommError::Mpi("MPI_Comm_split gave no communicator".into()))?;
+        let (rank, size) = (sub.rank(), sub.size());
+        Ok(Box::new(MpiComm {
+            comm: sub,
+            rank: rank as usize,
+            size: size as usize,
+            serialize: self.serialize.clone(),
+            threading: self.threading,
+            self_mail: Mutex::new(HashMap::new()),
+            self_mail_cond: Condvar::new(),
+            stats: StatsCell::default(),
+            _universe: Arc::clone(&self._universe),
+        }))
     }
 }
 

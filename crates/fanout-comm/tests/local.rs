@@ -44,7 +44,7 @@ fn conformance_with_1_2_and_3_threads() {
     for n in 1..=3 {
         let results = run_group(n, LIMIT, |c| conformance::run(&c));
         for (rank, res) in results.iter().enumerate() {
-            assert_eq!(res.len(), 11);
+            assert_eq!(res.len(), 12);
             for check in res {
                 assert_eq!(
                     check.outcome,
