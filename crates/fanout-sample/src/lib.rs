@@ -36,6 +36,7 @@ pub mod sampler;
 #[cfg(test)]
 mod testutil;
 pub mod weighted;
+pub mod wire;
 
 pub use alias::AliasTables;
 pub use arc_weights::{make_weights, WeightScheme};
