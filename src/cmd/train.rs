@@ -139,6 +139,16 @@ pub struct TrainArgs {
     /// workers; at most the partition's hops) or the whole graph [default: partition].
     #[arg(long, value_enum)]
     pub sample_from: Option<SampleFromArg>,
+    /// Sampler workers of --strategy factored (default: GNNLab's cost model from a trial).
+    #[arg(long, value_name = "N")]
+    pub samplers: Option<usize>,
+    /// --strategy factored: keep samplers sampling only (no dynamic switching to training).
+    #[arg(long)]
+    pub no_switching: bool,
+    /// --strategy factored: slices a sampler may send one trainer ahead of its training
+    /// [default: 4].
+    #[arg(long, value_name = "N")]
+    pub queue_depth: Option<usize>,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
@@ -179,6 +189,8 @@ pub enum StrategyArg {
     Single,
     /// PaGraph's data parallelism: replicas on shares of the seeds, gradients all-reduced.
     DataParallel,
+    /// GNNLab's factored design: sampler workers feed trainer workers through a queue.
+    Factored,
 }
 
 /// `--sample-from`.
@@ -234,8 +246,12 @@ impl TrainArgs {
             c.strategy = Some(match s {
                 StrategyArg::Single => StrategyKind::Single,
                 StrategyArg::DataParallel => StrategyKind::DataParallel,
+                StrategyArg::Factored => StrategyKind::Factored,
             });
         }
+        set(&mut c.factored.samplers, self.samplers.map(Some));
+        c.factored.switching &= !self.no_switching;
+        set(&mut c.factored.queue_depth, self.queue_depth);
         set(&mut c.partition, self.partition.clone().map(Some));
         if let Some(s) = self.sample_from {
             c.sample_from = match s {

@@ -25,14 +25,50 @@ pub enum StrategyKind {
     /// seeds (or on its partition's training vertices), gradients are summed across workers and
     /// every replica takes the same optimiser step.
     DataParallel,
+    /// GNNLab's factored design: sampler workers sample every step's slices and send them
+    /// through a bounded queue to trainer workers, which extract (through their cache) and
+    /// train; a sampler idle at the end of an epoch trains claimed slices (dynamic
+    /// switching). One worker samples each epoch whole, then trains it.
+    Factored,
 }
 
 impl StrategyKind {
-    /// The name used in configs and metrics (`single`, `data-parallel`).
+    /// The name used in configs and metrics (`single`, `data-parallel`, `factored`).
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Single => "single",
             StrategyKind::DataParallel => "data-parallel",
+            StrategyKind::Factored => "factored",
+        }
+    }
+}
+
+/// GNNLab's factored design (`strategy = "factored"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FactoredSpec {
+    /// Sampler workers (`None`: GNNLab's cost model from a trial, `N_s = ceil(N / (K + 1))`
+    /// with `K = T_train / T_sample` per batch).
+    pub samplers: Option<usize>,
+    /// Dynamic switching: a sampler done with its share of an epoch trains slices still
+    /// queued while GNNLab's profit `M_r * T_t / N_t - T_t` is positive.
+    pub switching: bool,
+    /// Slices a sampler may have sent to one trainer and not yet seen taken (the queue's
+    /// back-pressure; at least 1).
+    pub queue_depth: usize,
+    /// Batches the trial that measures `T_sample` and `T_train` samples and trains (at
+    /// least 1).
+    pub trial_batches: usize,
+}
+
+impl Default for FactoredSpec {
+    /// Samplers from the cost model, switching on, queues of 4 slices, a trial of 4 batches.
+    fn default() -> Self {
+        FactoredSpec {
+            samplers: None,
+            switching: true,
+            queue_depth: 4,
+            trial_batches: 4,
         }
     }
 }
@@ -129,6 +165,8 @@ pub struct TrainConfig {
     pub partition: Option<String>,
     /// Where partitioned workers sample from.
     pub sample_from: SampleScope,
+    /// GNNLab's factored design (for `strategy = "factored"`).
+    pub factored: FactoredSpec,
 }
 
 impl Default for TrainConfig {
@@ -156,6 +194,7 @@ impl Default for TrainConfig {
             workers: 1,
             partition: None,
             sample_from: SampleScope::Partition,
+            factored: FactoredSpec::default(),
         }
     }
 }
@@ -254,6 +293,25 @@ impl TrainConfig {
                 return bad("--partition is for --strategy data-parallel");
             }
             _ => {}
+        }
+        if self.strategy_kind() == StrategyKind::Factored {
+            if self.partition.is_some() {
+                return bad("--partition is for --strategy data-parallel, not factored");
+            }
+            let f = &self.factored;
+            if f.queue_depth == 0 || f.trial_batches == 0 {
+                return bad("--queue-depth and --trial-batches must be at least 1");
+            }
+            if let Some(s) = f.samplers {
+                if self.workers > 1 && (s == 0 || s >= self.workers) {
+                    return Err(ExecError::Invalid(format!(
+                        "--samplers {s} with --workers {}: factored runs need at least one \
+                         sampler and one trainer (1 to {})",
+                        self.workers,
+                        self.workers - 1
+                    )));
+                }
+            }
         }
         if self.partition.is_some() && self.dataset.is_none() {
             return bad("--partition needs --dataset (partitions live beside a dataset)");

@@ -35,6 +35,7 @@
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod factored;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
@@ -42,13 +43,15 @@ pub mod run;
 pub mod strategy;
 pub mod trainer;
 
-pub use config::{CacheSpec, SampleScope, StrategyKind, TrainConfig};
+pub use config::{CacheSpec, FactoredSpec, SampleScope, StrategyKind, TrainConfig};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, StageClock, WorkerEpochMetrics};
-pub use pipeline::{BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, TimedSampler};
+pub use pipeline::{
+    BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, TimedSampler,
+};
 pub use run::{
     checkpoint_meta, open_dataset, train, train_worker, RunEnv, TrainOutcome, EMBEDDED_NODES,
     EMBEDDED_SEED,

@@ -116,6 +116,7 @@ pub fn measure_trial_batch<B: Backend>(
         batch,
         features,
         dim: extractor.dim(),
+        remote: None,
         extract,
     };
     trainer.trial_step(p, 0)?;

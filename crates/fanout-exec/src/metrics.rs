@@ -64,6 +64,8 @@ pub struct EpochMetrics {
     pub test_acc: Option<f64>,
     /// Mini-batches trained.
     pub batches: u64,
+    /// Labelled seeds trained, over all workers (each training seed once per epoch).
+    pub seeds: u64,
     /// Sampled edges over the epoch's batches.
     pub edges: u64,
     /// Input nodes (feature rows extracted) over the epoch's batches.

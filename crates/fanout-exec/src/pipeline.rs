@@ -152,6 +152,11 @@ pub struct Prepared {
     pub dim: usize,
     /// Where the feature bytes came from.
     pub extract: ExtractStats,
+    /// `Some(rank)`: the batch is trained by that worker instead (a GNNLab standby trainer
+    /// claimed it); `batch` then holds only its key and seed count, and `features` is empty.
+    /// The trainer hands it its parameters and adds its gradient through
+    /// [`BatchSource::remote_start`] and [`BatchSource::remote_finish`].
+    pub remote: Option<usize>,
 }
 
 /// Sample and extract stages over one seed set (the training set, or a set to evaluate).
@@ -261,6 +266,7 @@ impl Pipeline {
                     features,
                     dim,
                     extract: s,
+                    remote: None,
                 }
             };
             loop {
@@ -318,6 +324,40 @@ pub trait BatchSource: Sync {
     fn epoch(&self, epoch: u64) -> EpochStream;
     /// `(sample_s, extract_s)` busy seconds since the last call (see [`Pipeline::take_times`]).
     fn take_times(&self) -> (f64, f64);
+    /// Consecutive batches of an epoch that form one optimiser step on this worker (1 for a
+    /// pipeline; a factored trainer may take several slices of each step, whose gradients are
+    /// summed before the step).
+    fn items_per_step(&self) -> usize {
+        1
+    }
+    /// Starts the remote computation of a batch another worker claimed
+    /// ([`Prepared::remote`]): hands it the current `params`. Sources without remote batches
+    /// never yield one; the default refuses.
+    fn remote_start(&self, _p: &Prepared, _params: &[f32]) -> Result<()> {
+        Err(ExecError::Invalid(
+            "this batch source has no remote workers".into(),
+        ))
+    }
+    /// Waits for the remote batch's result: its gradient of the summed (not mean) loss over its
+    /// labelled seeds, with the loss sum and counts.
+    fn remote_finish(&self, _p: &Prepared) -> Result<RemoteGradient> {
+        Err(ExecError::Invalid(
+            "this batch source has no remote workers".into(),
+        ))
+    }
+}
+
+/// What a remote worker computed for a claimed batch (see [`BatchSource::remote_finish`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RemoteGradient {
+    /// Sum of the cross-entropy over the labelled seeds.
+    pub loss_sum: f64,
+    /// Seeds predicted correctly.
+    pub correct: usize,
+    /// Labelled seeds.
+    pub labelled: usize,
+    /// The parameter gradient of `loss_sum`, in [`crate::Trainer::gradients_into`]'s layout.
+    pub gradient: Vec<f32>,
 }
 
 impl BatchSource for Pipeline {
@@ -341,6 +381,21 @@ pub struct EpochStream {
 }
 
 impl EpochStream {
+    /// A stream of `total` batches fed by `rx`, whose producer thread, if `handle` is given,
+    /// is joined when the stream ends or is dropped (the producer must stop when its sends
+    /// fail).
+    pub(crate) fn from_channel(
+        rx: Receiver<Result<Prepared>>,
+        handle: Option<JoinHandle<()>>,
+        total: usize,
+    ) -> EpochStream {
+        EpochStream {
+            rx: Some(rx),
+            handle,
+            total,
+        }
+    }
+
     /// Batches this epoch yields in total.
     pub fn len(&self) -> usize {
         self.total

@@ -93,6 +93,9 @@ pub struct TrainOutcome {
     pub features_resident: bool,
     /// Threads this worker computed on.
     pub threads: usize,
+    /// The strategy's own figures (the factored layout, trial and switching), for the
+    /// metrics JSON; `None` for strategies without any.
+    pub strategy_report: Option<serde_json::Value>,
 }
 
 impl TrainOutcome {
@@ -125,6 +128,7 @@ impl TrainOutcome {
             "features_resident": self.features_resident,
             "epochs": self.metrics.epochs,
             "config": c,
+            "factored": self.strategy_report,
         })
     }
 
@@ -383,6 +387,26 @@ pub fn train_worker(
         .as_ref()
         .map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
 
+    let dataset = match &cfg.dataset {
+        None => "embedded".to_string(),
+        Some(d) => d.display().to_string(),
+    };
+    if cfg.strategy_kind() == StrategyKind::Factored {
+        let summary = run_summary(&cfg, &ds, &model_cfg, trainer.model().num_params(), "");
+        let run = crate::factored::FactoredRun {
+            ds,
+            cfg,
+            comm,
+            pool,
+            env,
+            sampler,
+            trainer,
+            threads,
+            dataset,
+            summary,
+        };
+        return crate::factored::run(run, obs);
+    }
     let pcfg = PipelineConfig {
         batch_size: plan.batch_size,
         shuffle: true,
@@ -418,26 +442,12 @@ pub fn train_worker(
     let valid = split(ds.valid.to_vec())?;
     let test = split(ds.test.to_vec())?;
 
-    let dataset = match &cfg.dataset {
-        None => "embedded".to_string(),
-        Some(d) => d.display().to_string(),
-    };
-    let fanout_str: Vec<String> = fanouts.iter().map(|k| k.to_string()).collect();
-    obs.note(&format!(
-        "{} on {} ({} vertices, {} train / {} valid / {} test): {} layers, hidden {}, fanouts {}, batch {}, lr {}, {} parameters{}",
-        cfg.model.name(),
-        if cfg.dataset.is_none() { "the embedded graph".to_string() } else { ds.dir.display().to_string() },
-        ds.num_nodes(),
-        ds.train.len(),
-        ds.valid.len(),
-        ds.test.len(),
-        model_cfg.num_layers,
-        model_cfg.hidden,
-        fanout_str.join(","),
-        batch_size,
-        cfg.lr.unwrap_or(0.0),
+    obs.note(&run_summary(
+        &cfg,
+        &ds,
+        &model_cfg,
         trainer.model().num_params(),
-        plan.describe(workers, threads),
+        &plan.describe(workers, threads),
     ));
     let fit_cfg = FitConfig {
         epochs: cfg.epochs,
@@ -464,14 +474,51 @@ pub fn train_worker(
         dataset,
         features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),
         threads,
+        strategy_report: None,
     })
+}
+
+/// The line describing a run: model, dataset, sizes and settings, then `strategy`.
+fn run_summary(
+    cfg: &TrainConfig,
+    ds: &Dataset,
+    model_cfg: &ModelConfig,
+    params: usize,
+    strategy: &str,
+) -> String {
+    let fanouts: Vec<String> = model_fanouts(cfg).iter().map(|k| k.to_string()).collect();
+    format!(
+        "{} on {} ({} vertices, {} train / {} valid / {} test): {} layers, hidden {}, fanouts \
+         {}, batch {}, lr {}, {} parameters{}",
+        cfg.model.name(),
+        if cfg.dataset.is_none() {
+            "the embedded graph".to_string()
+        } else {
+            ds.dir.display().to_string()
+        },
+        ds.num_nodes(),
+        ds.train.len(),
+        ds.valid.len(),
+        ds.test.len(),
+        model_cfg.num_layers,
+        model_cfg.hidden,
+        fanouts.join(","),
+        cfg.batch_size.unwrap_or(0),
+        cfg.lr.unwrap_or(0.0),
+        params,
+        strategy,
+    )
+}
+
+fn model_fanouts(cfg: &TrainConfig) -> Vec<u32> {
+    cfg.fanouts.clone().unwrap_or_default()
 }
 
 /// Builds the training pipeline's extractor: plain, or with the configured cache (sized by
 /// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
 /// summary line for the user.
 #[allow(clippy::type_complexity)]
-fn build_cache(
+pub(crate) fn build_cache(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,
     sampler: &Arc<dyn Sampler>,

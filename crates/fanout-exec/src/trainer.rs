@@ -203,6 +203,110 @@ impl<B: Backend> Trainer<B> {
         })
     }
 
+    /// One step made of several batches of this worker (a factored trainer's slices of a
+    /// step, some perhaps computed by a standby worker through `src`): the gradients of the
+    /// local batches and the remote results are summed, weighted by labelled seeds, then
+    /// all-reduced over `comm` and divided by the step's labelled count, as
+    /// [`Trainer::compute_reduced_gradients`] does for one batch. The result equals that of a
+    /// data-parallel step whose workers held these batches, up to rounding. The optimiser
+    /// does not step. `outcome` sums this worker's batches (remote ones included).
+    pub fn compute_group_gradients(
+        &mut self,
+        group: Vec<Prepared>,
+        dropout_key: u64,
+        src: &dyn BatchSource,
+        comm: &dyn Comm,
+        scratch: &mut Vec<f32>,
+    ) -> Result<ReducedStep>
+    where
+        B: Send,
+    {
+        let (remote, local): (Vec<Prepared>, Vec<Prepared>) =
+            group.into_iter().partition(|p| p.remote.is_some());
+        if !remote.is_empty() {
+            let params = self.parameters();
+            for p in &remote {
+                src.remote_start(p, &params)?;
+            }
+        }
+        let n = self.model.num_params();
+        let mut acc = vec![0f32; n];
+        let (mut loss_sum, mut correct, mut labelled) = (0f64, 0usize, 0usize);
+        let add = |acc: &mut Vec<f32>, g: &[f32]| -> Result<()> {
+            if g.len() != n {
+                return Err(ExecError::Invalid(format!(
+                    "a gradient of {} values for a model of {n} parameters",
+                    g.len()
+                )));
+            }
+            acc.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+            Ok(())
+        };
+        for p in local {
+            let o = self.run(p, |t, p| t.compute_gradients(p, dropout_key))?;
+            scratch.clear();
+            self.gradients_into(o.labelled as f32, scratch);
+            add(&mut acc, scratch)?;
+            loss_sum += o.loss * o.labelled as f64;
+            correct += o.correct;
+            labelled += o.labelled;
+        }
+        for p in &remote {
+            let r = src.remote_finish(p)?;
+            add(&mut acc, &r.gradient)?;
+            loss_sum += r.loss_sum;
+            correct += r.correct;
+            labelled += r.labelled;
+        }
+        let start = Instant::now();
+        acc.push(labelled as f32);
+        if comm.size() > 1 {
+            comm.all_reduce_sum_f32(&mut acc)?;
+        }
+        let step_labelled = acc.pop().unwrap_or(0.0);
+        let scale = if step_labelled > 0.0 {
+            1.0 / step_labelled
+        } else {
+            0.0
+        };
+        self.set_gradients(&acc, scale)?;
+        Ok(ReducedStep {
+            outcome: BatchOutcome {
+                loss: if labelled > 0 {
+                    loss_sum / labelled as f64
+                } else {
+                    0.0
+                },
+                correct,
+                labelled,
+            },
+            step_labelled: step_labelled as usize,
+            sync_s: start.elapsed().as_secs_f64(),
+            sync_bytes: 4 * (acc.len() as u64 + 1),
+        })
+    }
+
+    /// Replaces every parameter value by the matching run of `flat` (the layout of
+    /// [`Trainer::parameters`]); a standby worker takes a trainer's parameters this way.
+    /// `Err` if `flat`'s length is not the model's parameter count.
+    pub fn set_parameters(&mut self, flat: &[f32]) -> Result<()> {
+        let n = self.model.num_params();
+        if flat.len() != n {
+            return Err(ExecError::Invalid(format!(
+                "{} parameter values for a model of {n} parameters",
+                flat.len()
+            )));
+        }
+        let be = self.model.backend().clone();
+        let mut at = 0;
+        for p in self.model.params_mut() {
+            let (r, c) = be.shape(&p.value);
+            p.value = be.upload_owned(Tensor::new(r, c, flat[at..at + r * c].to_vec()));
+            at += r * c;
+        }
+        Ok(())
+    }
+
     /// Replaces every parameter gradient by the matching run of `flat` (the layout of
     /// [`Trainer::gradients_into`]) multiplied by `scale`. `Err` if `flat`'s length is not the
     /// model's parameter count.
@@ -431,27 +535,46 @@ pub fn fit<B: Backend + Send>(
         let mut extract = ExtractStats::default();
         let mut stream = next.take().unwrap_or_else(|| train.epoch(epoch));
         let total = stream.len() as u64;
+        let per_step = train.items_per_step().max(1);
+        let mut taken = 0u64;
         loop {
             let t = Instant::now();
-            let Some(p) = stream.next() else { break };
+            let mut group = Vec::with_capacity(per_step);
+            for p in stream.by_ref() {
+                group.push(p?);
+                if group.len() == per_step {
+                    break;
+                }
+            }
             wait_s += t.elapsed().as_secs_f64();
-            let p = p?;
-            if batches + 1 == total && epoch + 1 < cfg.epochs {
+            if group.is_empty() {
+                break;
+            }
+            taken += group.len() as u64;
+            if taken == total && epoch + 1 < cfg.epochs {
                 // The last batch of this epoch is in hand: the extract thread is done with
                 // the extractor, so the next epoch can start sampling and extracting.
                 next = Some(train.epoch(epoch + 1));
             }
             let t = Instant::now();
-            edges += p.batch.num_edges() as u64;
-            inputs += p.batch.input_nodes.len() as u64;
-            extract.add(&p.extract);
+            for p in &group {
+                edges += p.batch.num_edges() as u64;
+                inputs += p.batch.input_nodes.len() as u64;
+                extract.add(&p.extract);
+            }
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
-            let key = (epoch << 32) | p.batch.key.step;
-            let out = if workers == 1 {
+            let key = (epoch << 32) | group[0].batch.key.step;
+            let out = if workers == 1 && group.len() == 1 && group[0].remote.is_none() {
+                let p = group.pop().expect("one batch");
                 trainer.run(p, |t, p| t.train_batch(p, key))?
             } else {
-                let r = trainer.compute_reduced_gradients(p, key, comm, &mut grads)?;
+                let r = if group.len() == 1 && group[0].remote.is_none() {
+                    let p = group.pop().expect("one batch");
+                    trainer.compute_reduced_gradients(p, key, comm, &mut grads)?
+                } else {
+                    trainer.compute_group_gradients(group, key, train, comm, &mut grads)?
+                };
                 sync_s += r.sync_s;
                 sync_bytes += r.sync_bytes;
                 trainer.run_apply()?;
@@ -506,6 +629,7 @@ pub fn fit<B: Backend + Send>(
             loss: ratio(loss_sum, labelled as f64),
             train_acc: ratio(correct as f64, labelled as f64),
             batches,
+            seeds: labelled as u64,
             edges,
             input_nodes: inputs,
             hit_rate: extract.hit_rate(),

@@ -37,6 +37,7 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
         dim: ex.dim(),
         features,
         extract,
+        remote: None,
     }
 }
 

@@ -1,0 +1,218 @@
+//! GNNLab's factored design: sampler workers and trainer workers joined by a queue.
+//!
+//! # Roles and the queue
+//!
+//! Of `N` workers, ranks `0..N_t` are **trainers** and ranks `N_t..N` are **samplers**. Every
+//! step's global batch (the one-worker batch) is cut into `N` slices, as data parallelism over
+//! `N` workers would cut it ([`Layout`]). Slice `i` of step `k` is a *task*: sampler
+//! [`Layout::sampler_of`]`(k, i)` samples it (topology and ids only) and sends it to trainer
+//! [`Layout::trainer_of`]`(i)`, which extracts its features through its own cache and trains
+//! it. A trainer sums the gradients of its slices of a step, the trainers all-reduce among
+//! themselves (a [`Comm::split`] group) and take the same optimiser step, so a factored run
+//! computes exactly the data-parallel step of `N` workers, up to rounding, whatever the
+//! allocation. The queue is the only path between the roles: messages of the communicator
+//! (`send`/`recv`, in-process or MPI) with back-pressure by credits ([`QueueSource`] returns
+//! one per slice taken; a sampler keeps at most `queue_depth` slices unacknowledged per
+//! trainer, and samples ahead into its own host-memory backlog, GNNLab's global queue).
+//!
+//! # Allocation
+//!
+//! Unless `samplers` is given, rank 0 runs a trial of a few slices and measures `T_s` (sample
+//! one slice) and `T_t` (extract and train one slice); with `K = T_t / T_s`,
+//! `N_s = ceil(N / (K + 1))` and `N_t = N - N_s` ([`samplers_for`], GNNLab §5.3), at least one
+//! of each.
+//!
+//! # Dynamic switching
+//!
+//! A sampler that has sampled its share of an epoch becomes a standby trainer: before taking
+//! each task still waiting in its backlog it computes GNNLab's profit
+//! `P = M_r * T_t / N_t - T_t` ([`switch_profit`], `M_r` = slices not yet trained) and, while
+//! `P > 0`, *claims* the next one: the trainer receives a claim instead of the slice, hands the
+//! standby its parameters when it reaches that step, and adds the standby's gradient to its own
+//! before the all-reduce. Every slice is therefore trained exactly once, by a trainer or by a
+//! standby, with the parameters of its own step. The sampler returns to sampling at the next
+//! epoch.
+//!
+//! # One worker
+//!
+//! GNNLab's one-device mode: a sampling thread samples the whole epoch into the queue, then the
+//! worker trains it.
+
+mod queue;
+mod role;
+
+pub use queue::QueueSource;
+pub(crate) use role::{run, FactoredRun};
+
+use serde::Serialize;
+
+/// Message tags of the factored design (below [`fanout_comm::MAX_TAG`]).
+pub(crate) mod tag {
+    /// A sampled slice or a claim, sampler -> trainer.
+    pub const TASK: u32 = 101;
+    /// One slice taken, trainer -> sampler.
+    pub const CREDIT: u32 = 102;
+    /// Parameters for a claimed slice, trainer -> standby.
+    pub const PARAMS: u32 = 103;
+    /// The claimed slice's gradient, standby -> trainer.
+    pub const GRAD: u32 = 104;
+}
+
+/// GNNLab's allocation: `N_s = ceil(N / (K + 1))` samplers with `K = t_train / t_sample`,
+/// kept within `1..N` (one sampler and one trainer at least) for `N >= 2`; 1 for `N <= 1`.
+/// A zero or non-finite sampling time counts as `K = infinity` (one sampler).
+pub fn samplers_for(workers: usize, t_train: f64, t_sample: f64) -> usize {
+    if workers <= 1 {
+        return 1;
+    }
+    let k = if t_sample > 0.0 && t_sample.is_finite() && t_train.is_finite() {
+        t_train / t_sample
+    } else {
+        f64::INFINITY
+    };
+    let ns = (workers as f64 / (k + 1.0)).ceil();
+    (ns as usize).clamp(1, workers - 1)
+}
+
+/// GNNLab's switching profit `P = M_r * T_t / N_t - T_t`: positive when a standby trainer can
+/// finish one more task before the `trainers` trainers finish the `remaining` ones; infinite
+/// without trainers.
+pub fn switch_profit(remaining: usize, t_train: f64, trainers: usize) -> f64 {
+    if trainers == 0 {
+        return f64::INFINITY;
+    }
+    remaining as f64 * t_train / trainers as f64 - t_train
+}
+
+/// Who does what in a factored run of `workers` workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    /// Workers in the run.
+    pub workers: usize,
+    /// Trainer workers: ranks `0..trainers` (all of them, 1, with one worker).
+    pub trainers: usize,
+    /// Sampler workers: ranks `trainers..workers` (with one worker, rank 0's sampling thread).
+    pub samplers: usize,
+}
+
+impl Layout {
+    /// The layout of `workers` workers with `samplers` samplers (clamped to `1..workers` for
+    /// several workers; one worker does both).
+    pub fn new(workers: usize, samplers: usize) -> Layout {
+        let workers = workers.max(1);
+        if workers == 1 {
+            return Layout {
+                workers,
+                trainers: 1,
+                samplers: 1,
+            };
+        }
+        let samplers = samplers.clamp(1, workers - 1);
+        Layout {
+            workers,
+            trainers: workers - samplers,
+            samplers,
+        }
+    }
+
+    /// Slices per step: the worker count, so a step is the data-parallel step of `workers`.
+    pub fn lanes(&self) -> usize {
+        self.workers
+    }
+
+    /// The trainer rank that trains slice `slice` of every step.
+    pub fn trainer_of(&self, slice: usize) -> usize {
+        slice % self.trainers
+    }
+
+    /// The rank that samples slice `slice` of step `step` (tasks dealt round-robin).
+    pub fn sampler_of(&self, step: usize, slice: usize) -> usize {
+        if self.workers == 1 {
+            return 0;
+        }
+        self.trainers + (step * self.lanes() + slice) % self.samplers
+    }
+
+    /// Whether `rank` is a trainer.
+    pub fn is_trainer(&self, rank: usize) -> bool {
+        rank < self.trainers
+    }
+
+    /// The slices trainer `rank` trains in every step, in order.
+    pub fn slices_of(&self, rank: usize) -> Vec<usize> {
+        (0..self.lanes())
+            .filter(|&i| self.trainer_of(i) == rank)
+            .collect()
+    }
+}
+
+/// One sampler's figures for one epoch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct SamplerEpoch {
+    /// The sampler's rank.
+    pub rank: usize,
+    /// Epoch.
+    pub epoch: u64,
+    /// Seconds spent sampling.
+    pub sample_s: f64,
+    /// Slices sampled.
+    pub tasks: u64,
+    /// Slices it trained itself as a standby trainer (dynamic switching).
+    pub claimed: u64,
+    /// Seconds spent training claimed slices (waiting for their parameters included).
+    pub standby_s: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_follows_gnnlab() {
+        // K = 3: N_s = ceil(8 / 4) = 2.
+        assert_eq!(samplers_for(8, 3.0, 1.0), 2);
+        // K = 1.5: ceil(8 / 2.5) = 4 (biased toward samplers by the ceiling).
+        assert_eq!(samplers_for(8, 1.5, 1.0), 4);
+        // Sampling-heavy (K = 0.25): ceil(8 / 1.25) = 7.
+        assert_eq!(samplers_for(8, 0.25, 1.0), 7);
+        // Training-heavy: never fewer than one sampler, never all.
+        assert_eq!(samplers_for(8, 100.0, 1.0), 1);
+        assert_eq!(samplers_for(2, 0.001, 1.0), 1);
+        assert_eq!(samplers_for(1, 1.0, 1.0), 1);
+        assert_eq!(samplers_for(4, 1.0, 0.0), 1);
+    }
+
+    #[test]
+    fn profit_is_positive_while_trainers_have_more_than_one_task_each() {
+        assert!(switch_profit(5, 2.0, 2) > 0.0);
+        assert_eq!(switch_profit(2, 2.0, 2), 0.0);
+        assert!(switch_profit(1, 2.0, 2) < 0.0);
+        assert!(switch_profit(0, 2.0, 0).is_infinite());
+    }
+
+    #[test]
+    fn every_slice_has_one_trainer_and_one_sampler() {
+        for workers in 1..6 {
+            for samplers in 1..workers.max(2) {
+                let l = Layout::new(workers, samplers);
+                // One worker is both; otherwise every worker has one role.
+                let want = if workers == 1 { 2 } else { workers };
+                assert_eq!(l.trainers + l.samplers, want);
+                let mut seen = vec![0; l.lanes()];
+                for t in 0..l.trainers {
+                    assert!(l.is_trainer(t));
+                    for s in l.slices_of(t) {
+                        seen[s] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{l:?}: {seen:?}");
+                for step in 0..7 {
+                    for slice in 0..l.lanes() {
+                        let s = l.sampler_of(step, slice);
+                        assert!(workers == 1 && s == 0 || !l.is_trainer(s) && s < workers);
+                    }
+                }
+            }
+        }
+    }
+}
