@@ -36,6 +36,7 @@ pub mod config;
 pub mod error;
 pub mod eval;
 pub mod factored;
+pub mod hybrid;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
