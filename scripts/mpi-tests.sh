@@ -185,6 +185,8 @@ same_run "factored training under mpirun equals --workers 3 (1 sampler)" 3 "${TR
   --strategy factored --samplers 1 --no-switching
 same_run "factored training under mpirun equals --workers 3 (2 samplers)" 3 "${TRAIN[@]}" \
   --strategy factored --samplers 2 --no-switching
+same_run "hybrid training (MorphGL routes) under mpirun equals --workers 3" 3 "${TRAIN[@]}" \
+  --strategy hybrid --samplers 1 --no-switching
 factored_switching() {
   local dir start
   start=$(( $(date +%s%N) / 1000000 ))

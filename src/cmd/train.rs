@@ -191,6 +191,9 @@ pub enum StrategyArg {
     DataParallel,
     /// GNNLab's factored design: sampler workers feed trainer workers through a queue.
     Factored,
+    /// MorphGL's routes on the factored layout: trainers prepare part of their batches
+    /// themselves, split by MorphGL's cost model.
+    Hybrid,
 }
 
 /// `--sample-from`.
@@ -247,6 +250,7 @@ impl TrainArgs {
                 StrategyArg::Single => StrategyKind::Single,
                 StrategyArg::DataParallel => StrategyKind::DataParallel,
                 StrategyArg::Factored => StrategyKind::Factored,
+                StrategyArg::Hybrid => StrategyKind::Hybrid,
             });
         }
         set(&mut c.factored.samplers, self.samplers.map(Some));

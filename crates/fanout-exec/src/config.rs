@@ -30,20 +30,31 @@ pub enum StrategyKind {
     /// train; a sampler idle at the end of an epoch trains claimed slices (dynamic
     /// switching). One worker samples each epoch whole, then trains it.
     Factored,
+    /// MorphGL's routed preparation on the factored layout: each trainer prepares part of its
+    /// slices itself (the CPU route) and receives the rest from the samplers (the remote
+    /// route), split by MorphGL's cost model from profiled per-batch costs.
+    Hybrid,
 }
 
 impl StrategyKind {
-    /// The name used in configs and metrics (`single`, `data-parallel`, `factored`).
+    /// Factored or hybrid: sampler and trainer roles joined by a queue.
+    pub fn is_factored(self) -> bool {
+        matches!(self, StrategyKind::Factored | StrategyKind::Hybrid)
+    }
+
+    /// The name used in configs and metrics (`single`, `data-parallel`, `factored`,
+    /// `hybrid`).
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Single => "single",
             StrategyKind::DataParallel => "data-parallel",
             StrategyKind::Factored => "factored",
+            StrategyKind::Hybrid => "hybrid",
         }
     }
 }
 
-/// GNNLab's factored design (`strategy = "factored"`).
+/// GNNLab's factored design (`strategy = "factored"`, and the layout of `"hybrid"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FactoredSpec {
@@ -294,9 +305,9 @@ impl TrainConfig {
             }
             _ => {}
         }
-        if self.strategy_kind() == StrategyKind::Factored {
+        if self.strategy_kind().is_factored() {
             if self.partition.is_some() {
-                return bad("--partition is for --strategy data-parallel, not factored");
+                return bad("--partition is for --strategy data-parallel, not factored or hybrid");
             }
             let f = &self.factored;
             if f.queue_depth == 0 || f.trial_batches == 0 {

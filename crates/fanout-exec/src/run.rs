@@ -129,6 +129,7 @@ impl TrainOutcome {
             "epochs": self.metrics.epochs,
             "config": c,
             "factored": self.strategy_report,
+            "hybrid": self.strategy_report.as_ref().and_then(|r| r.get("hybrid")),
         })
     }
 
@@ -391,7 +392,7 @@ pub fn train_worker(
         None => "embedded".to_string(),
         Some(d) => d.display().to_string(),
     };
-    if cfg.strategy_kind() == StrategyKind::Factored {
+    if cfg.strategy_kind().is_factored() {
         let summary = run_summary(&cfg, &ds, &model_cfg, trainer.model().num_params(), "");
         let run = crate::factored::FactoredRun {
             ds,

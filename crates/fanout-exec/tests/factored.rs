@@ -134,3 +134,32 @@ fn switching_trains_every_slice_once_and_changes_no_step() {
     assert_eq!(rep["allocation"], "cost model");
     assert!(rep["trial"]["t_train_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn hybrid_routes_change_who_samples_not_the_steps() {
+    let (_dir, ds) = saved_tiny();
+    let dp = run(&config(&ds, 3, StrategyKind::DataParallel));
+    let cfg = TrainConfig {
+        strategy: Some(StrategyKind::Hybrid),
+        ..factored(&ds, 3, Some(1), false)
+    };
+    let h = run(&cfg);
+    assert_same_training(&h, &dp, "hybrid");
+    let rep = &h.strategy_report.as_ref().unwrap()["hybrid"];
+    let split = &rep["split"];
+    let (own, remote) = (
+        split["n_cpu"].as_u64().unwrap(),
+        split["n_gpu"].as_u64().unwrap(),
+    );
+    // Each of the 2 trainers holds 3 slices of each of ceil(train / 40) steps per epoch.
+    let steps = ds.train.len().div_ceil(40) as u64;
+    let per_trainer = steps * (3 / 2 + 3 % 2) as u64;
+    assert!(
+        own + remote == per_trainer || own + remote == steps * (3 / 2) as u64,
+        "{rep}"
+    );
+    assert!(rep["costs"]["t_model"].as_f64().unwrap() > 0.0);
+    for e in &h.metrics.epochs {
+        assert_eq!(e.seeds, ds.train.len() as u64);
+    }
+}

@@ -93,6 +93,10 @@ pub struct Layout {
     pub trainers: usize,
     /// Sampler workers: ranks `trainers..workers` (with one worker, rank 0's sampling thread).
     pub samplers: usize,
+    /// MorphGL's routes (`--strategy hybrid`): of every `local + remote` consecutive slices
+    /// of a trainer, `local` are sampled by the trainer itself (the CPU route) and `remote` by
+    /// the samplers, spread evenly. `None`: every slice comes from the samplers.
+    pub routes: Option<(usize, usize)>,
 }
 
 impl Layout {
@@ -105,6 +109,7 @@ impl Layout {
                 workers,
                 trainers: 1,
                 samplers: 1,
+                routes: None,
             };
         }
         let samplers = samplers.clamp(1, workers - 1);
@@ -112,7 +117,34 @@ impl Layout {
             workers,
             trainers: workers - samplers,
             samplers,
+            routes: None,
         }
+    }
+
+    /// This layout with MorphGL's routes: `local` of every `local + remote` slices of each
+    /// trainer prepared by the trainer itself (at least one of the two positive).
+    pub fn with_routes(mut self, local: usize, remote: usize) -> Layout {
+        self.routes = Some(if local + remote == 0 {
+            (0, 1)
+        } else {
+            (local, remote)
+        });
+        self
+    }
+
+    /// Whether slice `slice` of step `step` is prepared by its trainer itself.
+    pub fn is_local(&self, step: usize, slice: usize) -> bool {
+        let Some((local, remote)) = self.routes else {
+            return false;
+        };
+        let t = self.trainer_of(slice);
+        let mine = self.slices_of(t);
+        let pos = mine.iter().position(|&i| i == slice).unwrap_or(0);
+        let index = step * mine.len() + pos;
+        // Spread the local slices evenly (Bresenham): index i is local when the count of
+        // local slices among the first i + 1 grows.
+        let period = local + remote;
+        (index + 1) * local / period > index * local / period
     }
 
     /// Slices per step: the worker count, so a step is the data-parallel step of `workers`.
@@ -129,6 +161,9 @@ impl Layout {
     pub fn sampler_of(&self, step: usize, slice: usize) -> usize {
         if self.workers == 1 {
             return 0;
+        }
+        if self.is_local(step, slice) {
+            return self.trainer_of(slice);
         }
         self.trainers + (step * self.lanes() + slice) % self.samplers
     }
@@ -210,6 +245,19 @@ mod tests {
                     for slice in 0..l.lanes() {
                         let s = l.sampler_of(step, slice);
                         assert!(workers == 1 && s == 0 || !l.is_trainer(s) && s < workers);
+                        let h = l.with_routes(1, 2).sampler_of(step, slice);
+                        assert!(h == s || h == l.trainer_of(slice));
+                    }
+                }
+                // Routes 1:2: a third of each trainer's slices are its own, spread evenly.
+                let h = l.with_routes(1, 2);
+                for t in 0..l.trainers {
+                    let own: Vec<bool> = (0..30)
+                        .flat_map(|k| l.slices_of(t).into_iter().map(move |i| (k, i)))
+                        .map(|(k, i)| h.is_local(k, i))
+                        .collect();
+                    for w in own.chunks(3).filter(|c| c.len() == 3) {
+                        assert_eq!(w.iter().filter(|&&b| b).count(), 1, "{own:?}");
                     }
                 }
             }

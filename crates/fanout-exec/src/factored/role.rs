@@ -3,8 +3,9 @@
 
 use super::queue::{decode_params, encode_gradient, QueueSource, KIND_BATCH, KIND_CLAIM};
 use super::{samplers_for, switch_profit, tag, Layout, SamplerEpoch};
-use crate::config::TrainConfig;
+use crate::config::{StrategyKind, TrainConfig};
 use crate::error::{ExecError, Result};
+use crate::hybrid::{tune, RouteCosts, RouteSplit};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{Pipeline, PipelineConfig, Prepared, RemoteGradient};
 use crate::run::{build_cache, RunEnv, TrainOutcome};
@@ -67,10 +68,11 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
     let f = cfg.factored.clone();
 
     // Trial and allocation: rank 0 measures, everyone gets its figures.
-    let (t_sample, t_train) = if n > 1 {
+    let hybrid = cfg.strategy_kind() == StrategyKind::Hybrid;
+    let (t_sample, t_extract, t_model) = if n > 1 {
         let mut buf = Vec::new();
         if rank == 0 {
-            let (ts, tt) = trial(
+            let t = trial(
                 &ds,
                 &sampler,
                 &mut trainer,
@@ -80,31 +82,49 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
                 f.trial_batches,
                 &pool,
             )?;
-            buf.extend_from_slice(&ts.to_le_bytes());
-            buf.extend_from_slice(&tt.to_le_bytes());
+            for v in [t.0, t.1, t.2] {
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
         }
         comm.broadcast(0, &mut buf)?;
-        let g = |i: usize| f64::from_le_bytes(buf[i..i + 8].try_into().unwrap_or([0; 8]));
-        if buf.len() != 16 {
+        if buf.len() != 24 {
             return Err(ExecError::Invalid(
                 "factored: rank 0 sent no trial figures".into(),
             ));
         }
-        (g(0), g(8))
+        let g = |i: usize| f64::from_le_bytes(buf[i..i + 8].try_into().unwrap_or([0; 8]));
+        (g(0), g(8), g(16))
     } else {
-        (0.0, 0.0)
+        (0.0, 0.0, 0.0)
     };
+    let t_train = t_extract + t_model;
     let chosen = f
         .samplers
         .unwrap_or_else(|| samplers_for(n, t_train, t_sample));
-    let layout = Layout::new(n, chosen);
+    let mut layout = Layout::new(n, chosen);
+    let routes = (hybrid && n > 1).then(|| {
+        let split = route_split(&layout, steps, t_sample, t_extract, t_model);
+        layout = layout.with_routes(split.n_cpu, split.n_gpu);
+        split
+    });
     let k = if t_sample > 0.0 {
         t_train / t_sample
     } else {
         0.0
     };
+    let routes_line = routes.map_or(String::new(), |r| {
+        format!(
+            "; MorphGL routes: each trainer prepares {} of every {} slices itself (Eq. 6 \
+             x = {:.2}, simulated epoch {:.2} s)",
+            r.n_cpu,
+            r.n_cpu + r.n_gpu,
+            r.x_initial,
+            r.simulated.epoch_s
+        )
+    });
     obs.note(&format!(
-        "{summary}; factored over {n} worker{}: {}",
+        "{summary}; {} over {n} worker{}: {}{routes_line}",
+        if hybrid { "hybrid" } else { "factored" },
         if n == 1 { "" } else { "s" },
         if n == 1 {
             "each epoch is sampled whole into the queue, then trained (GNNLab's one-device mode)"
@@ -207,8 +227,10 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         };
         let (res, sampled) = std::thread::scope(|s| {
             let prod = s.spawn(move || producer.run());
-            // One worker samples on a thread of its own into the queue.
-            let own = (n == 1).then(|| s.spawn(|| sampling.run(None)));
+            // One worker, or a hybrid trainer's own route, samples on a thread of its own
+            // into the queue.
+            let own = (n == 1 || layout.routes.is_some_and(|(local, _)| local > 0))
+                .then(|| s.spawn(|| sampling.run(None)));
             let res = fit(
                 &mut trainer,
                 &source,
@@ -293,11 +315,22 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         "layout": layout,
         "allocation": if f.samplers.is_some() { "by hand" } else { "cost model" },
         "trial": { "batches": f.trial_batches, "t_sample_s": t_sample, "t_train_s": t_train,
+                   "t_extract_s": t_extract, "t_model_s": t_model,
                    "k": k, "cost_model_samplers": samplers_for(n, t_train, t_sample) },
         "switching": f.switching,
         "queue_depth": f.queue_depth,
         "claimed_by_standby": claimed,
         "samplers": samplers,
+        "hybrid": routes.map(|r| serde_json::json!({
+            "costs": RouteCosts {
+                t_cbt: t_sample + t_extract,
+                t_uva: t_extract,
+                t_dma: 0.0,
+                t_model,
+            },
+            "split": r,
+            "slices_per_trainer_per_epoch": { "own_route": r.n_cpu, "remote_route": r.n_gpu },
+        })),
     });
     Ok(TrainOutcome {
         config: cfg,
@@ -315,9 +348,10 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
     })
 }
 
-/// GNNLab's trial on rank 0: `count` slices of epoch 0, each sampled (`T_s`), extracted and
-/// put through a training step that changes nothing (`T_t`); the mean seconds per slice, the
-/// first slice (warm-up) left out.
+/// GNNLab's trial on rank 0: `count` slices of epoch 0, each sampled, extracted and put
+/// through a training step that changes nothing; the mean seconds per slice of the three
+/// (`T_s`, extraction, training; GNNLab's `T_t` is the last two), the first slice (warm-up)
+/// left out.
 #[allow(clippy::too_many_arguments)]
 fn trial(
     ds: &Arc<Dataset>,
@@ -328,10 +362,10 @@ fn trial(
     lanes: usize,
     count: usize,
     pool: &Option<Arc<rayon::ThreadPool>>,
-) -> Result<(f64, f64)> {
+) -> Result<(f64, f64, f64)> {
     let batches = epoch_batches(seeds, lcfg, 0);
     let mut ex = PlainExtractor::new(ds.clone())?;
-    let (mut ts, mut tt) = (0.0, 0.0);
+    let (mut ts, mut te, mut tm) = (0.0, 0.0, 0.0);
     for j in 0..=count {
         let (k, i) = ((j / lanes) % batches.len(), j % lanes);
         let slice = near_equal_part(&batches[k], i, lanes);
@@ -346,6 +380,7 @@ fn trial(
         let t = Instant::now();
         let mut features = Vec::new();
         let extract = on_pool(pool, || ex.extract(&mb.input_nodes, &mut features));
+        let e = t.elapsed().as_secs_f64();
         let p = Prepared {
             batch: mb,
             features,
@@ -353,13 +388,41 @@ fn trial(
             extract,
             remote: None,
         };
+        let t = Instant::now();
         on_pool(pool, || trainer.trial_step(p, 0))?;
         if j > 0 {
             ts += s;
-            tt += t.elapsed().as_secs_f64();
+            te += e;
+            tm += t.elapsed().as_secs_f64();
         }
     }
-    Ok((ts / count as f64, tt / count as f64))
+    let c = count as f64;
+    Ok((ts / c, te / c, tm / c))
+}
+
+/// MorphGL's split of each trainer's slices of an epoch between its own route (it samples and
+/// extracts: `T_CBT = T_s + T_e`) and the remote route (the samplers sample, the trainer only
+/// extracts: `T_UVA = T_e`), training `T_Model`, no device copy (`T_DMA = 0`), tuned by the
+/// Dual-Buffer simulator ([`crate::hybrid::tune`]). The remote route is capped at what the
+/// samplers can sample in the predicted epoch.
+fn route_split(layout: &Layout, steps: usize, ts: f64, te: f64, tm: f64) -> RouteSplit {
+    let per_trainer = steps * layout.slices_of(0).len();
+    let costs = RouteCosts {
+        t_cbt: ts + te,
+        t_uva: te,
+        t_dma: 0.0,
+        t_model: tm,
+    };
+    let mut split = tune(&costs, per_trainer);
+    if ts > 0.0 && split.n_gpu > 0 {
+        let supply = split.simulated.epoch_s * layout.samplers as f64 / ts / layout.trainers as f64;
+        let cap = (supply.floor() as usize).min(per_trainer);
+        if split.n_gpu > cap {
+            split.n_gpu = cap;
+            split.n_cpu = per_trainer - cap;
+        }
+    }
+    split
 }
 
 fn on_pool<R: Send>(pool: &Option<Arc<rayon::ThreadPool>>, f: impl FnOnce() -> R + Send) -> R {
