@@ -217,6 +217,41 @@ mod tests {
         assert_eq!(samplers_for(4, 1.0, 0.0), 1);
     }
 
+    /// GNNLab's own settings: 8 GPUs, per-epoch stage times of one sampler and one trainer
+    /// (Table 5, GNNLab's columns: S, E, T) give `K = (E + T) / S` (our trial measures a
+    /// trainer's extract plus train), and the cost model's `N_s` is compared with the
+    /// allocations GNNLab ran in Table 4. k-hop models (GCN 15,10,5; GraphSAGE 25,10) need 1-4
+    /// samplers; PinSAGE's random walks train 9-11x longer than they sample and need one.
+    #[test]
+    fn cost_model_reproduces_gnnlab_table_4_allocations() {
+        // (model, dataset, S, E, T, samplers in Table 4)
+        let rows = [
+            ("GCN", "PR", 0.39, 0.15, 1.18, 2),
+            ("GCN", "TW", 0.37, 0.76, 1.51, 2),
+            ("GCN", "PA", 0.96, 0.49, 3.82, 2),
+            ("GCN", "UK", 0.56, 3.06, 3.09, 2),
+            ("GSG", "PR", 0.20, 0.08, 0.24, 4),
+            ("GSG", "TW", 0.16, 0.41, 0.43, 2),
+            ("GSG", "PA", 0.46, 0.28, 1.15, 2),
+            ("GSG", "UK", 0.26, 1.39, 1.01, 1),
+            ("PSG", "PR", 0.20, 0.08, 1.72, 1),
+            ("PSG", "TW", 0.28, 0.51, 2.52, 1),
+            ("PSG", "PA", 0.61, 0.33, 6.01, 1),
+            ("PSG", "UK", 0.65, 3.37, 7.00, 1),
+        ];
+        let mut missed = Vec::new();
+        for (model, ds, s, e, t, paper) in rows {
+            let ns = samplers_for(8, e + t, s);
+            if ns != paper {
+                missed.push((model, ds, ns, paper));
+            }
+        }
+        // One miss: GCN on UK, where extraction and training are equal and overlap, so their
+        // sum doubles T_t (K = 11, one sampler); with max(E, T) the model gives GNNLab's 2.
+        assert_eq!(missed, vec![("GCN", "UK", 1, 2)]);
+        assert_eq!(samplers_for(8, 3.09_f64.max(3.06), 0.56), 2);
+    }
+
     #[test]
     fn profit_is_positive_while_trainers_have_more_than_one_task_each() {
         assert!(switch_profit(5, 2.0, 2) > 0.0);
