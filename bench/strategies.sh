@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Single, data-parallel and factored (GNNLab) training side by side in one run, at equal
+# Single, data-parallel, factored (GNNLab) and hybrid (MorphGL routes) training side by side in one run, at equal
 # worker count and total threads, on the products preset with uniform and with weighted
 # sampling (weighted k-hop is the sampling-heavy case where GNNLab says factoring wins).
 #
@@ -27,7 +27,8 @@ DS="$OUT/products"
 COMMON="--dataset $DS --model sage --fanouts 10,25 --batch-size $BATCH --hidden 256 --epochs $EPOCHS --eval-every 0 --threads $THREADS"
 configs=("single|--workers 1 --strategy single"
          "data-parallel|--workers $WORKERS --strategy data-parallel"
-         "factored auto|--workers $WORKERS --strategy factored")
+         "factored auto|--workers $WORKERS --strategy factored"
+         "hybrid auto|--workers $WORKERS --strategy hybrid")
 for s in $(seq 1 $((WORKERS - 1))); do
   configs+=("factored $s sampler(s)|--workers $WORKERS --strategy factored --samplers $s")
 done
@@ -44,8 +45,8 @@ python3 - "$OUT" "$RUNS" "$WORKERS" "${configs[@]}" <<'PY'
 import json, statistics as st, sys
 out, runs, workers, configs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 print(f"products preset, SAGE 10,25, batch 1024, {workers} workers; median epoch (s) over {runs} runs")
-print("| sampler | strategy | epoch s | vs single | samplers chosen | K = T_t/T_s | standby slices/epoch |")
-print("|---|---|---|---|---|---|---|")
+print("| sampler | strategy | epoch s | vs single | samplers chosen | K = T_t/T_s | standby slices/epoch | own:remote slices |")
+print("|---|---|---|---|---|---|---|---|")
 for sampler in ["khop", "weighted"]:
     base = None
     for c in configs:
@@ -58,5 +59,7 @@ for sampler in ["khop", "weighted"]:
         k = f"{f['trial']['k']:.2f}" if f else "-"
         claimed = (f"{st.median(m['factored']['claimed_by_standby'] for m in ms) / len(ms[0]['epochs']):.1f}"
                    if f else "-")
-        print(f"| {sampler} | {name} | {med:.2f} | {base / med:.2f}x | {chosen} | {k} | {claimed} |")
+        h = ms[0].get("hybrid")
+        routes = f"{h['split']['n_cpu']}:{h['split']['n_gpu']}" if h else "-"
+        print(f"| {sampler} | {name} | {med:.2f} | {base / med:.2f}x | {chosen} | {k} | {claimed} | {routes} |")
 PY
