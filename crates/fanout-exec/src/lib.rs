@@ -28,8 +28,10 @@
 //! [`fanout_comm::Comm`]; a strategy ([`strategy`]) decides which seeds each worker trains,
 //! and every strategy runs the same loop, [`fit`], which all-reduces gradients between
 //! [`Trainer::compute_gradients`] and [`Trainer::apply_gradients`] when there are several
-//! workers. Where a trainer's batches come from is a [`BatchSource`]: a local [`Pipeline`]
-//! today, a queue filled by sampler workers for GNNLab's factored design later.
+//! workers. Where a trainer's batches come from is a [`BatchSource`]: a local [`Pipeline`],
+//! or the queue sampler workers fill in GNNLab's factored design ([`factored::QueueSource`];
+//! MorphGL's routes, [`hybrid`], split a trainer's batches between its own threads and that
+//! queue).
 //! [`evaluate_checkpoint`] repeats a saved model's evaluation.
 
 pub mod config;

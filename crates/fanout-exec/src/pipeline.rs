@@ -314,8 +314,8 @@ impl Pipeline {
     }
 }
 
-/// Where a trainer's prepared batches come from: a local [`Pipeline`] today; a queue fed by
-/// other workers (GNNLab's factored design) implements the same trait, so the training loop
+/// Where a trainer's prepared batches come from: a local [`Pipeline`], or the queue other
+/// workers feed ([`crate::factored::QueueSource`], GNNLab's factored design), so the training loop
 /// ([`crate::fit`]) is shared by every strategy.
 pub trait BatchSource: Sync {
     /// Batches of every epoch (every worker of a run sees the same count).

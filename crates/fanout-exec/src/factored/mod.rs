@@ -8,7 +8,7 @@
 //! [`Layout::sampler_of`]`(k, i)` samples it (topology and ids only) and sends it to trainer
 //! [`Layout::trainer_of`]`(i)`, which extracts its features through its own cache and trains
 //! it. A trainer sums the gradients of its slices of a step, the trainers all-reduce among
-//! themselves (a [`Comm::split`] group) and take the same optimiser step, so a factored run
+//! themselves (a [`fanout_comm::Comm::split`] group) and take the same optimiser step, so a factored run
 //! computes exactly the data-parallel step of `N` workers, up to rounding, whatever the
 //! allocation. The queue is the only path between the roles: messages of the communicator
 //! (`send`/`recv`, in-process or MPI) with back-pressure by credits ([`QueueSource`] returns
@@ -41,7 +41,7 @@
 mod queue;
 mod role;
 
-pub use queue::QueueSource;
+pub use queue::{Producer, QueueSource};
 pub(crate) use role::{run, FactoredRun};
 
 use serde::Serialize;

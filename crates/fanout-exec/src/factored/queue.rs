@@ -18,7 +18,7 @@ pub(crate) const KIND_BATCH: u8 = 0;
 pub(crate) const KIND_CLAIM: u8 = 1;
 
 /// A factored trainer's batches: the slices the samplers send it, features extracted through
-/// its cache by a producer thread ([`QueueSource::producer`]) that runs for the whole run.
+/// its cache by a producer thread ([`Producer::run`]) that runs for the whole run.
 /// Guarantee: every epoch yields, in step order, exactly this trainer's slices of every step
 /// ([`Layout::slices_of`]); a slice a standby claimed arrives as a [`Prepared`] with
 /// [`Prepared::remote`] set.
