@@ -22,6 +22,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "== creating $VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
+# The venv's tools first on PATH (maturin's build hook runs the `maturin` executable).
+export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 echo "== numpy, pytest, maturin (PyPI)"

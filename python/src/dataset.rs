@@ -2,7 +2,7 @@
 //! memory-mapped files, and the dataset functions (import, verify).
 
 use crate::convert::{from_py, readonly_view, to_py};
-use crate::errors::{graph, missing_paths, raise, Kind};
+use crate::errors::{check_process, graph, missing_paths, raise, Kind};
 use fanout_graph::{
     BuildOptions, Dataset, DatasetInfo, FeatData, FeatDtype, Ids, Layout, NoProgress, Offsets,
 };
@@ -27,6 +27,7 @@ impl PyDataset {
     /// from checking the offsets (O(vertices)). The GIL is released meanwhile.
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        check_process()?;
         let ds = py
             .detach(|| Dataset::open(&path))
             .map_err(|e| missing_paths(graph(e), &[&path]))?;
@@ -162,14 +163,16 @@ impl PyDataset {
     }
 
     /// In-degree of every vertex (a new uint64 array).
-    fn in_degrees<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+    fn in_degrees<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        check_process()?;
         let ds = self.ds.clone();
-        py.detach(|| ds.topology.in_degrees()).into_pyarray(py)
+        Ok(py.detach(|| ds.topology.in_degrees()).into_pyarray(py))
     }
 
     /// Sizes, degree statistics, split sizes and bytes on disk, as `fanout dataset info
     /// --json` prints them.
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        check_process()?;
         let ds = self.ds.clone();
         let info = py.detach(|| DatasetInfo::of(&ds));
         to_py(py, &info)
@@ -210,6 +213,7 @@ fn split<'py>(slf: &Bound<'py, PyDataset>, name: &str) -> PyResult<Bound<'py, Py
 /// first bad entry otherwise.
 #[pyfunction]
 pub fn verify<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    check_process()?;
     let report = py
         .detach(|| fanout_graph::verify(&path, &NoProgress))
         .map_err(|e| missing_paths(graph(e), &[&path]))?;
@@ -249,6 +253,7 @@ pub fn import_dataset<'py>(
     dst: PathBuf,
     options: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    check_process()?;
     let format: Format = format
         .parse()
         .map_err(|e: String| raise(Kind::Invalid, format!("format: {e}")))?;

@@ -146,3 +146,40 @@ pub fn missing_paths(err: PyErr, paths: &[&Path]) -> PyErr {
     }
     err
 }
+
+/// The process that first called into fanout (0: none yet).
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Called before every native call that may run on fanout's threads (rayon's pool, the
+/// loader's workers). fanout starts those threads on first use; a process forked after that
+/// (a `torch.utils.data.DataLoader` worker, `multiprocessing` with the fork method) inherits
+/// the pool's state but none of its threads, and any parallel work there would wait for
+/// ever. Such a call raises `FanoutError` instead. A process that forks before using fanout,
+/// or starts its children with "spawn", is unaffected.
+pub fn check_process() -> PyResult<()> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let me = std::process::id();
+    match OWNER.compare_exchange(0, me, SeqCst, SeqCst) {
+        Ok(_) => Ok(()),
+        Err(p) if p == me => Ok(()),
+        Err(p) => Err(raise(
+            Kind::Base,
+            format!(
+                "fanout's threads were started in process {p}, and this process ({me}) was \
+                 forked from it after that: it has none of them, so fanout cannot run here (it \
+                 would wait for ever). Use fanout in process {p} (a torch DataLoader needs \
+                 num_workers=0: the loader prefetches on its own threads), or start worker \
+                 processes with the \"spawn\" method. Arrays already taken from a Dataset stay \
+                 readable."
+            ),
+        )),
+    }
+}
+
+/// Whether this is the process whose threads fanout's objects use (or fanout has not started
+/// any yet). Objects dropped in a forked child must not join threads that only exist in the
+/// parent: they are leaked instead.
+pub fn in_owner_process() -> bool {
+    let owner = OWNER.load(std::sync::atomic::Ordering::SeqCst);
+    owner == 0 || owner == std::process::id()
+}

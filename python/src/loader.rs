@@ -9,7 +9,7 @@
 
 use crate::convert::{from_py, to_py};
 use crate::dataset::PyDataset;
-use crate::errors::{exec, graph, raise, Kind};
+use crate::errors::{check_process, exec, graph, in_owner_process, raise, Kind};
 use fanout_cache::{
     build_extractor, CacheConfig, CacheSize, CacheSizeSpec, Extractor, PlainExtractor, Policy,
     PreSampling,
@@ -54,6 +54,7 @@ impl PyLoader {
         seed: u64,
         num_threads: Option<usize>,
     ) -> PyResult<Self> {
+        check_process()?;
         let invalid = |m: String| raise(Kind::Invalid, m);
         // The command line's parser, so the messages are `--fanouts`'s.
         let text: Vec<String> = fanouts.iter().map(i64::to_string).collect();
@@ -160,12 +161,13 @@ impl PyLoader {
     }
 
     /// Starts sampling and gathering epoch `epoch` in the background and returns its batches.
-    fn epoch(&self, py: Python<'_>, epoch: u64) -> PyEpoch {
+    fn epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyEpoch> {
+        check_process()?;
         let pipe = self.pipe.clone();
         let stream = py.detach(move || pipe.epoch(epoch));
-        PyEpoch {
+        Ok(PyEpoch {
             stream: Mutex::new(Some(stream)),
-        }
+        })
     }
 }
 
@@ -228,6 +230,7 @@ impl PyEpoch {
     /// The next prepared batch as a dict of numpy arrays, waiting (without the GIL) until the
     /// pipeline has it; `None` (StopIteration) at the end of the epoch.
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        check_process()?;
         let next = py.detach(|| {
             let mut guard = self.stream.lock().unwrap_or_else(|e| e.into_inner());
             let item = guard.as_mut().and_then(Iterator::next);
@@ -255,7 +258,7 @@ impl PyEpoch {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        py.detach(move || drop(stream));
+        release(py, stream);
     }
 
     /// Batches this epoch yields in total.
@@ -270,11 +273,21 @@ impl PyEpoch {
 
 impl Drop for PyEpoch {
     fn drop(&mut self) {
-        // Joining the stage threads can take a batch's time: not with the GIL held.
         let stream = self.stream.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if stream.is_some() {
-            Python::attach(|py| py.detach(move || drop(stream)));
+            Python::attach(|py| release(py, stream));
         }
+    }
+}
+
+/// Ends an epoch's stream: joins its stage threads without the GIL (that can take a batch's
+/// time), or, in a process forked from the one that started them, leaks it (the threads do
+/// not exist here and joining them would wait for ever).
+fn release(py: Python<'_>, stream: Option<EpochStream>) {
+    if in_owner_process() {
+        py.detach(move || drop(stream));
+    } else {
+        std::mem::forget(stream);
     }
 }
 

@@ -2,7 +2,7 @@
 //! (`fanout_exec::train`, `fanout_exec::evaluate_checkpoint`) and `fanout_compute::io`.
 
 use crate::convert::{from_py, json_to_py, to_py};
-use crate::errors::{compute, exec, missing_paths, raise, Kind};
+use crate::errors::{check_process, compute, exec, missing_paths, raise, Kind};
 use fanout_compute::{io, CpuBackend};
 use fanout_exec::{
     evaluate_checkpoint, BatchOutcome, EpochMetrics, EvalRequest, EvalSplit, FitObserver, RunEnv,
@@ -71,6 +71,7 @@ pub fn train<'py>(
     on_epoch: Option<Py<PyAny>>,
     on_note: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    check_process()?;
     let cfg: TrainConfig = match (config, &config_path) {
         (Some(c), None) => from_py(c, "config")?,
         (None, Some(p)) => TrainConfig::from_file(p)
@@ -136,6 +137,7 @@ pub fn evaluate(
     split: &str,
     feature_residency: &str,
 ) -> PyResult<f64> {
+    check_process()?;
     let split = match split {
         "test" => EvalSplit::Test,
         "valid" => EvalSplit::Valid,

@@ -5,6 +5,7 @@ behaviour in forked processes."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -206,3 +207,42 @@ def test_under_a_forking_torch_dataloader(cora):
     import pickle
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(loader)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_after_use_gets_an_error_not_a_hang(cora, cora_path):
+    loader = fanout.NeighborLoader(cora, "train", [5, 5], 32)
+    it = iter(loader)
+    next(it)  # fanout's threads are running in this process
+    features = cora.features
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what happened through the pipe, never return to pytest
+        try:
+            out = [str(float(features[5].sum()))]  # views stay readable
+            for call in (lambda: fanout.Dataset(cora_path), lambda: next(it),
+                         lambda: list(loader.epoch(0))):
+                try:
+                    call()
+                    out.append("ran")
+                except Exception as e:  # noqa: BLE001
+                    out.append(f"{type(e).__name__}: {e}")
+            os.write(w, "\n".join(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the forked child hung")
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    assert float(lines[0]) == pytest.approx(float(features[5].sum()))
+    assert lines[1].startswith("FanoutError: fanout's threads were started in process")
+    assert lines[2].startswith("FanoutError: fanout's threads were started in process")
+    assert lines[3].startswith("RuntimeError: fanout.NeighborLoader was created in another process")
