@@ -40,6 +40,11 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   "${PIP[@]}" install torch
 fi
 
+# The root workspace excludes python/, so .ci/run's fmt and clippy do not see it: check here.
+echo "== cargo fmt --check, cargo clippy -D warnings (python/)"
+cargo fmt --manifest-path python/Cargo.toml -- --check
+PYO3_PYTHON="$VENV/bin/python" cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
+
 echo "== building and installing the package (pip install ./python)"
 # No build isolation: maturin is in the venv already (no second download), and cargo reuses
 # $CARGO_TARGET_DIR between runs.

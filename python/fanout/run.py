@@ -50,7 +50,8 @@ def train(
     :func:`fanout.torch.load_checkpoint`); ``metrics_out`` (also a key) writes the metrics
     JSON. ``on_epoch(metrics)`` is called after every epoch; ``verbose`` prints a line per
     epoch on stderr. Training runs on Rust threads with the GIL released; an exception
-    raised by ``on_epoch`` is re-raised when the run ends.
+    raised by ``on_epoch`` (or a Ctrl-C, ``KeyboardInterrupt``) takes effect when the run
+    ends: the run itself cannot be interrupted from Python.
 
     Returns the metrics report: ``test_acc`` (of the best-validation epoch), ``best_val_acc``,
     ``best_epoch``, ``median_epoch_s``, ``epochs`` (per-epoch figures) and the resolved

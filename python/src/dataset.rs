@@ -276,7 +276,11 @@ pub fn import_dataset<'py>(
             dedup: a.dedup,
             num_nodes: a.num_nodes,
         },
-        feat_dtype: if a.f16 { FeatDtype::F16 } else { FeatDtype::F32 },
+        feat_dtype: if a.f16 {
+            FeatDtype::F16
+        } else {
+            FeatDtype::F32
+        },
         random: a.random_features.map(|dim| RandomFeatures {
             dim,
             classes: a.classes,

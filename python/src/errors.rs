@@ -140,7 +140,10 @@ pub fn exec(e: ExecError) -> PyErr {
 /// exist (the Rust message, which names the path, is kept). Rust reports some missing inputs
 /// as invalid requests ("not a dataset directory"); to a Python caller they are missing files.
 pub fn missing_paths(err: PyErr, paths: &[&Path]) -> PyErr {
-    if paths.iter().any(|p| !p.as_os_str().is_empty() && !p.exists()) {
+    if paths
+        .iter()
+        .any(|p| !p.as_os_str().is_empty() && !p.exists())
+    {
         let msg = Python::attach(|py| err.value(py).to_string());
         return raise(Kind::NotFound, msg);
     }

@@ -58,7 +58,8 @@ impl PyLoader {
         let invalid = |m: String| raise(Kind::Invalid, m);
         // The command line's parser, so the messages are `--fanouts`'s.
         let text: Vec<String> = fanouts.iter().map(i64::to_string).collect();
-        let fanouts = parse_fanouts(&text.join(",")).map_err(|e| invalid(format!("fanouts: {e}")))?;
+        let fanouts =
+            parse_fanouts(&text.join(",")).map_err(|e| invalid(format!("fanouts: {e}")))?;
         if batch_size == 0 {
             return Err(invalid("batch_size must be at least 1".into()));
         }
@@ -109,8 +110,7 @@ impl PyLoader {
             };
             let (extractor, summary) = match &cache {
                 None => (
-                    Box::new(PlainExtractor::new(ds.clone()).map_err(graph)?)
-                        as Box<dyn Extractor>,
+                    Box::new(PlainExtractor::new(ds.clone()).map_err(graph)?) as Box<dyn Extractor>,
                     None,
                 ),
                 Some(c) => {
@@ -187,16 +187,17 @@ fn build_cache(
                 .map_err(|e| invalid(format!("cache policy: {e}")))?,
         ),
     };
-    let size = match CacheSizeSpec::parse(&c.ratio).map_err(|e| invalid(format!("cache ratio: {e}")))? {
-        CacheSizeSpec::Fixed(s) => s,
-        CacheSizeSpec::Auto => {
-            return Err(invalid(
-                "cache ratio \"auto\" sizes the cache from a trial training step; the loader \
+    let size =
+        match CacheSizeSpec::parse(&c.ratio).map_err(|e| invalid(format!("cache ratio: {e}")))? {
+            CacheSizeSpec::Fixed(s) => s,
+            CacheSizeSpec::Auto => {
+                return Err(invalid(
+                    "cache ratio \"auto\" sizes the cache from a trial training step; the loader \
                  trains nothing: give a ratio, bytes or rows"
-                    .into(),
-            ))
-        }
-    };
+                        .into(),
+                ))
+            }
+        };
     if c.reorder_window > 1 && !c.match_reorder {
         return Err(invalid(format!(
             "cache reorder_window {}: reordering only helps Match; set match_reorder",
@@ -205,7 +206,11 @@ fn build_cache(
     }
     let cfg = CacheConfig {
         policy,
-        size: if policy.is_some() { size } else { CacheSize::Rows(0) },
+        size: if policy.is_some() {
+            size
+        } else {
+            CacheSize::Rows(0)
+        },
         match_previous: c.match_reorder,
         seed,
         ranking: None,
@@ -253,11 +258,7 @@ impl PyEpoch {
     /// Stops the epoch: the sampling and gathering threads finish the batches they are on and
     /// end. Later calls to `__next__` end the iteration.
     fn close(&self, py: Python<'_>) {
-        let stream = self
-            .stream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let stream = self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
         release(py, stream);
     }
 
@@ -273,7 +274,11 @@ impl PyEpoch {
 
 impl Drop for PyEpoch {
     fn drop(&mut self) {
-        let stream = self.stream.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let stream = self
+            .stream
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if stream.is_some() {
             Python::attach(|py| release(py, stream));
         }

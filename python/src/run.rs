@@ -45,12 +45,18 @@ impl FitObserver for PyObserver {
     fn batch_done(&mut self, _outcome: &BatchOutcome) {}
 
     fn epoch_end(&mut self, m: &EpochMetrics) {
-        let f = self.on_epoch.as_ref().map(|f| Python::attach(|py| f.clone_ref(py)));
+        let f = self
+            .on_epoch
+            .as_ref()
+            .map(|f| Python::attach(|py| f.clone_ref(py)));
         self.call(&f, |py| to_py(py, m).map(Bound::unbind));
     }
 
     fn note(&mut self, line: &str) {
-        let f = self.on_note.as_ref().map(|f| Python::attach(|py| f.clone_ref(py)));
+        let f = self
+            .on_note
+            .as_ref()
+            .map(|f| Python::attach(|py| f.clone_ref(py)));
         let line = line.to_string();
         self.call(&f, |py| Ok(line.into_pyobject(py)?.into_any().unbind()));
     }
@@ -74,8 +80,9 @@ pub fn train<'py>(
     check_process()?;
     let cfg: TrainConfig = match (config, &config_path) {
         (Some(c), None) => from_py(c, "config")?,
-        (None, Some(p)) => TrainConfig::from_file(p)
-            .map_err(|e| missing_paths(exec(e), &[p.as_path()]))?,
+        (None, Some(p)) => {
+            TrainConfig::from_file(p).map_err(|e| missing_paths(exec(e), &[p.as_path()]))?
+        }
         _ => {
             return Err(raise(
                 Kind::Invalid,
@@ -89,22 +96,21 @@ pub fn train<'py>(
         on_note,
         error: None,
     };
-    let (report, saved) = py.detach(|| {
-        let out = fanout_exec::train(&cfg, &RunEnv::default(), &mut obs)?;
-        let report = out.report();
-        if let Some(p) = &save_model {
-            out.save_model(p)?;
-        }
-        Ok::<_, fanout_exec::ExecError>((report, save_model.is_some()))
-    })
-    .map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
+    let report = py
+        .detach(|| {
+            let out = fanout_exec::train(&cfg, &RunEnv::default(), &mut obs)?;
+            if let Some(p) = &save_model {
+                out.save_model(p)?;
+            }
+            Ok::<_, fanout_exec::ExecError>(out.report())
+        })
+        .map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
     if let Some(e) = obs.error.take() {
         return Err(e);
     }
     if let Some(p) = &metrics_out {
         write_json(p, &report)?;
     }
-    let _ = saved;
     json_to_py(py, &report)
 }
 
@@ -150,9 +156,8 @@ pub fn evaluate(
         }
     };
     let residency: Residency =
-        serde_json::from_value(serde_json::Value::String(feature_residency.into())).map_err(
-            |e| raise(Kind::Invalid, format!("feature_residency: {e}")),
-        )?;
+        serde_json::from_value(serde_json::Value::String(feature_residency.into()))
+            .map_err(|e| raise(Kind::Invalid, format!("feature_residency: {e}")))?;
     let req = EvalRequest {
         checkpoint: checkpoint.clone(),
         dataset: dataset.clone(),

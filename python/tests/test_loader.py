@@ -119,6 +119,20 @@ def test_batches_equal_the_cli_samplers(cora, cora_path, fanout_cli, sampler, fa
         cli["sampled_edges"], inputs)
 
 
+def test_each_batch_equals_the_cli_samplers_batch(cora, cora_path, fanout_cli):
+    """Batch by batch: `sample-bench --warmup k --batches 1` samples exactly batch k of epoch 0
+    (the first k are untimed), so its figures are batch k's."""
+    loader = fanout.NeighborLoader(cora, "train", [10, 25], 32, seed=5)
+    for k, b in enumerate(loader):
+        r = run_cli(
+            fanout_cli, "sample-bench", "--dataset", str(cora_path), "--fanouts", "10,25",
+            "--batch-size", "32", "--seed", "5", "--warmup", str(k), "--batches", "1", "--json",
+        )
+        assert r.returncode == 0, r.stderr
+        cli = json.loads(r.stdout)
+        assert (cli["sampled_edges"], cli["mean_input_nodes"]) == (b.num_edges, len(b.input_nodes)), k
+
+
 def test_arrays_take_over_the_rust_buffers_without_copy(cora):
     loader = fanout.NeighborLoader(cora, "train", [10, 25], 32)
     b = next(iter(loader))
