@@ -108,6 +108,9 @@ pub fn graph(e: GraphError) -> PyErr {
         }
         GraphError::Io { .. } => Kind::Io,
         GraphError::Format { .. } => Kind::Dataset,
+        // A sampler that panicked (caught by the loader, e.g. on neighbour ids out of range
+        // in a damaged indices.bin, which only `verify` scans): not the caller's argument.
+        GraphError::Invalid(m) if m.contains(" panicked") => Kind::Base,
         GraphError::Invalid(_) => Kind::Invalid,
     };
     raise(kind, e.to_string())

@@ -60,6 +60,21 @@ def test_damaged_entry_fails_verify(damaged_copy):
         fanout.verify(d)
 
 
+def test_ids_out_of_range_while_sampling_raise_not_crash(damaged_copy):
+    """indices.bin is not scanned on open (verify does): a sampler reading an id out of range
+    panics on a Rust thread; the loader catches it and it arrives as an exception."""
+    d = damaged_copy()
+    idx = np.fromfile(d / "indices.bin", dtype=np.uint32)
+    idx[:] = 4_000_000
+    idx.tofile(d / "indices.bin")
+    loader = fanout.NeighborLoader(fanout.Dataset(d), "train", [5, 5], 32)
+    with pytest.raises(fanout.FanoutError, match="panicked: index out of bounds") as e:
+        list(loader)
+    assert not isinstance(e.value, ValueError)
+    with pytest.raises(fanout.DatasetError, match="indices.bin"):
+        fanout.verify(d)
+
+
 def test_missing_meta_field(damaged_copy):
     d = damaged_copy()
     meta = (d / "meta.txt").read_text().splitlines()
