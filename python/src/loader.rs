@@ -306,6 +306,7 @@ fn batch_to_py<'py>(py: Python<'py>, p: Prepared) -> PyResult<Bound<'py, PyDict>
         features,
         dim,
         extract,
+        ..
     } = p;
     let d = PyDict::new(py);
     let addr = PyDict::new(py);
