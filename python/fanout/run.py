@@ -1,0 +1,137 @@
+"""fanout's own trainer and evaluator, through the Rust run API."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _fanout
+from ._fanout import InvalidArgumentError
+
+__all__ = ["evaluate", "read_checkpoint", "train"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _print_epoch(m: Dict[str, Any]) -> None:
+    acc = lambda a: "-" if a is None else f"{a:.4f}"  # noqa: E731
+    print(
+        f"epoch {m['epoch']:>3}  {m['wall_s']:>7.2f}s  sample {m['sample_s']:.2f}s  "
+        f"extract {m['extract_s']:.2f}s  train {m['train_s']:.2f}s  loss {m['loss']:.4f}  "
+        f"train_acc {m['train_acc']:.4f}  val_acc {acc(m['val_acc'])}  "
+        f"test_acc {acc(m['test_acc'])}",
+        file=sys.stderr,
+    )
+
+
+def train(
+    config: Union[Mapping[str, Any], PathLike, None] = None,
+    *,
+    save_model: Optional[PathLike] = None,
+    metrics_out: Optional[PathLike] = None,
+    on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
+    verbose: bool = False,
+    **settings: Any,
+) -> Dict[str, Any]:
+    """Trains a model with fanout's own trainer (``fanout train``) and returns its metrics.
+
+    ``config`` is a run config: a dict with the keys of ``fanout train --config``'s files
+    (``dataset``, ``model`` = ``"sage"|"gcn"|"gat"|"gin"|"pinsage"``, ``fanouts``,
+    ``batch_size``, ``hidden``, ``epochs``, ``lr``, ``weight_decay``, ``dropout``, ``seed``,
+    ``threads``, ``eval_every``, ``prefetch``, ``sampler``, ``cache``, ``workers``, ...), or
+    the path of a TOML/JSON config (or of an earlier run's metrics JSON, which replays it).
+    Keyword ``settings`` are added to (or override) a dict config. Unknown keys are refused.
+
+    ``save_model`` (also accepted as a config key) writes the best-validation model as a
+    safetensors checkpoint (``fanout eval``, :func:`evaluate`,
+    :func:`fanout.torch.load_checkpoint`); ``metrics_out`` (also a key) writes the metrics
+    JSON. ``on_epoch(metrics)`` is called after every epoch; ``verbose`` prints a line per
+    epoch on stderr. Training runs on Rust threads with the GIL released; an exception
+    raised by ``on_epoch`` (or a Ctrl-C, ``KeyboardInterrupt``) takes effect when the run
+    ends: the run itself cannot be interrupted from Python.
+
+    Returns the metrics report: ``test_acc`` (of the best-validation epoch), ``best_val_acc``,
+    ``best_epoch``, ``median_epoch_s``, ``epochs`` (per-epoch figures) and the resolved
+    ``config``.
+    """
+    path: Optional[str] = None
+    cfg: Optional[Dict[str, Any]] = None
+    if config is None:
+        cfg = {}
+    elif isinstance(config, Mapping):
+        cfg = dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if settings:
+            raise InvalidArgumentError(
+                "settings given as keywords need a dict config (a config file is used as it is)"
+            )
+    else:
+        raise InvalidArgumentError(
+            f"config: expected a dict or a path, got {type(config).__name__}"
+        )
+    if cfg is not None:
+        cfg.update(settings)
+        save_model = cfg.pop("save_model", save_model)
+        metrics_out = cfg.pop("metrics_out", metrics_out)
+        for k in ("dataset",):
+            if cfg.get(k) is not None:
+                cfg[k] = os.fspath(cfg[k])
+    callbacks = []
+    if on_epoch is not None:
+        callbacks.append(on_epoch)
+    if verbose:
+        callbacks.append(_print_epoch)
+
+    def each_epoch(m: Dict[str, Any]) -> None:
+        for cb in callbacks:
+            cb(m)
+
+    def note(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    return _fanout.train(
+        cfg,
+        path,
+        None if save_model is None else os.fspath(save_model),
+        None if metrics_out is None else os.fspath(metrics_out),
+        each_epoch if callbacks else None,
+        note if verbose else None,
+    )
+
+
+def evaluate(
+    checkpoint: PathLike,
+    dataset: Optional[PathLike] = None,
+    split: str = "test",
+    *,
+    feature_residency: str = "auto",
+) -> float:
+    """The accuracy of a saved model on ``split`` (``"test"``, ``"valid"`` or ``"train"``) of
+    ``dataset`` (default: the embedded graph ``fanout train`` uses without a dataset), sampled
+    with the fanouts, batch size, seed and sampler stored in the checkpoint, so it equals the
+    test accuracy its training run reported (``fanout eval``)."""
+    return _fanout.evaluate(
+        os.fspath(checkpoint),
+        None if dataset is None else os.fspath(dataset),
+        split,
+        feature_residency,
+    )
+
+
+def read_checkpoint(
+    path: PathLike,
+) -> Tuple[Dict[str, str], Dict[str, Any], Dict[str, np.ndarray]]:
+    """Reads a fanout checkpoint (safetensors) as ``(metadata, model_config, tensors)``.
+
+    ``tensors`` maps ``layers.{i}.{param}`` to float32 arrays ``[rows, cols]``; weights are
+    stored ``in x out`` (the transpose of ``torch.nn.Linear.weight``) and biases ``1 x out``.
+    ``model_config`` has ``kind``, ``in_dim``, ``hidden``, ``num_classes``, ``num_layers``,
+    ``dropout``, ``heads`` and ``seed``; ``metadata`` the run's settings (``train.fanouts``,
+    ``train.batch_size``, ``train.seed``, ``train.config``). The file is checked as
+    ``fanout eval`` checks it.
+    """
+    return _fanout.read_checkpoint(os.fspath(path))

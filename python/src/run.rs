@@ -1,0 +1,219 @@
+//! `fanout.train`, `fanout.evaluate` and checkpoint reading: thin shells over the run API
+//! (`fanout_exec::train`, `fanout_exec::evaluate_checkpoint`) and `fanout_compute::io`.
+
+use crate::convert::{from_py, json_to_py, to_py};
+use crate::errors::{check_process, compute, exec, missing_paths, raise, Kind};
+use fanout_compute::{io, CpuBackend};
+use fanout_exec::{
+    evaluate_checkpoint, BatchOutcome, EpochMetrics, EvalRequest, EvalSplit, FitObserver, RunEnv,
+    TrainConfig,
+};
+use fanout_graph::Residency;
+use numpy::ndarray::Array2;
+use numpy::IntoPyArray;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::{Path, PathBuf};
+
+/// Forwards a run's progress to Python: each finished epoch's metrics (a dict) to `on_epoch`,
+/// set-up lines to `on_note`. Called from the training thread, which takes the GIL only for
+/// the call. The first exception a callback raises is kept and raised when the run ends
+/// (the run itself cannot be interrupted from an observer).
+struct PyObserver {
+    on_epoch: Option<Py<PyAny>>,
+    on_note: Option<Py<PyAny>>,
+    error: Option<PyErr>,
+}
+
+impl PyObserver {
+    fn call(&mut self, f: &Option<Py<PyAny>>, arg: impl FnOnce(Python<'_>) -> PyResult<Py<PyAny>>) {
+        let Some(f) = f else { return };
+        if self.error.is_some() {
+            return;
+        }
+        let r = Python::attach(|py| -> PyResult<()> {
+            f.call1(py, (arg(py)?,))?;
+            Ok(())
+        });
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+    }
+}
+
+impl FitObserver for PyObserver {
+    fn batch_done(&mut self, _outcome: &BatchOutcome) {}
+
+    fn epoch_end(&mut self, m: &EpochMetrics) {
+        let f = self
+            .on_epoch
+            .as_ref()
+            .map(|f| Python::attach(|py| f.clone_ref(py)));
+        self.call(&f, |py| to_py(py, m).map(Bound::unbind));
+    }
+
+    fn note(&mut self, line: &str) {
+        let f = self
+            .on_note
+            .as_ref()
+            .map(|f| Python::attach(|py| f.clone_ref(py)));
+        let line = line.to_string();
+        self.call(&f, |py| Ok(line.into_pyobject(py)?.into_any().unbind()));
+    }
+}
+
+/// Trains the run described by `config` (a dict of `TrainConfig` settings) or `config_path`
+/// (TOML, JSON, or an earlier run's metrics JSON), with the GIL released. Writes the metrics
+/// JSON to `metrics_out` and the best-validation model to `save_model` when given; returns
+/// the metrics report (`fanout train --metrics-out`'s JSON) as a dict.
+#[pyfunction]
+#[pyo3(signature = (config=None, config_path=None, save_model=None, metrics_out=None, on_epoch=None, on_note=None))]
+pub fn train<'py>(
+    py: Python<'py>,
+    config: Option<&Bound<'py, PyAny>>,
+    config_path: Option<PathBuf>,
+    save_model: Option<PathBuf>,
+    metrics_out: Option<PathBuf>,
+    on_epoch: Option<Py<PyAny>>,
+    on_note: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_process()?;
+    let cfg: TrainConfig = match (config, &config_path) {
+        (Some(c), None) => from_py(c, "config")?,
+        (None, Some(p)) => {
+            TrainConfig::from_file(p).map_err(|e| missing_paths(exec(e), &[p.as_path()]))?
+        }
+        _ => {
+            return Err(raise(
+                Kind::Invalid,
+                "give exactly one of config (a dict) and config_path",
+            ))
+        }
+    };
+    let dataset = cfg.dataset.clone().unwrap_or_default();
+    let mut obs = PyObserver {
+        on_epoch,
+        on_note,
+        error: None,
+    };
+    let report = py
+        .detach(|| {
+            let out = fanout_exec::train(&cfg, &RunEnv::default(), &mut obs)?;
+            if let Some(p) = &save_model {
+                out.save_model(p)?;
+            }
+            Ok::<_, fanout_exec::ExecError>(out.report())
+        })
+        .map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
+    if let Some(e) = obs.error.take() {
+        return Err(e);
+    }
+    if let Some(p) = &metrics_out {
+        write_json(p, &report)?;
+    }
+    json_to_py(py, &report)
+}
+
+/// Writes `v` as pretty JSON to `path` (through a temporary file renamed into place).
+fn write_json(path: &Path, v: &serde_json::Value) -> PyResult<()> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| raise(Kind::Base, e.to_string()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let io_err = |e: std::io::Error| {
+        let kind = if e.kind() == std::io::ErrorKind::NotFound {
+            Kind::NotFound
+        } else {
+            Kind::Io
+        };
+        raise(kind, format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::write(&tmp, text).map_err(io_err)?;
+    std::fs::rename(&tmp, path).map_err(io_err)
+}
+
+/// The accuracy of checkpoint `checkpoint` on `split` (`test`, `valid` or `train`) of
+/// `dataset` (`None`: the embedded graph), sampled with the fanouts, batch size, seed and
+/// sampler stored in the checkpoint, as `fanout eval` does.
+#[pyfunction]
+#[pyo3(signature = (checkpoint, dataset=None, split="test", feature_residency="auto"))]
+pub fn evaluate(
+    py: Python<'_>,
+    checkpoint: PathBuf,
+    dataset: Option<PathBuf>,
+    split: &str,
+    feature_residency: &str,
+) -> PyResult<f64> {
+    check_process()?;
+    let split = match split {
+        "test" => EvalSplit::Test,
+        "valid" => EvalSplit::Valid,
+        "train" => EvalSplit::Train,
+        s => {
+            return Err(raise(
+                Kind::Invalid,
+                format!("split: expected \"test\", \"valid\" or \"train\", found {s:?}"),
+            ))
+        }
+    };
+    let residency: Residency =
+        serde_json::from_value(serde_json::Value::String(feature_residency.into()))
+            .map_err(|e| raise(Kind::Invalid, format!("feature_residency: {e}")))?;
+    let req = EvalRequest {
+        checkpoint: checkpoint.clone(),
+        dataset: dataset.clone(),
+        split,
+        feature_residency: residency,
+    };
+    let ds = dataset.unwrap_or_default();
+    py.detach(|| evaluate_checkpoint(&req, &fanout_graph::NoProgress))
+        .map_err(|e| missing_paths(exec(e), &[checkpoint.as_path(), ds.as_path()]))
+}
+
+/// Reads a fanout checkpoint: `(metadata, model_config, tensors)`, where `metadata` maps
+/// every safetensors metadata key to its string, `model_config` is the stored model
+/// configuration (a dict: kind, in_dim, hidden, num_classes, num_layers, dropout, heads,
+/// seed) and `tensors` maps each parameter name (`layers.{i}.{param}`) to a float32 array
+/// `[rows, cols]`, weights `in x out`. The file is checked as `fanout eval` checks it.
+#[pyfunction]
+pub fn read_checkpoint<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyAny>, Bound<'py, PyDict>)> {
+    let bytes = std::fs::read(&path).map_err(|e| {
+        let kind = if e.kind() == std::io::ErrorKind::NotFound {
+            Kind::NotFound
+        } else {
+            Kind::Io
+        };
+        raise(kind, format!("cannot read {}: {e}", path.display()))
+    })?;
+    let bad = |e: fanout_compute::ComputeError| {
+        let msg = format!("{}: {e}", path.display());
+        let err = compute(e);
+        Python::attach(|py| PyErr::from_type(err.get_type(py), (msg,)))
+    };
+    let (meta, model) = py
+        .detach(|| {
+            let meta = io::read_metadata(&bytes)?;
+            let model = io::from_bytes(CpuBackend, &bytes)?;
+            Ok((meta, model))
+        })
+        .map_err(bad)?;
+    let md = PyDict::new(py);
+    let mut keys: Vec<_> = meta.keys().collect();
+    keys.sort();
+    for k in keys {
+        md.set_item(k, &meta[k])?;
+    }
+    let config = to_py(py, model.config())?;
+    let tensors = PyDict::new(py);
+    let be = model.backend();
+    for (name, p) in model.named_params() {
+        let t = fanout_compute::Backend::download(be, &p.value);
+        let (r, c) = t.shape();
+        let a = Array2::from_shape_vec((r, c), t.into_data())
+            .map_err(|e| raise(Kind::Base, format!("tensor {name}: {e}")))?;
+        tensors.set_item(name, a.into_pyarray(py))?;
+    }
+    Ok((md, config, tensors))
+}

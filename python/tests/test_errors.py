@@ -1,0 +1,146 @@
+"""Errors from Rust arrive as Python exceptions with Rust's messages: bad paths, damaged
+datasets, bad arguments. None crashes the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fanout
+from conftest import run_cli
+
+
+def test_exception_hierarchy():
+    assert issubclass(fanout.DatasetError, fanout.FanoutError)
+    assert issubclass(fanout.InvalidArgumentError, fanout.FanoutError)
+    assert issubclass(fanout.InvalidArgumentError, ValueError)
+    assert issubclass(fanout.NotFoundError, FileNotFoundError)
+    assert issubclass(fanout.NotFoundError, fanout.FanoutError)
+    assert issubclass(fanout.FanoutIOError, OSError)
+    assert fanout.FanoutError.__module__ == "fanout"
+
+
+def test_missing_dataset_is_not_found_with_the_cli_message(tmp_path, fanout_cli):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(fanout.NotFoundError) as e:
+        fanout.Dataset(missing)
+    assert "not a dataset directory" in str(e.value)
+    r = run_cli(fanout_cli, "dataset", "info", str(missing))
+    assert r.returncode != 0
+    assert str(e.value) in r.stderr
+
+
+def test_truncated_file_is_a_dataset_error_naming_it(damaged_copy, fanout_cli):
+    d = damaged_copy()
+    feat = d / "feat.bin"
+    feat.write_bytes(feat.read_bytes()[:-8])
+    with pytest.raises(fanout.DatasetError) as e:
+        fanout.Dataset(d)
+    msg = str(e.value)
+    assert "feat.bin" in msg and "truncated" in msg
+    r = run_cli(fanout_cli, "dataset", "info", str(d))
+    assert msg in r.stderr
+
+
+def test_damaged_offsets_are_caught_on_open(damaged_copy):
+    d = damaged_copy()
+    p = np.fromfile(d / "indptr.bin", dtype=np.uint32)
+    p[10] = p[11] + 5  # decreases after entry 10
+    p.tofile(d / "indptr.bin")
+    with pytest.raises(fanout.DatasetError, match=r"indptr.bin: entry 11: .*must not decrease"):
+        fanout.Dataset(d)
+
+
+def test_damaged_entry_fails_verify(damaged_copy):
+    d = damaged_copy()
+    idx = np.fromfile(d / "indices.bin", dtype=np.uint32)
+    idx[3] = 10_000_000
+    idx.tofile(d / "indices.bin")
+    with pytest.raises(fanout.DatasetError, match="indices.bin"):
+        fanout.verify(d)
+
+
+def test_ids_out_of_range_while_sampling_raise_not_crash(damaged_copy):
+    """indices.bin is not scanned on open (verify does): a sampler reading an id out of range
+    panics on a Rust thread; the loader catches it and it arrives as an exception."""
+    d = damaged_copy()
+    idx = np.fromfile(d / "indices.bin", dtype=np.uint32)
+    idx[:] = 4_000_000
+    idx.tofile(d / "indices.bin")
+    loader = fanout.NeighborLoader(fanout.Dataset(d), "train", [5, 5], 32)
+    with pytest.raises(fanout.FanoutError, match="panicked: index out of bounds") as e:
+        list(loader)
+    assert not isinstance(e.value, ValueError)
+    with pytest.raises(fanout.DatasetError, match="indices.bin"):
+        fanout.verify(d)
+
+
+def test_missing_meta_field(damaged_copy):
+    d = damaged_copy()
+    meta = (d / "meta.txt").read_text().splitlines()
+    (d / "meta.txt").write_text("\n".join(l for l in meta if not l.startswith("NUM_NODE")) + "\n")
+    with pytest.raises(fanout.DatasetError, match="meta.txt"):
+        fanout.Dataset(d)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(fanouts=[0, 5]), "fanouts: fanout 0 in"),
+        (dict(fanouts=[]), "fanouts: "),
+        (dict(batch_size=0), "batch_size must be at least 1"),
+        (dict(sampler="bfs"), "sampler: unknown variant `bfs`"),
+        (dict(sampler={"kind": "khop", "walk": 3}), "sampler: unknown field `walk`"),
+        (dict(cache={"policy": "hottest"}), "cache policy"),
+        (dict(cache={"policy": "degree", "ratio": "auto"}), "trains nothing"),
+        (dict(seeds=[1, 2, 99999]), "seed vertex 99999 is out of range; the graph has 2708 vertices"),
+        (dict(seeds=[-1]), "seed vertex -1 is out of range"),
+        (dict(seeds=np.array([0.5])), "integer vertex ids"),
+        (dict(seeds="training"), "seeds: expected"),
+        (dict(num_threads=0), "num_threads must be at least 1"),
+        (dict(sampler="weighted"), "weight.bin"),
+    ],
+)
+def test_bad_loader_arguments(cora, kwargs, match):
+    args = dict(seeds="train", fanouts=[5, 5], batch_size=8)
+    args.update(kwargs)
+    with pytest.raises(fanout.FanoutError, match=match) as e:
+        fanout.NeighborLoader(cora, **args)
+    assert isinstance(e.value, (ValueError, FileNotFoundError))
+
+
+def test_errors_while_sampling_arrive_at_next(cora):
+    loader = fanout.NeighborLoader(cora, [3, 4, 3], [5], 8)  # a seed twice
+    with pytest.raises(fanout.FanoutError, match="seed"):
+        next(iter(loader))
+
+
+def test_run_api_errors(tmp_path, cora_path):
+    with pytest.raises(fanout.InvalidArgumentError, match="unknown field `epoch`"):
+        fanout.train({"dataset": cora_path, "epoch": 3})
+    with pytest.raises(fanout.InvalidArgumentError, match="--epochs must be at least 1"):
+        fanout.train({"dataset": cora_path, "epochs": 0})
+    with pytest.raises(fanout.NotFoundError, match="not a dataset directory"):
+        fanout.train({"dataset": tmp_path / "none", "epochs": 1})
+    with pytest.raises(fanout.NotFoundError):
+        fanout.train(tmp_path / "run.toml")
+    with pytest.raises(fanout.NotFoundError):
+        fanout.evaluate(tmp_path / "model.safetensors", cora_path)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(fanout.FanoutError, match="junk.safetensors: .*not a safetensors file"):
+        fanout.read_checkpoint(junk)
+    with pytest.raises(fanout.InvalidArgumentError, match="split"):
+        fanout.evaluate(junk, cora_path, split="dev")
+
+
+def test_import_errors(sources, tmp_path, cora_path):
+    with pytest.raises(fanout.NotFoundError, match="no such file or directory"):
+        fanout.import_npy(tmp_path / "none", tmp_path / "out")
+    with pytest.raises(fanout.FanoutError, match="exists"):
+        fanout.import_npy(sources / "cora", cora_path)
+    with pytest.raises(fanout.InvalidArgumentError, match="unknown import option"):
+        fanout.import_npy(sources / "cora", tmp_path / "x", symmetrise=True)
+    with pytest.raises(fanout.InvalidArgumentError, match="layout"):
+        fanout.import_npy(sources / "cora", tmp_path / "x", layout="coo")
+    assert not (tmp_path / "x").exists()
