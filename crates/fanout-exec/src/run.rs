@@ -428,20 +428,7 @@ pub fn train_worker(
         obs.note(&line);
     }
     let train = Pipeline::new(sampler.clone(), extractor, plan.train_seeds.clone(), &pcfg)?;
-    let eval_cfg = PipelineConfig {
-        batch_size,
-        plan: plan.eval_plan,
-        ..pcfg.for_evaluation()
-    };
-    let split = |v: Vec<u32>| -> Result<Option<Pipeline>> {
-        if v.is_empty() {
-            return Ok(None);
-        }
-        let ex = PlainExtractor::new(ds.clone())?;
-        Pipeline::new(sampler.clone(), Box::new(ex), v, &eval_cfg).map(Some)
-    };
-    let valid = split(ds.valid.to_vec())?;
-    let test = split(ds.test.to_vec())?;
+    let (valid, test) = eval_pipelines(&ds, &sampler, &pcfg, batch_size, plan.eval_plan)?;
 
     obs.note(&run_summary(
         &cfg,
@@ -477,6 +464,30 @@ pub fn train_worker(
         threads,
         strategy_report: None,
     })
+}
+
+/// The validation and test pipelines of a worker (`None` for an empty split): batches of
+/// `batch_size` cut by `plan`, in order, without a cache, with `pcfg`'s queues and pool.
+pub(crate) fn eval_pipelines(
+    ds: &Arc<Dataset>,
+    sampler: &Arc<dyn Sampler>,
+    pcfg: &PipelineConfig,
+    batch_size: usize,
+    plan: fanout_sample::BatchPlan,
+) -> Result<(Option<Pipeline>, Option<Pipeline>)> {
+    let eval_cfg = PipelineConfig {
+        batch_size,
+        plan,
+        ..pcfg.for_evaluation()
+    };
+    let split = |v: Vec<u32>| -> Result<Option<Pipeline>> {
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let ex = PlainExtractor::new(ds.clone())?;
+        Pipeline::new(sampler.clone(), Box::new(ex), v, &eval_cfg).map(Some)
+    };
+    Ok((split(ds.valid.to_vec())?, split(ds.test.to_vec())?))
 }
 
 /// The line describing a run: model, dataset, sizes and settings, then `strategy`.

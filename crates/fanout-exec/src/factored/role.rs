@@ -7,8 +7,8 @@ use crate::config::{StrategyKind, TrainConfig};
 use crate::error::{ExecError, Result};
 use crate::hybrid::{tune, RouteCosts, RouteSplit};
 use crate::metrics::RunMetrics;
-use crate::pipeline::{Pipeline, PipelineConfig, Prepared, RemoteGradient};
-use crate::run::{build_cache, RunEnv, TrainOutcome};
+use crate::pipeline::{PipelineConfig, Prepared, RemoteGradient};
+use crate::run::{build_cache, eval_pipelines, RunEnv, TrainOutcome};
 use crate::strategy::WorkerPlan;
 use crate::trainer::{fit, FitConfig, FitObserver, Trainer};
 use fanout_cache::{Extractor, PlainExtractor};
@@ -197,20 +197,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         if let Some(line) = line {
             obs.note(&line);
         }
-        let eval_cfg = PipelineConfig {
-            batch_size: batch,
-            plan: plan.eval_plan,
-            ..pcfg.for_evaluation()
-        };
-        let split = |v: Vec<u32>| -> Result<Option<Pipeline>> {
-            if v.is_empty() {
-                return Ok(None);
-            }
-            let ex = PlainExtractor::new(ds.clone())?;
-            Pipeline::new(sampler.clone(), Box::new(ex), v, &eval_cfg).map(Some)
-        };
-        let valid = split(ds.valid.to_vec())?;
-        let test = split(ds.test.to_vec())?;
+        let (valid, test) = eval_pipelines(&ds, &sampler, &pcfg, batch, plan.eval_plan)?;
         let (source, producer) = QueueSource::new(
             comm,
             layout,
