@@ -22,6 +22,7 @@ fn _fanout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<loader::PyEpoch>()?;
+    m.add_class::<loader::FeatureBuffer>()?;
     m.add_function(wrap_pyfunction!(dataset::verify, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::import_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(run::train, m)?)?;

@@ -14,10 +14,10 @@ use fanout_cache::{
     build_extractor, CacheConfig, CacheSize, CacheSizeSpec, Extractor, PlainExtractor, Policy,
     PreSampling,
 };
-use fanout_exec::{CacheSpec, EpochStream, Pipeline, PipelineConfig, Prepared};
+use fanout_exec::{BufferPool, CacheSpec, EpochStream, Pipeline, PipelineConfig, Prepared};
 use fanout_sample::{parse_fanouts, LoaderConfig, SamplerKind, SamplerSpec};
-use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyReadonlyArray1};
+use numpy::ndarray::ArrayView2;
+use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::{Arc, Mutex};
@@ -167,6 +167,7 @@ impl PyLoader {
         let stream = py.detach(move || pipe.epoch(epoch));
         Ok(PyEpoch {
             stream: Mutex::new(Some(stream)),
+            buffers: self.pipe.buffers().clone(),
         })
     }
 }
@@ -224,6 +225,8 @@ fn build_cache(
 #[pyclass(name = "_Epoch", module = "fanout._fanout", frozen)]
 pub struct PyEpoch {
     stream: Mutex<Option<EpochStream>>,
+    /// Where a batch's feature buffer goes back when Python drops its last view of it.
+    buffers: Arc<BufferPool>,
 }
 
 #[pymethods]
@@ -251,7 +254,7 @@ impl PyEpoch {
                 self.close(py);
                 Err(exec(e))
             }
-            Some(Ok(p)) => batch_to_py(py, p).map(Some),
+            Some(Ok(p)) => batch_to_py(py, p, &self.buffers).map(Some),
         }
     }
 
@@ -296,11 +299,65 @@ fn release(py: Python<'_>, stream: Option<EpochStream>) {
     }
 }
 
-/// A prepared batch as a dict of numpy arrays. Every array takes over its Rust vector
-/// (`IntoPyArray`: the vector's buffer becomes the array's memory, no element is copied);
+/// The memory of a batch's feature array: the numpy array borrows this object's vector (it is
+/// the array's `base`), and when the last view of it is gone (the array, `torch.from_numpy`
+/// tensors sharing it) the vector goes back to the pipeline's [`BufferPool`], so the next
+/// batch is gathered into pages already mapped instead of fresh ones.
+#[pyclass(name = "_FeatureBuffer", module = "fanout._fanout", frozen)]
+pub struct FeatureBuffer {
+    buf: Vec<f32>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for FeatureBuffer {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
+/// `features` (`rows x dim`, row-major) as a writeable numpy array over the vector's own
+/// memory (no copy), owned by a [`FeatureBuffer`] that recycles it.
+fn features_to_py<'py>(
+    py: Python<'py>,
+    features: Vec<f32>,
+    rows: usize,
+    dim: usize,
+    pool: &Arc<BufferPool>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if features.len() != rows * dim {
+        return Err(raise(
+            Kind::Base,
+            format!(
+                "features: {} values for {rows} rows x {dim}",
+                features.len()
+            ),
+        ));
+    }
+    let owner = Bound::new(
+        py,
+        FeatureBuffer {
+            buf: features,
+            pool: pool.clone(),
+        },
+    )?;
+    let view = ArrayView2::from_shape((rows, dim), &owner.get().buf[..])
+        .map_err(|e| raise(Kind::Base, format!("features of {rows} rows x {dim}: {e}")))?;
+    // SAFETY: the array's memory is `owner.buf`, which is never touched again while `owner`
+    // lives (the class is frozen: no method moves or resizes the vector), and `owner` becomes
+    // the array's base, so it lives as long as the array and every view of it.
+    let arr = unsafe { PyArray2::borrow_from_array(&view, owner.clone().into_any()) };
+    Ok(arr.into_any())
+}
+
+/// A prepared batch as a dict of numpy arrays. Every array is the Rust vector's own memory
+/// (`IntoPyArray`, or for the features a recycling [`FeatureBuffer`]; no element is copied);
 /// `_addresses` records each buffer's address before the handover so tests can check that
 /// the arrays' data pointers are those buffers.
-fn batch_to_py<'py>(py: Python<'py>, p: Prepared) -> PyResult<Bound<'py, PyDict>> {
+fn batch_to_py<'py>(
+    py: Python<'py>,
+    p: Prepared,
+    pool: &Arc<BufferPool>,
+) -> PyResult<Bound<'py, PyDict>> {
     let Prepared {
         batch,
         features,
@@ -315,9 +372,7 @@ fn batch_to_py<'py>(py: Python<'py>, p: Prepared) -> PyResult<Bound<'py, PyDict>
     d.set_item("step", batch.key.step)?;
     d.set_item("num_seeds", batch.num_seeds)?;
     addr.set_item("features", features.as_ptr() as usize)?;
-    let feats = Array2::from_shape_vec((rows, dim), features)
-        .map_err(|e| raise(Kind::Base, format!("features of {rows} rows x {dim}: {e}")))?;
-    d.set_item("features", feats.into_pyarray(py))?;
+    d.set_item("features", features_to_py(py, features, rows, dim, pool)?)?;
     addr.set_item("input_nodes", batch.input_nodes.as_ptr() as usize)?;
     d.set_item("input_nodes", batch.input_nodes.into_pyarray(py))?;
     match batch.labels {

@@ -149,6 +149,29 @@ def test_arrays_take_over_the_rust_buffers_without_copy(cora):
         assert arr.flags.writeable and arr.flags.c_contiguous
 
 
+def test_feature_buffers_are_recycled_only_once_python_lets_go(cora):
+    """A dropped batch's feature memory is gathered into again; a batch still held keeps its
+    features intact however many batches come after it (against a fresh loader's copies)."""
+    torch = pytest.importorskip("torch")
+    loader = fanout.NeighborLoader(cora, "train", [10, 10], 16, prefetch=1, seed=3)
+    fresh = fanout.NeighborLoader(cora, "train", [10, 10], 16, prefetch=1, seed=3)
+    reference = [b.features.copy() for b in fresh]
+    assert len(reference) >= 5
+    held = None
+    seen, reused = set(), 0
+    for k, b in enumerate(loader):
+        assert np.array_equal(b.features, reference[k]), k
+        if k == 0:
+            held = (b.features, torch.from_numpy(b.features))
+            continue
+        reused += b._addresses["features"] in seen
+        seen.add(b._addresses["features"])
+        del b  # the only reference: its buffer goes back to the pool
+    assert reused > 0, "no batch was gathered into a recycled buffer"
+    assert held[0].ctypes.data not in seen, "a held batch's memory was handed out again"
+    assert np.array_equal(held[0], reference[0]) and np.array_equal(held[1].numpy(), reference[0])
+
+
 def test_cache_gives_the_same_batches(cora):
     plain = fanout.NeighborLoader(cora, "train", [10, 10], 32, seed=4)
     cached = fanout.NeighborLoader(cora, "train", [10, 10], 32, seed=4,

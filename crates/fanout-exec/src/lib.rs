@@ -34,6 +34,7 @@
 //! queue).
 //! [`evaluate_checkpoint`] repeats a saved model's evaluation.
 
+pub mod buffers;
 pub mod config;
 pub mod error;
 pub mod eval;
@@ -46,6 +47,7 @@ pub mod run;
 pub mod strategy;
 pub mod trainer;
 
+pub use buffers::BufferPool;
 pub use config::{CacheSpec, FactoredSpec, SampleScope, StrategyKind, TrainConfig};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};

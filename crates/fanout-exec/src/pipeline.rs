@@ -14,6 +14,7 @@
 //! `max(prefetch, W)` batches ahead so that the next window is sampled while this one is
 //! extracted and trained.
 
+use crate::buffers::BufferPool;
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use fanout_cache::{reorder_batches, ExtractStats, Extractor};
@@ -174,6 +175,7 @@ pub struct Pipeline {
     pool: Option<Arc<rayon::ThreadPool>>,
     sample_clock: Arc<StageClock>,
     extract_clock: Arc<StageClock>,
+    buffers: Arc<BufferPool>,
 }
 
 impl Pipeline {
@@ -214,6 +216,8 @@ impl Pipeline {
             pool: cfg.pool.clone(),
             sample_clock,
             extract_clock: Arc::new(StageClock::default()),
+            // Enough for the batches in flight plus the one the consumer holds.
+            buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
         })
     }
 
@@ -225,6 +229,13 @@ impl Pipeline {
     /// The Greedy Reorder window in effect (1 = batches in sampled order).
     pub fn reorder_window(&self) -> usize {
         self.window
+    }
+
+    /// The free list the extract stage takes its feature buffers from. A consumer done with a
+    /// [`Prepared::features`] gives it back here ([`BufferPool::give`]) to spare the next
+    /// batch fresh pages; one that does not loses nothing but that.
+    pub fn buffers(&self) -> &Arc<BufferPool> {
+        &self.buffers
     }
 
     /// Busy time of the sample stage since the last call to [`Pipeline::take_times`].
@@ -248,12 +259,13 @@ impl Pipeline {
         let ex = self.extractor.clone();
         let clock = self.extract_clock.clone();
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
+        let buffers = self.buffers.clone();
         let handle = std::thread::spawn(move || {
             let mut ex = ex.lock().unwrap();
             let dim = ex.dim();
             let mut extract = |batch: MiniBatch| {
                 let t = Instant::now();
-                let mut features = Vec::new();
+                let mut features = buffers.take();
                 let exr: &mut dyn Extractor = &mut **ex;
                 let mut gather = || exr.extract(&batch.input_nodes, &mut features);
                 let s = match &pool {
