@@ -299,3 +299,45 @@ fn damaged_checkpoints_are_format_errors_not_panics() {
         matches!(io::read_tensor(&st, "train.optim.1", 2, 2), Err(ComputeError::Format(m)) if m.contains("missing tensor train.optim.1"))
     );
 }
+
+#[test]
+fn optimiser_state_exported_and_imported_continues_exactly() {
+    let mut rng = Rng::keyed(&[78]);
+    let (mut a, owned) = trained_model(ModelKind::Sage, &mut rng);
+    let blocks: Vec<_> = owned.iter().map(OwnedBlock::prepare).collect();
+    let x = rand_tensor(14, 6, &mut rng);
+    let grad_step = |m: &mut Model<CpuBackend>, opt: &mut dyn Optimizer<CpuBackend>| {
+        let logits = m
+            .forward(&blocks, x.clone(), Mode::Train { dropout_key: 3 })
+            .unwrap();
+        let ce = BE.softmax_cross_entropy(&logits, &[0, 1, 2, -1]).unwrap();
+        m.zero_grad();
+        m.backward(&ce.grad).unwrap();
+        opt.step_model(m).unwrap();
+    };
+    let mut b = io::from_bytes(BE, &io::to_bytes(&a).unwrap()).unwrap();
+    let mut opt_a = Adam::new(BE, 0.01);
+    grad_step(&mut a, &mut opt_a);
+    // b continues from a's exported state after the same first step.
+    grad_step(&mut b, &mut Adam::new(BE, 0.01));
+    let state = opt_a.export_state();
+    assert_eq!(state.step, 1);
+    assert_eq!(state.tensors.len(), 2 * a.named_params().len());
+    let mut opt_b = Adam::new(BE, 0.01);
+    opt_b.import_state(state.clone()).unwrap();
+    for _ in 0..3 {
+        grad_step(&mut a, &mut opt_a);
+        grad_step(&mut b, &mut opt_b);
+    }
+    let values = |m: &Model<CpuBackend>| tensors_of(m);
+    assert_eq!(values(&a), values(&b));
+    // Without the state, the continuation differs (the test can fail).
+    let mut c = io::from_bytes(BE, &io::to_bytes(&b).unwrap()).unwrap();
+    let mut d = io::from_bytes(BE, &io::to_bytes(&b).unwrap()).unwrap();
+    grad_step(&mut c, &mut opt_b);
+    grad_step(&mut d, &mut Adam::new(BE, 0.01));
+    assert_ne!(values(&c), values(&d));
+    let mut odd = state;
+    odd.tensors.pop();
+    assert!(Adam::new(BE, 0.01).import_state(odd).is_err());
+}
