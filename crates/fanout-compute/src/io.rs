@@ -109,15 +109,13 @@ pub fn save_bytes(bytes: &[u8], path: &Path) -> Result<()> {
 /// Every metadata entry of a safetensors file (the reserved `fanout.*` ones included), without
 /// checking that it is a fanout checkpoint. `Err` if the bytes are not a safetensors file.
 pub fn read_metadata(bytes: &[u8]) -> Result<HashMap<String, String>> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(bytes, e))?;
     Ok(meta.metadata().clone().unwrap_or_default())
 }
 
 /// Reads the configuration stored in a checkpoint without building the model.
 pub fn read_config(bytes: &[u8]) -> Result<ModelConfig> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(bytes, e))?;
     let map = meta
         .metadata()
         .as_ref()
@@ -172,14 +170,17 @@ pub fn from_bytes<B: Backend>(be: B, bytes: &[u8]) -> Result<Model<B>> {
     Ok(model)
 }
 
+/// The error for bytes whose safetensors header cannot be read.
+fn not_safetensors(bytes: &[u8], e: impl std::fmt::Debug) -> ComputeError {
+    fmt_err(format!(
+        "not a safetensors file ({} bytes; truncated or damaged?): {e:?}",
+        bytes.len()
+    ))
+}
+
 /// Parses safetensors bytes (a truncated or garbled file is a [`ComputeError::Format`]).
 fn deserialize(bytes: &[u8]) -> Result<SafeTensors<'_>> {
-    SafeTensors::deserialize(bytes).map_err(|e| {
-        fmt_err(format!(
-            "not a readable safetensors file ({} bytes; truncated or damaged?): {e:?}",
-            bytes.len()
-        ))
-    })
+    SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(bytes, e))
 }
 
 /// Refuses a configuration whose widths no tensor of the file has (a damaged `fanout.config`
