@@ -53,7 +53,7 @@ fn upload_state<B: Backend>(
     state: &OptimState,
 ) -> Result<Vec<B::Tensor>> {
     let n = state.tensors.len();
-    if n > 0 && (per_param == 0 || n % per_param != 0) {
+    if n > 0 && (per_param == 0 || !n.is_multiple_of(per_param)) {
         return Err(ComputeError::State(format!(
             "optimiser state of {n} tensors, expected a multiple of {per_param}"
         )));
