@@ -147,6 +147,11 @@ fn a_resume_that_does_not_match_the_run_is_refused() {
         &["--resume", "cut.st", "truncated"],
     );
     fails(
+        &["eval", "--model", s(&cut), "--dataset", &ds],
+        1,
+        &["cut.st", "truncated"],
+    );
+    fails(
         &small(&ds, "3", &["--resume", s(&t.path().join("absent.st"))]),
         1,
         &["--resume", "absent.st", "cannot read"],
@@ -194,4 +199,31 @@ fn a_non_finite_step_stops_training_and_keeps_the_last_good_checkpoint() {
     let mut args = small(&ds, "3", &["--resume", s(&ck), "--save-model", s(&ck)]);
     args.extend(["--lr", "0.01"]);
     ok(&args);
+}
+
+#[test]
+fn nan_features_stop_training_at_the_first_step_naming_the_likely_cause() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    // A copy of the dataset whose features are all NaN (0xFFFFFFFF is a NaN as f32).
+    let bad = t.path().join("nan");
+    std::fs::create_dir(&bad).unwrap();
+    for e in std::fs::read_dir(&ds).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+    }
+    let feat = bad.join("feat.bin");
+    let n = std::fs::metadata(&feat).unwrap().len() as usize;
+    std::fs::write(&feat, vec![0xFF; n]).unwrap();
+    let ck = t.path().join("nan.st");
+    fails(
+        &small(s(&bad), "2", &["--save-model", s(&ck)]),
+        1,
+        &[
+            "training stopped at epoch 0, step 0",
+            "NaN",
+            "NaN or Inf values in the features",
+        ],
+    );
+    assert!(!ck.exists(), "a checkpoint of a NaN model was written");
 }
