@@ -227,3 +227,34 @@ fn nan_features_stop_training_at_the_first_step_naming_the_likely_cause() {
     );
     assert!(!ck.exists(), "a checkpoint of a NaN model was written");
 }
+
+#[test]
+fn data_parallel_runs_resume_to_the_same_model() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let full = t.path().join("full.st");
+    let part = t.path().join("part.st");
+    let w = ["--workers", "2"];
+    ok(&small(
+        &ds,
+        "3",
+        &[&w[..], &["--save-model", s(&full)]].concat(),
+    ));
+    ok(&small(
+        &ds,
+        "1",
+        &[&w[..], &["--save-model", s(&part)]].concat(),
+    ));
+    let resume = ["--resume", s(&part), "--save-model", s(&part)];
+    ok(&small(&ds, "3", &[&w[..], &resume[..]].concat()));
+    assert_eq!(
+        tensors(&std::fs::read(&full).unwrap()),
+        tensors(&std::fs::read(&part).unwrap())
+    );
+    // Another worker count is another run.
+    fails(
+        &small(&ds, "3", &["--resume", s(&part)]),
+        1,
+        &["other settings", "strategy"],
+    );
+}

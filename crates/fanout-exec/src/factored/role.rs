@@ -231,7 +231,19 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
                 &*sub,
                 obs,
                 ctl,
-            );
+            )
+            .map_err(|e| {
+                // Factored runs write their model only at the end (no per-epoch state).
+                let note = env.checkpoint.map(|p| {
+                    format!(
+                        "nothing was saved to {} (the {} strategy writes its model only at the \
+                         end of the run; a file already there is left as it was)",
+                        p.display(),
+                        cfg.strategy_kind().name()
+                    )
+                });
+                e.with_checkpoint(note)
+            });
             if let Err(e) = &res {
                 // Unblocks the producer and the sampling thread (and the other workers).
                 comm.fail(&e.to_string());
