@@ -1,6 +1,7 @@
 //! `fanout`: the command line of the fanout GNN training engine.
 
 mod cmd;
+mod interrupt;
 mod memory;
 mod progress;
 
@@ -60,14 +61,28 @@ fn default_sigpipe() {
 fn main() {
     default_sigpipe();
     let cli = Cli::parse();
+    // Only the commands that stop cleanly on a signal catch it; the others end at once.
+    let interrupts = match &cli.command {
+        Command::Train(_)
+        | Command::Dataset(
+            cmd::dataset::DatasetCommand::Import(_) | cmd::dataset::DatasetCommand::Gen(_),
+        ) => Some(interrupt::Interrupts::install()),
+        _ => None,
+    };
+    let cancel = interrupts.as_ref().map(|i| &i.cancel);
     let result = match &cli.command {
-        Command::Dataset(c) => cmd::dataset::run(c, cli.quiet),
-        Command::Train(a) => cmd::train::run(a, cli.quiet),
+        Command::Dataset(c) => cmd::dataset::run(c, cli.quiet, cancel),
+        Command::Train(a) => cmd::train::run(a, cli.quiet, cancel),
         Command::Eval(a) => cmd::eval::run(a, cli.quiet),
         Command::SampleBench(a) => cmd::sample_bench::run(a),
         Command::CacheSim(a) => cmd::cache_sim::run(a, cli.quiet),
     };
     if let Err(msg) = result {
+        // An interrupted command says so in one line (its message starts "interrupted").
+        if let Some(code) = interrupts.as_ref().and_then(|i| i.exit_code()) {
+            eprintln!("{msg}");
+            std::process::exit(code);
+        }
         eprintln!("error: {msg}");
         std::process::exit(1);
     }

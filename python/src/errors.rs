@@ -112,6 +112,8 @@ pub fn graph(e: GraphError) -> PyErr {
         // in a damaged indices.bin, which only `verify` scans): not the caller's argument.
         GraphError::Invalid(m) if m.contains(" panicked") => Kind::Base,
         GraphError::Invalid(_) => Kind::Invalid,
+        // Cancellation (not offered to Python callers yet, which pass no token).
+        GraphError::Interrupted => Kind::Base,
     };
     raise(kind, e.to_string())
 }
@@ -136,6 +138,9 @@ pub fn exec(e: ExecError) -> PyErr {
         ExecError::Compute(c) => compute(c),
         ExecError::Invalid(m) => raise(Kind::Invalid, m),
         ExecError::Comm(c) => raise(Kind::Base, c.to_string()),
+        e @ (ExecError::Interrupted { .. } | ExecError::NonFinite { .. }) => {
+            raise(Kind::Base, e.to_string())
+        }
     }
 }
 

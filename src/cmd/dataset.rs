@@ -2,11 +2,13 @@
 
 use crate::progress::Bars;
 use clap::{Args, Subcommand, ValueEnum};
-use fanout_graph::{verify, BuildOptions, Dataset, DatasetInfo, FeatDtype, Layout, VerifyReport};
-use fanout_import::{import, Format, ImportOptions, RandomFeatures};
+use fanout_graph::{
+    verify, BuildOptions, Cancel, Dataset, DatasetInfo, FeatDtype, Layout, VerifyReport,
+};
+use fanout_import::{import_with_cancel, Format, ImportOptions, RandomFeatures};
 use fanout_sample::alias::write_weights;
 use fanout_sample::{make_weights, WeightScheme};
-use fanout_synth::{generate, GenOptions, Preset};
+use fanout_synth::{generate_with_cancel, GenOptions, Preset};
 use std::path::PathBuf;
 
 /// Dataset tools.
@@ -202,8 +204,19 @@ pub struct InfoArgs {
 }
 
 /// Runs a dataset subcommand; the error string is printed after "error: ".
-pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
+pub fn run(cmd: &DatasetCommand, quiet: bool, cancel: Option<&Cancel>) -> Result<(), String> {
     let bars = Bars::new(quiet);
+    let never = Cancel::new();
+    let cancel = cancel.unwrap_or(&never);
+    fn written(out: &std::path::Path) -> impl Fn(fanout_graph::Error) -> String + '_ {
+        move |e| match e {
+            fanout_graph::Error::Interrupted => format!(
+                "interrupted: nothing was written to {} (the partial output was removed)",
+                out.display()
+            ),
+            e => e.to_string(),
+        }
+    }
     match cmd {
         DatasetCommand::Import(a) => {
             let opts = ImportOptions {
@@ -232,7 +245,8 @@ pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
                 FormatArg::Ogb => Format::Ogb,
                 FormatArg::Edgelist => Format::EdgeList,
             };
-            let s = import(format, &a.src, &a.out, &opts, &bars).map_err(|e| e.to_string())?;
+            let s = import_with_cancel(format, &a.src, &a.out, &opts, &bars, cancel)
+                .map_err(written(&a.out))?;
             let headline = format!(
                 "imported {} ({}) into {} in {:.2} s: {} nodes, {} arcs ({} read, {} self-loops dropped, {} reverse arcs added, {} duplicates dropped), {:.0} input arcs/s",
                 s.source,
@@ -263,7 +277,8 @@ pub fn run(cmd: &DatasetCommand, quiet: bool) -> Result<(), String> {
                 layout: a.write.layout.into(),
                 overwrite: a.write.overwrite,
             };
-            let (_, s) = generate(&cfg, &opts, Some(&a.out), &bars).map_err(|e| e.to_string())?;
+            let (_, s) = generate_with_cancel(&cfg, &opts, Some(&a.out), &bars, cancel)
+                .map_err(written(&a.out))?;
             let headline = format!(
                 "generated {} into {} in {:.2} s: {} nodes, {} arcs ({:.2} M arcs/s), {}-dim features, {} classes, split {}/{}/{}, homophily {:.3}",
                 s.preset,

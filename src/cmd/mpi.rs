@@ -21,6 +21,9 @@ pub fn train(a: &TrainArgs, cfg: &TrainConfig, quiet: bool) -> Result<(), String
     let env = RunEnv {
         progress: &bars,
         probe: Some(&probe),
+        checkpoint: a.save_model.as_deref(),
+        resume: a.resume.as_deref(),
+        ..RunEnv::default()
     };
     let result = (|| {
         if let Some(t) = cfg.threads {

@@ -83,9 +83,17 @@ pub struct TrainArgs {
     /// worker's figures, and the full config under "config", so `--config` replays it).
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
-    /// Save the best-validation model (safetensors) for `fanout eval`.
+    /// Save the best-validation model (safetensors) for `fanout eval`, with the training
+    /// state (current parameters, Adam moments and step, epochs done) for `--resume`. Written
+    /// atomically after every epoch, so an interrupted or failed run keeps its last good one.
     #[arg(long)]
     pub save_model: Option<PathBuf>,
+    /// Continue the run saved in CKPT (by --save-model) up to --epochs, with the same model,
+    /// dataset and settings (only --epochs, --threads, --prefetch, --eval-every and
+    /// --feature-residency may change). The result equals the uninterrupted run's. Metrics
+    /// list the resumed epochs only. Not for --strategy factored or hybrid.
+    #[arg(long, value_name = "CKPT")]
+    pub resume: Option<PathBuf>,
     /// Batches queued between pipeline stages [default: 2].
     #[arg(long)]
     pub prefetch: Option<usize>,
@@ -347,7 +355,11 @@ impl FitObserver for Observer {
 }
 
 /// Runs `fanout train`: in this process, or as one MPI rank when started by mpirun.
-pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
+pub fn run(
+    a: &TrainArgs,
+    quiet: bool,
+    cancel: Option<&fanout_graph::Cancel>,
+) -> Result<(), String> {
     let _device = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
@@ -367,6 +379,9 @@ pub fn run(a: &TrainArgs, quiet: bool) -> Result<(), String> {
     let env = RunEnv {
         progress: &bars,
         probe: Some(&probe),
+        cancel,
+        checkpoint: a.save_model.as_deref(),
+        resume: a.resume.as_deref(),
     };
     let mut obs = observer(&cfg, quiet);
     let out = fanout_exec::train(&cfg, &env, &mut obs).map_err(|e| e.to_string())?;

@@ -6,7 +6,13 @@
 //! [`FORMAT`] and `fanout.config` = the [`ModelConfig`] as JSON, enough to rebuild the model.
 //! Loading checks the format tag, the configuration, and that the file has exactly the
 //! model's tensor names with the expected dtype and shapes; any mismatch is a
-//! [`ComputeError::Format`] naming the tensor.
+//! [`ComputeError::Format`] naming the tensor. The configuration's widths are checked against
+//! the tensors the file holds *before* the model is allocated, so a damaged `fanout.config`
+//! (say `in_dim` 10^12) is an error, not an allocation failure.
+//!
+//! Tensors named with the [`TRAIN_STATE_PREFIX`] belong to a trainer's resumable state (the
+//! current parameters and the optimiser's state, see `fanout train --resume`); the model
+//! loader ignores them and [`read_tensor`] reads them one by one, validated.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,6 +31,9 @@ pub const FORMAT_KEY: &str = "fanout.format";
 /// Metadata key of the JSON model configuration.
 pub const CONFIG_KEY: &str = "fanout.config";
 
+/// Prefix of the tensors that hold a trainer's resumable state, not the model's parameters.
+pub const TRAIN_STATE_PREFIX: &str = "train.";
+
 fn fmt_err(m: impl Into<String>) -> ComputeError {
     ComputeError::Format(m.into())
 }
@@ -37,15 +46,27 @@ pub fn to_bytes<B: Backend>(model: &Model<B>) -> Result<Vec<u8>> {
 /// [`to_bytes`] with extra metadata entries (e.g. the sampling settings a trainer used, so that
 /// evaluation can repeat them). Keys must not start with `fanout.` (reserved); `Err` if one does.
 pub fn to_bytes_with<B: Backend>(model: &Model<B>, extra: &[(String, String)]) -> Result<Vec<u8>> {
-    if let Some((k, _)) = extra.iter().find(|(k, _)| k.starts_with("fanout.")) {
-        return Err(fmt_err(format!("metadata key {k:?} is reserved")));
-    }
     let be = model.backend();
     let host: Vec<(String, Tensor)> = model
         .named_params()
         .into_iter()
         .map(|(n, p)| (n, be.download(&p.value)))
         .collect();
+    to_bytes_parts(model.config(), &host, extra)
+}
+
+/// Serialises a checkpoint from host tensors: `config` and the model's named parameters
+/// (`layers.*`, as [`Model::named_params`] names them), followed by any tensors of a trainer's
+/// state (names starting with [`TRAIN_STATE_PREFIX`]), with `extra` metadata as in
+/// [`to_bytes_with`]. `Err` if a name is repeated or a metadata key is reserved.
+pub fn to_bytes_parts(
+    config: &ModelConfig,
+    host: &[(String, Tensor)],
+    extra: &[(String, String)],
+) -> Result<Vec<u8>> {
+    if let Some((k, _)) = extra.iter().find(|(k, _)| k.starts_with("fanout.")) {
+        return Err(fmt_err(format!("metadata key {k:?} is reserved")));
+    }
     let bytes: Vec<Vec<u8>> = host
         .iter()
         .map(|(_, t)| t.data().iter().flat_map(|v| v.to_le_bytes()).collect())
@@ -56,7 +77,7 @@ pub fn to_bytes_with<B: Backend>(model: &Model<B>, extra: &[(String, String)]) -
             .map_err(|e| fmt_err(format!("tensor {name}: {e:?}")))?;
         views.push((name.clone(), view));
     }
-    let config = serde_json::to_string(model.config())
+    let config = serde_json::to_string(config)
         .map_err(|e| fmt_err(format!("cannot encode configuration: {e}")))?;
     let mut meta = HashMap::from([
         (FORMAT_KEY.to_string(), FORMAT.to_string()),
@@ -88,15 +109,13 @@ pub fn save_bytes(bytes: &[u8], path: &Path) -> Result<()> {
 /// Every metadata entry of a safetensors file (the reserved `fanout.*` ones included), without
 /// checking that it is a fanout checkpoint. `Err` if the bytes are not a safetensors file.
 pub fn read_metadata(bytes: &[u8]) -> Result<HashMap<String, String>> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(bytes, e))?;
     Ok(meta.metadata().clone().unwrap_or_default())
 }
 
 /// Reads the configuration stored in a checkpoint without building the model.
 pub fn read_config(bytes: &[u8]) -> Result<ModelConfig> {
-    let (_, meta) = SafeTensors::read_metadata(bytes)
-        .map_err(|e| fmt_err(format!("not a safetensors file: {e:?}")))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(bytes, e))?;
     let map = meta
         .metadata()
         .as_ref()
@@ -127,10 +146,16 @@ pub fn read_config(bytes: &[u8]) -> Result<ModelConfig> {
 /// checked). Gradients start at zero.
 pub fn from_bytes<B: Backend>(be: B, bytes: &[u8]) -> Result<Model<B>> {
     let config = read_config(bytes)?;
-    let st = SafeTensors::deserialize(bytes).map_err(|e| fmt_err(format!("{e:?}")))?;
+    let st = deserialize(bytes)?;
+    check_config_fits(&config, &st)?;
     let mut model = Model::new(be.clone(), config)?;
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
-    let mut in_file: Vec<String> = st.names().into_iter().cloned().collect();
+    let mut in_file: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| !n.starts_with(TRAIN_STATE_PREFIX))
+        .cloned()
+        .collect();
     in_file.sort();
     if let Some(extra) = in_file.iter().find(|n| !names.contains(n)) {
         return Err(fmt_err(format!(
@@ -138,30 +163,95 @@ pub fn from_bytes<B: Backend>(be: B, bytes: &[u8]) -> Result<Model<B>> {
         )));
     }
     for (name, p) in names.iter().zip(model.params_mut()) {
-        let view = st
-            .tensor(name)
-            .map_err(|_| fmt_err(format!("missing tensor {name}")))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(fmt_err(format!(
-                "tensor {name} has dtype {:?}, expected F32",
-                view.dtype()
-            )));
-        }
         let (r, c) = be.shape(&p.value);
-        if view.shape() != [r, c] {
-            return Err(fmt_err(format!(
-                "tensor {name} has shape {:?}, the model expects [{r}, {c}]",
-                view.shape()
-            )));
-        }
-        let data: Vec<f32> = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        p.value = be.upload(&Tensor::new(r, c, data));
+        let t = tensor_from(&st, name, r, c)?;
+        p.value = be.upload(&t);
     }
     Ok(model)
+}
+
+/// The error for bytes whose safetensors header cannot be read.
+fn not_safetensors(bytes: &[u8], e: impl std::fmt::Debug) -> ComputeError {
+    fmt_err(format!(
+        "not a safetensors file ({} bytes; truncated or damaged?): {e:?}",
+        bytes.len()
+    ))
+}
+
+/// Parses safetensors bytes (a truncated or garbled file is a [`ComputeError::Format`]).
+fn deserialize(bytes: &[u8]) -> Result<SafeTensors<'_>> {
+    SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(bytes, e))
+}
+
+/// Refuses a configuration whose widths no tensor of the file has (a damaged `fanout.config`
+/// would otherwise make [`Model::new`] allocate a huge model before the shape checks run).
+fn check_config_fits(config: &ModelConfig, st: &SafeTensors<'_>) -> Result<()> {
+    let tensors = st.tensors();
+    let largest = tensors
+        .iter()
+        .flat_map(|(_, v)| v.shape().to_vec())
+        .max()
+        .unwrap_or(0);
+    // A one-layer GCN, SAGE or GAT has no hidden representation: `hidden` sizes nothing.
+    let hidden_used = config.num_layers > 1
+        || matches!(
+            config.kind,
+            crate::model::ModelKind::Gin | crate::model::ModelKind::PinSage
+        );
+    let widths = [
+        ("in_dim", config.in_dim),
+        ("hidden", if hidden_used { config.hidden } else { 0 }),
+        ("num_classes", config.num_classes),
+        ("heads", config.heads),
+    ];
+    for (field, v) in widths {
+        if v > largest {
+            return Err(fmt_err(format!(
+                "{CONFIG_KEY} has {field} {v}, but no tensor in the file is that wide (largest \
+                 dimension {largest}): the configuration does not describe these tensors"
+            )));
+        }
+    }
+    if config.num_layers > tensors.len() {
+        return Err(fmt_err(format!(
+            "{CONFIG_KEY} has num_layers {}, but the file holds only {} tensors",
+            config.num_layers,
+            tensors.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The F32 tensor `name` of `st`, checked to be `[rows, cols]`.
+fn tensor_from(st: &SafeTensors<'_>, name: &str, rows: usize, cols: usize) -> Result<Tensor> {
+    let view = st
+        .tensor(name)
+        .map_err(|_| fmt_err(format!("missing tensor {name}")))?;
+    if view.dtype() != Dtype::F32 {
+        return Err(fmt_err(format!(
+            "tensor {name} has dtype {:?}, expected F32",
+            view.dtype()
+        )));
+    }
+    if view.shape() != [rows, cols] {
+        return Err(fmt_err(format!(
+            "tensor {name} has shape {:?}, expected [{rows}, {cols}]",
+            view.shape()
+        )));
+    }
+    let data: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok(Tensor::new(rows, cols, data))
+}
+
+/// Reads tensor `name` of checkpoint bytes, checked to be F32 of shape `[rows, cols]` (a
+/// trainer's state tensors are read this way). `Err` naming the tensor if it is missing or
+/// differs.
+pub fn read_tensor(bytes: &[u8], name: &str, rows: usize, cols: usize) -> Result<Tensor> {
+    tensor_from(&deserialize(bytes)?, name, rows, cols)
 }
 
 /// Reads a checkpoint written by [`save`] and rebuilds the model on `be`.

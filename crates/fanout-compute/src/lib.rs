@@ -47,5 +47,5 @@ pub use layers::{
     PinSageLayer, SageLayer,
 };
 pub use model::{Mode, Model, ModelConfig, ModelKind, PaperSetting};
-pub use optim::{Adam, Optimizer, Sgd};
+pub use optim::{Adam, OptimState, Optimizer, Sgd};
 pub use tensor::Tensor;

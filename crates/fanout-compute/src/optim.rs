@@ -4,6 +4,19 @@ use crate::backend::{AdamUpdate, Backend, SgdUpdate};
 use crate::error::{ComputeError, Result};
 use crate::layers::Param;
 use crate::model::Model;
+use crate::tensor::Tensor;
+
+/// An optimiser's state on the host, for checkpoints that a run resumes from: everything
+/// besides the hyper-parameters that its next step depends on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OptimState {
+    /// Steps taken (Adam's bias correction depends on it; 0 for SGD).
+    pub step: u64,
+    /// The per-parameter state tensors, [`Optimizer::state_per_param`] for each parameter in
+    /// [`Model::params_mut`] order (Adam: first then second moment); empty before the first
+    /// step.
+    pub tensors: Vec<Tensor>,
+}
 
 /// Updates parameters from their accumulated gradients. The optimiser keeps per-parameter
 /// state by position, so it must always be given the same parameter list in the same order
@@ -24,6 +37,28 @@ pub trait Optimizer<B: Backend> {
     /// the parameter's shape): Adam 2 (first and second moments), SGD with momentum 1, plain
     /// SGD 0. Lets memory budgets count the state before the first step allocates it.
     fn state_per_param(&self) -> usize;
+    /// A copy of the state on the host (see [`OptimState`]).
+    fn export_state(&self) -> OptimState;
+    /// Replaces the state by `state` (from [`Optimizer::export_state`] of an optimiser of the
+    /// same kind over the same parameters). `Err` if its tensor count is neither 0 nor a
+    /// multiple of [`Optimizer::state_per_param`]; shapes are checked against the parameters
+    /// at the next step.
+    fn import_state(&mut self, state: OptimState) -> Result<()>;
+}
+
+/// Checks a state's tensor count and uploads its tensors.
+fn upload_state<B: Backend>(
+    be: &B,
+    per_param: usize,
+    state: &OptimState,
+) -> Result<Vec<B::Tensor>> {
+    let n = state.tensors.len();
+    if n > 0 && (per_param == 0 || !n.is_multiple_of(per_param)) {
+        return Err(ComputeError::State(format!(
+            "optimiser state of {n} tensors, expected a multiple of {per_param}"
+        )));
+    }
+    Ok(state.tensors.iter().map(|t| be.upload(t)).collect())
 }
 
 /// Allocates zero state like `params` on first use, then checks that it still matches.
@@ -134,6 +169,17 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     fn state_per_param(&self) -> usize {
         2
     }
+    fn export_state(&self) -> OptimState {
+        OptimState {
+            step: self.step,
+            tensors: self.state.iter().map(|t| self.be.download(t)).collect(),
+        }
+    }
+    fn import_state(&mut self, state: OptimState) -> Result<()> {
+        self.state = upload_state(&self.be, 2, &state)?;
+        self.step = state.step;
+        Ok(())
+    }
 }
 
 /// Stochastic gradient descent with optional momentum, `torch.optim.SGD` semantics (no
@@ -204,5 +250,15 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     }
     fn state_per_param(&self) -> usize {
         usize::from(self.momentum != 0.0)
+    }
+    fn export_state(&self) -> OptimState {
+        OptimState {
+            step: 0,
+            tensors: self.bufs.iter().map(|t| self.be.download(t)).collect(),
+        }
+    }
+    fn import_state(&mut self, state: OptimState) -> Result<()> {
+        self.bufs = upload_state(&self.be, self.state_per_param(), &state)?;
+        Ok(())
     }
 }

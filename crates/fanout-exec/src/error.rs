@@ -13,6 +13,75 @@ pub enum ExecError {
     Invalid(String),
     /// Talking to the other workers failed, or one of them failed (its rank and message).
     Comm(fanout_comm::CommError),
+    /// Training was cancelled (Ctrl-C, SIGTERM) and stopped before step `step` of epoch
+    /// `epoch` (both counted from 0, as the epoch lines are).
+    Interrupted {
+        /// The epoch it stopped in.
+        epoch: u64,
+        /// Steps of that epoch already taken.
+        step: u64,
+        /// Where the last checkpoint is, as a clause for the user (`None`: nothing was saved).
+        checkpoint: Option<String>,
+    },
+    /// A step's loss or gradient was NaN or infinite; the optimiser did not apply it.
+    NonFinite {
+        /// The epoch (from 0).
+        epoch: u64,
+        /// The step within the epoch (from 0).
+        step: u64,
+        /// What was not finite ("the loss (NaN)", "the gradient of layers.0.w_self (inf)").
+        what: String,
+        /// The learning rate in use.
+        lr: f32,
+        /// Where the last good checkpoint is, as a clause for the user (`None`: nothing was
+        /// saved).
+        checkpoint: Option<String>,
+    },
+}
+
+impl ExecError {
+    /// Whether the run stopped because it was cancelled (training, or generating the
+    /// embedded dataset).
+    pub fn is_interrupted(&self) -> bool {
+        matches!(
+            self,
+            ExecError::Interrupted { .. } | ExecError::Graph(fanout_graph::Error::Interrupted)
+        )
+    }
+
+    /// This error with `note` (a clause saying where the last checkpoint is) attached, when it is an
+    /// interruption or a non-finite step; other errors are returned as they are.
+    pub fn with_checkpoint(self, note: Option<String>) -> Self {
+        match self {
+            ExecError::Interrupted { epoch, step, .. } => ExecError::Interrupted {
+                epoch,
+                step,
+                checkpoint: note,
+            },
+            ExecError::NonFinite {
+                epoch,
+                step,
+                what,
+                lr,
+                ..
+            } => ExecError::NonFinite {
+                epoch,
+                step,
+                what,
+                lr,
+                checkpoint: note,
+            },
+            e => e,
+        }
+    }
+}
+
+/// The end of an interruption's or a non-finite step's message: where the checkpoint is.
+fn checkpoint_note(c: &Option<String>) -> String {
+    match c {
+        Some(c) => c.clone(),
+        None => "no checkpoint was saved (--save-model PATH writes one after every epoch)".into(),
+    }
 }
 
 /// Shorthand for results of this crate.
@@ -25,6 +94,28 @@ impl fmt::Display for ExecError {
             ExecError::Compute(e) => write!(f, "{e}"),
             ExecError::Invalid(m) => f.write_str(m),
             ExecError::Comm(e) => write!(f, "{e}"),
+            ExecError::Interrupted {
+                epoch,
+                step,
+                checkpoint,
+            } => write!(
+                f,
+                "interrupted at epoch {epoch}, step {step}; {}",
+                checkpoint_note(checkpoint)
+            ),
+            ExecError::NonFinite {
+                epoch,
+                step,
+                what,
+                lr,
+                checkpoint,
+            } => write!(
+                f,
+                "training stopped at epoch {epoch}, step {step}: {what} is not finite; likely \
+                 causes: NaN or Inf values in the features (`fanout dataset verify` reports \
+                 them) or a learning rate too high (lr {lr:?}); {}",
+                checkpoint_note(checkpoint)
+            ),
         }
     }
 }

@@ -61,12 +61,24 @@ pub fn evaluate_checkpoint(req: &EvalRequest, progress: &dyn Progress) -> Result
             .ok_or_else(|| bad(format!("no {k} metadata: not saved by `fanout train`")))
     };
     let fanouts = parse_fanouts(&get(meta::FANOUTS)?).map_err(bad)?;
-    let batch_size: usize = get(meta::BATCH)?
+    let batch = get(meta::BATCH)?;
+    let batch_size: usize = batch
         .parse()
-        .map_err(|_| bad("bad batch size".into()))?;
-    let seed: u64 = get(meta::SEED)?
-        .parse()
-        .map_err(|_| bad("bad seed".into()))?;
+        .ok()
+        .filter(|&b: &usize| b > 0)
+        .ok_or_else(|| {
+            bad(format!(
+                "metadata {} is {batch:?}, expected a positive whole number",
+                meta::BATCH
+            ))
+        })?;
+    let seed_text = get(meta::SEED)?;
+    let seed: u64 = seed_text.parse().map_err(|_| {
+        bad(format!(
+            "metadata {} is {seed_text:?}, expected a whole number",
+            meta::SEED
+        ))
+    })?;
     // Checkpoints before the run config was stored used the model's default sampler.
     let sampler: SamplerSpec = match md.get(meta::CONFIG) {
         Some(json) => {

@@ -68,7 +68,8 @@ pub fn solo() -> LocalComm {
     LocalComm::group(1).pop().expect("a group of one member")
 }
 pub use trainer::{
-    block_refs, fit, BatchOutcome, FitConfig, FitObserver, ReducedStep, Trainer, EVAL_EPOCH,
+    block_refs, fit, fit_with, BatchOutcome, BestState, FitConfig, FitControl, FitObserver,
+    FitState, ReducedStep, Trainer, EVAL_EPOCH,
 };
 
 /// Tunes the C allocator for training's allocation pattern: large buffers of similar sizes

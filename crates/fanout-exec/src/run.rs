@@ -16,14 +16,16 @@ use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::strategy::WorkerPlan;
-use crate::trainer::{fit, FitConfig, FitObserver, Trainer};
+use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, FitState, Trainer};
 use fanout_cache::{
     auto_cache_size, build_extractor, parse_bytes, AutoSize, CacheConfig, CacheSize, CacheSizeSpec,
     PlainExtractor, Policy, PreSampling,
 };
 use fanout_comm::{Comm, CommError, CommStats, LocalComm};
-use fanout_compute::{io, Adam, CpuBackend, Model, ModelConfig};
-use fanout_graph::{Dataset, NoProgress, Progress};
+use fanout_compute::{
+    io, Adam, Backend, CpuBackend, Model, ModelConfig, OptimState, Optimizer, Tensor,
+};
+use fanout_graph::{Cancel, Dataset, NoProgress, Progress};
 use fanout_sample::{LoaderConfig, Sampler};
 use fanout_synth::{generate, GenOptions, Preset};
 use std::path::Path;
@@ -46,6 +48,32 @@ pub mod checkpoint_meta {
     pub const DATASET: &str = "train.dataset";
     /// The whole resolved [`crate::TrainConfig`] as JSON (sampler settings included).
     pub const CONFIG: &str = "train.config";
+    /// The resumable training state as JSON (epochs done, optimiser step, best model's
+    /// accuracies, the dataset's vertex count); its tensors are `train.params.*` (the current
+    /// parameters; `layers.*` hold the best-validation ones) and `train.optim.{i}`.
+    pub const STATE: &str = "train.state";
+    /// Prefix of the current parameters' tensors in a resumable checkpoint.
+    pub const PARAMS_PREFIX: &str = "train.params.";
+    /// Prefix of the optimiser state's tensors (numbered from 0).
+    pub const OPTIM_PREFIX: &str = "train.optim.";
+}
+
+/// The JSON of [`checkpoint_meta::STATE`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StateMeta {
+    epochs_done: u64,
+    optim_step: u64,
+    optim_tensors: usize,
+    num_nodes: u64,
+    best: Option<BestMeta>,
+}
+
+/// The best model's figures in [`StateMeta`] (its parameters are the `layers.*` tensors).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BestMeta {
+    val_acc: Option<f64>,
+    epoch: u64,
+    test_acc: f64,
 }
 
 /// What a run needs from its host besides the config: where progress goes and, for
@@ -55,14 +83,28 @@ pub struct RunEnv<'a> {
     pub progress: &'a dyn Progress,
     /// Measures the device's memory for PaGraph's trial batch; `None`: `auto` is refused.
     pub probe: Option<&'a (dyn MemoryProbe + Sync)>,
+    /// Checked between training steps: once cancelled, the run stops with
+    /// [`ExecError::Interrupted`] (the host's signal handler sets it). `None`: never.
+    pub cancel: Option<&'a Cancel>,
+    /// Rank 0 writes a resumable checkpoint here (atomically) after every epoch: the
+    /// best-validation model as [`TrainOutcome::save_model`] writes it, plus the training
+    /// state ([`checkpoint_meta::STATE`]).
+    pub checkpoint: Option<&'a Path>,
+    /// Continue the run saved in this checkpoint (written through `checkpoint` or
+    /// [`TrainOutcome::save_model`] by a run of the same config): the run then ends with the
+    /// model the uninterrupted run would have. Single and data-parallel strategies only.
+    pub resume: Option<&'a Path>,
 }
 
 impl Default for RunEnv<'_> {
-    /// No progress, no memory probe.
+    /// No progress, no memory probe, no cancellation, no checkpoints.
     fn default() -> Self {
         RunEnv {
             progress: &NoProgress,
             probe: None,
+            cancel: None,
+            checkpoint: None,
+            resume: None,
         }
     }
 }
@@ -96,6 +138,12 @@ pub struct TrainOutcome {
     /// The strategy's own figures (the factored layout, trial and switching), for the
     /// metrics JSON; `None` for strategies without any.
     pub strategy_report: Option<serde_json::Value>,
+    /// The training state after the last epoch, when the run wrote checkpoints
+    /// ([`RunEnv::checkpoint`]); [`TrainOutcome::save_model`] stores it so the run can be
+    /// continued with more epochs.
+    pub state: Option<FitState>,
+    /// Vertices of the dataset trained on (checked when a checkpoint is resumed).
+    pub num_nodes: u64,
 }
 
 impl TrainOutcome {
@@ -134,12 +182,40 @@ impl TrainOutcome {
     }
 
     /// The best-validation model as a safetensors checkpoint carrying the run's settings
-    /// ([`checkpoint_meta`]), written atomically to `path`.
+    /// ([`checkpoint_meta`]) and, when the run kept it, its training state, written atomically
+    /// to `path`.
     pub fn save_model(&self, path: &Path) -> Result<()> {
-        let c = &self.config;
+        let be = self.model.backend();
+        let params: Vec<(String, Tensor)> = self
+            .model
+            .named_params()
+            .into_iter()
+            .map(|(n, p)| (n, be.download(&p.value)))
+            .collect();
+        let bytes = checkpoint_bytes(
+            &self.config,
+            self.model.config(),
+            params,
+            self.state.as_ref(),
+            self.num_nodes,
+        )?;
+        Ok(io::save_bytes(&bytes, path)?)
+    }
+}
+
+/// A checkpoint of `model` (its named parameters, the best-validation ones) with the run's
+/// settings and, when given, the training `state` to resume from.
+fn checkpoint_bytes(
+    c: &TrainConfig,
+    model: &ModelConfig,
+    mut params: Vec<(String, Tensor)>,
+    state: Option<&FitState>,
+    num_nodes: u64,
+) -> Result<Vec<u8>> {
+    {
         let fanouts: Vec<String> = c.fanouts.iter().flatten().map(|k| k.to_string()).collect();
         let config = serde_json::to_string(c).map_err(|e| ExecError::Invalid(e.to_string()))?;
-        let extra = vec![
+        let mut extra = vec![
             (checkpoint_meta::FANOUTS.to_string(), fanouts.join(",")),
             (
                 checkpoint_meta::BATCH.to_string(),
@@ -157,9 +233,155 @@ impl TrainOutcome {
             ),
             (checkpoint_meta::CONFIG.to_string(), config),
         ];
-        let bytes = io::to_bytes_with(&self.model, &extra)?;
-        Ok(io::save_bytes(&bytes, path)?)
+        if let Some(s) = state {
+            let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+            for (n, t) in names.iter().zip(&s.params) {
+                params.push((format!("{}{n}", checkpoint_meta::PARAMS_PREFIX), t.clone()));
+            }
+            for (i, t) in s.optim.tensors.iter().enumerate() {
+                params.push((format!("{}{i}", checkpoint_meta::OPTIM_PREFIX), t.clone()));
+            }
+            let meta = StateMeta {
+                epochs_done: s.epochs_done,
+                optim_step: s.optim.step,
+                optim_tensors: s.optim.tensors.len(),
+                num_nodes,
+                best: s.best.as_ref().map(|b| BestMeta {
+                    val_acc: b.val_acc,
+                    epoch: b.epoch,
+                    test_acc: b.test_acc,
+                }),
+            };
+            let json =
+                serde_json::to_string(&meta).map_err(|e| ExecError::Invalid(e.to_string()))?;
+            extra.push((checkpoint_meta::STATE.to_string(), json));
+        }
+        Ok(io::to_bytes_parts(model, &params, &extra)?)
     }
+}
+
+/// A model configuration in a few words, for messages.
+fn describe(m: &ModelConfig) -> String {
+    format!(
+        "{}, in_dim {}, hidden {}, {} classes, {} layers",
+        m.kind.name(),
+        m.in_dim,
+        m.hidden,
+        m.num_classes,
+        m.num_layers
+    )
+}
+
+/// Reads the training state of the checkpoint at `path` for a run of `cfg` (resolved) with
+/// model `model` on a dataset of `num_nodes` vertices, checking that it was written by a run
+/// of the same config (only `epochs`, `threads`, `prefetch`, `eval_every` and
+/// `feature_residency` may differ). `params` are the model's parameter names and shapes.
+fn load_resume(
+    path: &Path,
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    params: &[(String, (usize, usize))],
+    per_param: usize,
+    num_nodes: u64,
+) -> Result<FitState> {
+    let bad = |m: String| ExecError::Invalid(format!("--resume {}: {m}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let stored = io::read_config(&bytes).map_err(|e| bad(e.to_string()))?;
+    if &stored != model {
+        return Err(bad(format!(
+            "the checkpoint's model ({}) differs from this run's ({}); resume with the \
+             settings and dataset of the run that wrote it",
+            describe(&stored),
+            describe(model),
+        )));
+    }
+    let meta = io::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let get = |k: &str| {
+        meta.get(k).ok_or_else(|| {
+            bad(format!(
+                "no {k} metadata: this checkpoint holds a model but no training state to resume \
+                 (write one with fanout train --save-model)"
+            ))
+        })
+    };
+    let mut then: TrainConfig =
+        serde_json::from_str(get(checkpoint_meta::CONFIG)?).map_err(|e| {
+            bad(format!(
+                "metadata {} is not a run config: {e}",
+                checkpoint_meta::CONFIG
+            ))
+        })?;
+    then.epochs = cfg.epochs;
+    then.threads = cfg.threads;
+    then.prefetch = cfg.prefetch;
+    then.eval_every = cfg.eval_every;
+    then.feature_residency = cfg.feature_residency;
+    if let Some(d) = then.first_difference(cfg) {
+        return Err(bad(format!(
+            "it was written by a run with other settings ({d}, checkpoint vs this run); \
+             resume with the same settings"
+        )));
+    }
+    let state: StateMeta = serde_json::from_str(get(checkpoint_meta::STATE)?).map_err(|e| {
+        bad(format!(
+            "metadata {} is not a training state: {e}",
+            checkpoint_meta::STATE
+        ))
+    })?;
+    if state.num_nodes != num_nodes {
+        return Err(bad(format!(
+            "it was trained on a dataset of {} vertices, this one has {num_nodes}",
+            state.num_nodes
+        )));
+    }
+    if state.epochs_done >= cfg.epochs {
+        return Err(bad(format!(
+            "it has already trained {} epochs; give --epochs greater than {} to continue",
+            state.epochs_done, state.epochs_done
+        )));
+    }
+    let n_opt = state.optim_tensors;
+    if n_opt != 0 && n_opt != per_param * params.len() {
+        return Err(bad(format!(
+            "metadata {} lists {n_opt} optimiser tensors, expected 0 or {}",
+            checkpoint_meta::STATE,
+            per_param * params.len()
+        )));
+    }
+    let read = |name: &str, (r, c): (usize, usize)| {
+        io::read_tensor(&bytes, name, r, c).map_err(|e| bad(e.to_string()))
+    };
+    let mut current = Vec::with_capacity(params.len());
+    let mut best = Vec::with_capacity(params.len());
+    for (n, shape) in params {
+        current.push(read(
+            &format!("{}{n}", checkpoint_meta::PARAMS_PREFIX),
+            *shape,
+        )?);
+        best.push(read(n, *shape)?);
+    }
+    let mut tensors = Vec::with_capacity(n_opt);
+    for i in 0..n_opt {
+        let shape = params[i / per_param.max(1)].1;
+        tensors.push(read(
+            &format!("{}{i}", checkpoint_meta::OPTIM_PREFIX),
+            shape,
+        )?);
+    }
+    Ok(FitState {
+        epochs_done: state.epochs_done,
+        params: current,
+        optim: OptimState {
+            step: state.optim_step,
+            tensors,
+        },
+        best: state.best.map(|b| crate::trainer::BestState {
+            val_acc: b.val_acc,
+            epoch: b.epoch,
+            test_acc: b.test_acc,
+            params: best,
+        }),
+    })
 }
 
 /// Opens the config's dataset (its features copied into huge-page memory as
@@ -219,7 +441,7 @@ pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Resu
         .collect::<Result<Vec<_>>>()?;
     let quiet_env = RunEnv {
         progress: &NoProgress,
-        probe: env.probe,
+        ..*env
     };
     std::thread::scope(|s| {
         let mut members = group.into_iter();
@@ -383,6 +605,26 @@ pub fn train_worker(
     let be = CpuBackend;
     let model = Model::new(be, model_cfg.clone())?;
     let opt = Adam::new(be, cfg.lr.unwrap_or(0.003)).with_weight_decay(cfg.weight_decay);
+    let resume = match env.resume {
+        None => None,
+        Some(_) if cfg.strategy_kind().is_factored() => {
+            return Err(ExecError::Invalid(format!(
+                "--resume is supported for the single and data-parallel strategies, not {}",
+                cfg.strategy_kind().name()
+            )))
+        }
+        Some(path) => {
+            let shapes: Vec<(String, (usize, usize))> = model
+                .named_params()
+                .into_iter()
+                .map(|(n, p)| (n, (p.value.rows(), p.value.cols())))
+                .collect();
+            let per_param = opt.state_per_param();
+            let n = ds.num_nodes();
+            Some(load_resume(path, &cfg, &model_cfg, &shapes, per_param, n)?)
+        }
+    };
+    let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
     let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
     let threads = pool
         .as_ref()
@@ -441,15 +683,65 @@ pub fn train_worker(
         epochs: cfg.epochs,
         eval_every: cfg.eval_every,
     };
-    let metrics = fit(
-        &mut trainer,
-        &train,
-        valid.as_ref().map(|p| p as &dyn crate::BatchSource),
-        test.as_ref().map(|p| p as &dyn crate::BatchSource),
-        fit_cfg,
-        comm,
-        obs,
-    )?;
+    let num_nodes = ds.num_nodes();
+    // Epochs in the last checkpoint this run wrote, and the state after the last epoch.
+    let mut saved: Option<u64> = None;
+    let mut last: Option<FitState> = None;
+    let result = {
+        let ckpt = env.checkpoint.filter(|_| rank == 0);
+        let (cfg, model_cfg, names) = (&cfg, &model_cfg, &names);
+        let (saved, last) = (&mut saved, &mut last);
+        let mut hook = |s: &FitState| -> Result<()> {
+            if let Some(path) = ckpt {
+                let best = s.best.as_ref().map_or(&s.params, |b| &b.params);
+                let params = names.iter().cloned().zip(best.iter().cloned()).collect();
+                let bytes = checkpoint_bytes(cfg, model_cfg, params, Some(s), num_nodes)?;
+                io::save_bytes(&bytes, path)?;
+                *saved = Some(s.epochs_done);
+            }
+            *last = Some(s.clone());
+            Ok(())
+        };
+        let ctl = FitControl {
+            cancel: env.cancel,
+            resume,
+            on_epoch: if env.checkpoint.is_some() {
+                Some(&mut hook)
+            } else {
+                None
+            },
+        };
+        fit_with(
+            &mut trainer,
+            &train,
+            valid.as_ref().map(|p| p as &dyn crate::BatchSource),
+            test.as_ref().map(|p| p as &dyn crate::BatchSource),
+            fit_cfg,
+            comm,
+            obs,
+            ctl,
+        )
+    };
+    let metrics = result.map_err(|e| {
+        let note = match (saved, env.checkpoint, env.resume) {
+            (Some(k), Some(p), _) => Some(format!(
+                "the last good checkpoint is {} (after {k} epochs; continue with --resume {})",
+                p.display(),
+                p.display()
+            )),
+            (None, _, Some(r)) => Some(format!(
+                "the last good checkpoint is {}, the one resumed from, left as it was",
+                r.display()
+            )),
+            (None, Some(p), None) => Some(format!(
+                "no epoch finished, so nothing was saved to {} (a file already there is left \
+                 as it was)",
+                p.display()
+            )),
+            _ => None,
+        };
+        e.with_checkpoint(note)
+    })?;
     Ok(TrainOutcome {
         config: cfg,
         metrics,
@@ -463,6 +755,8 @@ pub fn train_worker(
         features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),
         threads,
         strategy_report: None,
+        state: last,
+        num_nodes,
     })
 }
 

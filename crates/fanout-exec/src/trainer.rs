@@ -6,7 +6,8 @@ use crate::metrics::{EpochMetrics, RunMetrics, WorkerEpochMetrics};
 use crate::pipeline::{BatchSource, EpochStream, Prepared};
 use fanout_cache::ExtractStats;
 use fanout_comm::Comm;
-use fanout_compute::{Backend, BlockRef, Mode, Model, Optimizer, Tensor};
+use fanout_compute::{Backend, BlockRef, Mode, Model, OptimState, Optimizer, Tensor};
+use fanout_graph::Cancel;
 use fanout_sample::Block;
 use std::sync::Arc;
 use std::time::Instant;
@@ -418,7 +419,35 @@ impl<B: Backend> Trainer<B> {
         Ok((correct, labelled))
     }
 
-    fn snapshot(&self) -> Vec<Tensor> {
+    /// What is not finite after a step's forward and backward: `loss` (the step's mean loss)
+    /// or a parameter gradient, named, with its first bad value; `None` when all are finite.
+    pub fn non_finite(&self, loss: f64) -> Option<String> {
+        if !loss.is_finite() {
+            return Some(format!("the loss ({loss})"));
+        }
+        let be = self.model.backend();
+        for (name, p) in self.model.named_params() {
+            let g = be.download(&p.grad);
+            if let Some(v) = g.data().iter().find(|v| !v.is_finite()) {
+                return Some(format!("the gradient of {name} ({v})"));
+            }
+        }
+        None
+    }
+
+    /// A copy of the optimiser's state (for a resumable checkpoint).
+    pub fn optimizer_state(&self) -> OptimState {
+        self.opt.export_state()
+    }
+
+    /// Replaces the optimiser's state (from [`Trainer::optimizer_state`] of a trainer over the
+    /// same model).
+    pub fn set_optimizer_state(&mut self, state: OptimState) -> Result<()> {
+        Ok(self.opt.import_state(state)?)
+    }
+
+    /// The parameters' values on the host, in [`Model::named_params`] order.
+    pub fn snapshot(&self) -> Vec<Tensor> {
         let be = self.model.backend();
         self.model
             .named_params()
@@ -427,7 +456,9 @@ impl<B: Backend> Trainer<B> {
             .collect()
     }
 
-    fn restore(&mut self, params: &[Tensor]) {
+    /// Replaces the parameters' values by `params` (from [`Trainer::snapshot`] of a trainer
+    /// over the same model).
+    pub fn restore(&mut self, params: &[Tensor]) {
         let be = self.model.backend().clone();
         for (p, v) in self.model.params_mut().into_iter().zip(params) {
             p.value = be.upload(v);
@@ -492,6 +523,50 @@ pub trait FitObserver {
 
 impl FitObserver for () {}
 
+/// The best-validation model [`fit`] keeps, as it stands after some epoch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BestState {
+    /// Its validation accuracy (`None` without a validation set: the latest evaluation wins).
+    pub val_acc: Option<f64>,
+    /// The epoch it was evaluated after.
+    pub epoch: u64,
+    /// Its test accuracy (0 without a test set).
+    pub test_acc: f64,
+    /// Its parameters, in [`Model::named_params`] order.
+    pub params: Vec<Tensor>,
+}
+
+/// Everything a run's later epochs depend on, after `epochs_done` epochs: a resumed run given
+/// this state trains exactly as the uninterrupted run would have (sampling, shuffling and
+/// dropout are keyed by the run's seed, the epoch and the step, so they need no state).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FitState {
+    /// Epochs finished.
+    pub epochs_done: u64,
+    /// The current parameters (not the best ones), in [`Model::named_params`] order.
+    pub params: Vec<Tensor>,
+    /// The optimiser's state.
+    pub optim: OptimState,
+    /// The best-validation model so far; `None` before the first evaluation.
+    pub best: Option<BestState>,
+}
+
+/// What [`fit_with`] adds to [`fit`]: cancellation, a state to resume from, and a hook that
+/// receives the state after every epoch (to write checkpoints).
+#[derive(Default)]
+pub struct FitControl<'a> {
+    /// Checked before every step and after every epoch; once cancelled, [`fit_with`] returns
+    /// [`ExecError::Interrupted`] without taking another step.
+    pub cancel: Option<&'a Cancel>,
+    /// Continue from this state: its parameters and optimiser state replace the trainer's,
+    /// and training starts at epoch `epochs_done` (which must be below the config's epochs).
+    pub resume: Option<FitState>,
+    /// Called with the state after every finished epoch (evaluation included); an `Err`
+    /// stops the run.
+    #[allow(clippy::type_complexity)]
+    pub on_epoch: Option<&'a mut dyn FnMut(&FitState) -> Result<()>>,
+}
+
 /// Trains for `cfg.epochs` epochs over `train`, evaluating on `valid` and `test` (when given)
 /// every `cfg.eval_every` epochs and after the last. On return the trainer holds the
 /// parameters of the best-validation epoch (the last evaluated one without a validation set),
@@ -514,18 +589,63 @@ pub fn fit<B: Backend + Send>(
     comm: &dyn Comm,
     obs: &mut dyn FitObserver,
 ) -> Result<RunMetrics> {
+    let ctl = FitControl::default();
+    fit_with(trainer, train, valid, test, cfg, comm, obs, ctl)
+}
+
+/// [`fit`] under `ctl` (see [`FitControl`]). Besides, every step's loss and gradients are
+/// checked: the first non-finite one stops the run with [`ExecError::NonFinite`] before the
+/// optimiser applies it. [`RunMetrics::epochs`] lists the epochs this call trained; the best
+/// model and its accuracies may come from `ctl.resume`.
+#[allow(clippy::too_many_arguments)]
+pub fn fit_with<B: Backend + Send>(
+    trainer: &mut Trainer<B>,
+    train: &dyn BatchSource,
+    valid: Option<&dyn BatchSource>,
+    test: Option<&dyn BatchSource>,
+    cfg: FitConfig,
+    comm: &dyn Comm,
+    obs: &mut dyn FitObserver,
+    mut ctl: FitControl<'_>,
+) -> Result<RunMetrics> {
     if cfg.epochs == 0 {
         return Err(ExecError::Invalid("epochs must be at least 1".into()));
     }
     let workers = comm.size();
     let mut run = RunMetrics::default();
     let mut best: Option<(f64, Vec<Tensor>)> = None;
+    // The best model's validation accuracy, for the state handed to `ctl.on_epoch`.
+    let mut best_val: Option<f64> = None;
+    let mut first_epoch = 0;
+    if let Some(state) = ctl.resume.take() {
+        if state.epochs_done >= cfg.epochs {
+            return Err(ExecError::Invalid(format!(
+                "the run to resume has already trained {} epochs; ask for more epochs than that",
+                state.epochs_done
+            )));
+        }
+        trainer.restore(&state.params);
+        trainer.set_optimizer_state(state.optim)?;
+        if let Some(b) = state.best {
+            run.best_epoch = b.epoch;
+            run.best_val_acc = b.val_acc.unwrap_or(0.0);
+            run.test_acc = b.test_acc;
+            best_val = b.val_acc;
+            best = Some((b.val_acc.unwrap_or(f64::INFINITY), b.params));
+        }
+        first_epoch = state.epochs_done;
+    }
+    let interrupted = |epoch: u64, step: u64| ExecError::Interrupted {
+        epoch,
+        step,
+        checkpoint: None,
+    };
     train.take_times();
     let mut grads: Vec<f32> = Vec::new();
     // The next epoch's stream, started while this epoch's last batch trains, so that its first
     // batches are sampled and extracted behind that step instead of in front of the epoch.
     let mut next: Option<EpochStream> = None;
-    for epoch in 0..cfg.epochs {
+    for epoch in first_epoch..cfg.epochs {
         obs.epoch_start(epoch, train.num_batches());
         let start = Instant::now();
         let (mut train_s, mut wait_s) = (0.0, 0.0);
@@ -538,6 +658,9 @@ pub fn fit<B: Backend + Send>(
         let per_step = train.items_per_step().max(1);
         let mut taken = 0u64;
         loop {
+            if ctl.cancel.is_some_and(Cancel::is_cancelled) {
+                return Err(interrupted(epoch, batches));
+            }
             let t = Instant::now();
             let mut group = Vec::with_capacity(per_step);
             for p in stream.by_ref() {
@@ -565,9 +688,29 @@ pub fn fit<B: Backend + Send>(
             // Dropout is keyed by the batch's own step, so a reordered epoch trains every
             // batch with the mask it would get in sampled order.
             let key = (epoch << 32) | group[0].batch.key.step;
+            let step = batches;
+            let lr = trainer.opt.lr();
+            let non_finite = |what: String| ExecError::NonFinite {
+                epoch,
+                step,
+                what,
+                lr,
+                checkpoint: None,
+            };
             let out = if workers == 1 && group.len() == 1 && group[0].remote.is_none() {
                 let p = group.pop().expect("one batch");
-                trainer.run(p, |t, p| t.train_batch(p, key))?
+                let (out, bad) = trainer.run(p, |t, p| -> Result<_> {
+                    let out = t.compute_gradients(p, key)?;
+                    if let Some(bad) = t.non_finite(out.loss) {
+                        return Ok((out, Some(bad)));
+                    }
+                    t.apply_gradients()?;
+                    Ok((out, None))
+                })?;
+                if let Some(bad) = bad {
+                    return Err(non_finite(bad));
+                }
+                out
             } else {
                 let r = if group.len() == 1 && group[0].remote.is_none() {
                     let p = group.pop().expect("one batch");
@@ -577,6 +720,12 @@ pub fn fit<B: Backend + Send>(
                 };
                 sync_s += r.sync_s;
                 sync_bytes += r.sync_bytes;
+                // The gradients are the all-reduced ones, the same on every worker, so every
+                // worker stops at the same step; a worker's own non-finite loss stops it alone
+                // (the others learn of it through the communicator).
+                if let Some(bad) = trainer.non_finite(r.outcome.loss) {
+                    return Err(non_finite(bad));
+                }
                 trainer.run_apply()?;
                 r.outcome
             };
@@ -666,10 +815,28 @@ pub fn fit<B: Backend + Send>(
                 run.best_epoch = epoch;
                 run.best_val_acc = m.val_acc.unwrap_or(0.0);
                 run.test_acc = m.test_acc.unwrap_or(0.0);
+                best_val = m.val_acc;
             }
         }
         obs.epoch_end(&m);
         run.epochs.push(m);
+        if let Some(hook) = ctl.on_epoch.as_mut() {
+            let state = FitState {
+                epochs_done: epoch + 1,
+                params: trainer.snapshot(),
+                optim: trainer.optimizer_state(),
+                best: best.as_ref().map(|(_, params)| BestState {
+                    val_acc: best_val,
+                    epoch: run.best_epoch,
+                    test_acc: run.test_acc,
+                    params: params.clone(),
+                }),
+            };
+            hook(&state)?;
+        }
+        if epoch + 1 < cfg.epochs && ctl.cancel.is_some_and(Cancel::is_cancelled) {
+            return Err(interrupted(epoch + 1, 0));
+        }
     }
     if let Some((_, params)) = best {
         trainer.restore(&params);

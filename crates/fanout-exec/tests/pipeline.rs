@@ -139,3 +139,78 @@ fn dropping_an_epoch_early_stops_the_stages() {
     // The next epoch still runs to completion.
     assert_eq!(p.epoch(1).count(), p.num_batches());
 }
+
+#[test]
+fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
+    use fanout_exec::{fit_with, ExecError, FitControl, FitState};
+    use fanout_graph::Cancel;
+    let ds = tiny(300);
+    let cfg = |epochs| FitConfig {
+        epochs,
+        eval_every: 1,
+    };
+    let valid = pipeline(&ds, vec![5, 5], ds.valid.to_vec(), false);
+    // Cancelled before the first step: nothing trained.
+    let cancel = Cancel::new();
+    cancel.cancel();
+    let mut t = trainer(&ds, ModelKind::Sage, 0.5);
+    let before = t.parameters();
+    let train = pipeline(&ds, vec![5, 5], ds.train.to_vec(), true);
+    let ctl = FitControl {
+        cancel: Some(&cancel),
+        ..FitControl::default()
+    };
+    let r = fit_with(&mut t, &train, None, None, cfg(3), &solo(), &mut (), ctl);
+    match r {
+        Err(
+            e @ ExecError::Interrupted {
+                epoch: 0, step: 0, ..
+            },
+        ) => {
+            assert!(e.is_interrupted());
+            assert!(
+                e.to_string().starts_with("interrupted at epoch 0, step 0"),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("expected an interruption, got {e}"),
+        Ok(_) => panic!("a cancelled run trained"),
+    }
+    assert_eq!(t.parameters(), before);
+    // Three epochs straight, keeping the states the hook sees.
+    let mut states: Vec<FitState> = Vec::new();
+    let mut hook = |s: &FitState| {
+        states.push(s.clone());
+        Ok(())
+    };
+    let mut full = trainer(&ds, ModelKind::Sage, 0.5);
+    let ctl = FitControl {
+        on_epoch: Some(&mut hook),
+        ..FitControl::default()
+    };
+    let v = Some(&valid as &dyn fanout_exec::BatchSource);
+    let a = fit_with(&mut full, &train, v, None, cfg(3), &solo(), &mut (), ctl).unwrap();
+    assert_eq!(states.len(), 3);
+    assert_eq!(states[0].epochs_done, 1);
+    assert_eq!(states[0].optim.tensors.len(), 2 * 6);
+    // Resumed from the state after epoch 1 in a fresh trainer: the same best model and state.
+    let mut resumed = trainer(&ds, ModelKind::Sage, 0.5);
+    let ctl = FitControl {
+        resume: Some(states[0].clone()),
+        ..FitControl::default()
+    };
+    let b = fit_with(&mut resumed, &train, v, None, cfg(3), &solo(), &mut (), ctl).unwrap();
+    assert_eq!(resumed.parameters(), full.parameters());
+    assert_eq!(
+        (a.best_epoch, a.best_val_acc),
+        (b.best_epoch, b.best_val_acc)
+    );
+    assert_eq!(b.epochs.len(), 2);
+    // A state that has trained all the epochs asked for is refused.
+    let ctl = FitControl {
+        resume: Some(states[2].clone()),
+        ..FitControl::default()
+    };
+    let mut t = trainer(&ds, ModelKind::Sage, 0.5);
+    assert!(fit_with(&mut t, &train, v, None, cfg(3), &solo(), &mut (), ctl).is_err());
+}

@@ -81,6 +81,7 @@ pub fn build_topology(
     progress: &dyn Progress,
 ) -> Result<BuildStats> {
     let (hint, unit) = src.size_hint();
+    let cancel = writer.cancel().clone();
     let mut stats = BuildStats::default();
     let csc = opts.layout == Layout::Csc;
 
@@ -89,6 +90,7 @@ pub fn build_topology(
     let mut counts: Vec<u64> = vec![0; opts.num_nodes.unwrap_or(0) as usize];
     let mut max_id: Option<u64> = None;
     src.scan(progress, &mut |batch| {
+        cancel.check()?;
         for &(s, d) in batch {
             stats.input_arcs += 1;
             let m = s.max(d);
@@ -157,6 +159,7 @@ fn place<I: VertexId>(
         files::INDICES
     };
     let mut idx: ArrayMut<I> = writer.array_mut(ids_file, total)?;
+    let cancel = writer.cancel().clone();
     let mut cursor: Vec<u64> = indptr[..n].to_vec();
     let csc = opts.layout == Layout::Csc;
     let changed = || {
@@ -170,6 +173,7 @@ fn place<I: VertexId>(
     let (hint, unit) = src.size_hint();
     progress.phase("pass 2/2: place arcs", hint, unit);
     src.scan(progress, &mut |batch| {
+        cancel.check()?;
         for &(s, d) in batch {
             if s == d && opts.drop_self_loops {
                 continue;

@@ -18,6 +18,9 @@ pub enum Error {
     Format { path: PathBuf, detail: String },
     /// A request that cannot be carried out as asked (bad option, existing output, ...).
     Invalid(String),
+    /// The work was cancelled through a [`crate::Cancel`] token (Ctrl-C, SIGTERM) and stopped
+    /// at a safe point; nothing half-written was left behind.
+    Interrupted,
 }
 
 /// Shorthand for results in this crate.
@@ -45,7 +48,7 @@ impl Error {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Error::Io { path, .. } | Error::Format { path, .. } => Some(path),
-            Error::Invalid(_) => None,
+            Error::Invalid(_) | Error::Interrupted => None,
         }
     }
 }
@@ -60,6 +63,7 @@ impl fmt::Display for Error {
             } => write!(f, "cannot {action} {}: {source}", path.display()),
             Error::Format { path, detail } => write!(f, "{}: {detail}", path.display()),
             Error::Invalid(msg) => f.write_str(msg),
+            Error::Interrupted => f.write_str("interrupted"),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! failed write leaves the user's files exactly as they were.
 
 use crate::array::{as_bytes, ArrayMut, Pod};
+use crate::cancel::Cancel;
 use crate::checksum::file_checksum;
 use crate::dataset::{files, Dataset};
 use crate::error::{Error, Result};
@@ -31,6 +32,7 @@ pub struct DatasetWriter {
     target: Target,
     files: Vec<String>,
     finished: bool,
+    cancel: Cancel,
 }
 
 impl DatasetWriter {
@@ -81,6 +83,7 @@ impl DatasetWriter {
             },
             files: Vec::new(),
             finished: false,
+            cancel: Cancel::default(),
         })
     }
 
@@ -96,7 +99,24 @@ impl DatasetWriter {
             target: Target::Temporary(Arc::new(t)),
             files: Vec::new(),
             finished: false,
+            cancel: Cancel::default(),
         })
+    }
+
+    /// This writer, stopping with [`Error::Interrupted`] (and deleting what it wrote) once
+    /// `cancel` is cancelled: checked before every file is written, by [`build_topology`]
+    /// between batches of arcs, and by [`DatasetWriter::finish`] before and after checksumming.
+    ///
+    /// [`build_topology`]: crate::build_topology
+    pub fn with_cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    /// The writer's cancellation token (never cancelled unless set by
+    /// [`DatasetWriter::with_cancel`]).
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     /// The directory files are being written into (not the final location).
@@ -117,12 +137,14 @@ impl DatasetWriter {
 
     /// A zeroed, writable, file-backed array of `len` elements named `file`.
     pub fn array_mut<T: Pod + Default>(&mut self, file: &str, len: u64) -> Result<ArrayMut<T>> {
+        self.cancel.check()?;
         let p = self.file_path(file);
         ArrayMut::create_file(&p, len)
     }
 
     /// Writes `data` as the file `file`.
     pub fn write_array<T: Pod>(&mut self, file: &str, data: &[T]) -> Result<()> {
+        self.cancel.check()?;
         let p = self.file_path(file);
         std::fs::write(&p, as_bytes(data)).map_err(|e| Error::io(&p, "write", e))
     }
@@ -141,6 +163,7 @@ impl DatasetWriter {
     /// Checksums every file, writes `meta.txt`, moves the dataset into place and opens it.
     /// `meta.checksums` is replaced by the computed checksums.
     pub fn finish(mut self, mut meta: Meta, progress: &dyn Progress) -> Result<Dataset> {
+        self.cancel.check()?;
         let dir = self.dir().to_path_buf();
         let total: u64 = self
             .files
@@ -154,6 +177,7 @@ impl DatasetWriter {
             .map(|f| Ok((f.clone(), file_checksum(&dir.join(f), progress)?)))
             .collect::<Result<_>>()?;
         progress.finish_phase();
+        self.cancel.check()?;
         meta.checksums = sums.into_iter().collect();
         let meta_path = dir.join(files::META);
         let mut f =

@@ -15,7 +15,7 @@ mod text;
 mod vertex;
 
 use fanout_graph::{
-    BuildOptions, BuildStats, DatasetWriter, Error, FeatDtype, Meta, Progress, Result,
+    BuildOptions, BuildStats, Cancel, DatasetWriter, Error, FeatDtype, Meta, Progress, Result,
 };
 use std::path::Path;
 use std::time::Instant;
@@ -154,6 +154,20 @@ pub fn import(
     opts: &ImportOptions,
     progress: &dyn Progress,
 ) -> Result<ImportSummary> {
+    import_with_cancel(format, src, out, opts, progress, &Cancel::default())
+}
+
+/// [`import`], stopping with [`Error::Interrupted`] at the next safe point (between batches of
+/// arcs, before each file is written, around the checksums) once `cancel` is cancelled. The
+/// temporary directory is then removed and `out` is left as it was.
+pub fn import_with_cancel(
+    format: Format,
+    src: &Path,
+    out: &Path,
+    opts: &ImportOptions,
+    progress: &dyn Progress,
+    cancel: &Cancel,
+) -> Result<ImportSummary> {
     let start = Instant::now();
     if let Some(r) = &opts.random {
         vertex::check_random(r)?;
@@ -169,7 +183,7 @@ pub fn import(
             src.display()
         )));
     }
-    let mut writer = DatasetWriter::create(out, opts.overwrite)?;
+    let mut writer = DatasetWriter::create(out, opts.overwrite)?.with_cancel(cancel.clone());
     let imported = match format {
         Format::Npy => npy_dir::import(src, &mut writer, opts, progress)?,
         Format::Ogb => ogb::import(src, &mut writer, opts, progress)?,

@@ -10,8 +10,8 @@ use crate::features::{split_vertices_from, write_class_features, ClassFeatures};
 use crate::model::Model;
 use crate::preset::PresetConfig;
 use fanout_graph::{
-    build_topology, files, ArcSink, ArcSource, BuildOptions, CsrVisitor, Dataset, DatasetWriter,
-    Error, FeatDtype, Layout, Meta, Offset, Progress, Result, VertexId,
+    build_topology, files, ArcSink, ArcSource, BuildOptions, Cancel, CsrVisitor, Dataset,
+    DatasetWriter, Error, FeatDtype, Layout, Meta, Offset, Progress, Result, VertexId,
 };
 use fanout_rand::{mix_keys, Rng};
 use rayon::prelude::*;
@@ -120,12 +120,26 @@ pub fn generate(
     out: Option<&Path>,
     progress: &dyn Progress,
 ) -> Result<(Dataset, GenSummary)> {
+    generate_with_cancel(cfg, opts, out, progress, &Cancel::default())
+}
+
+/// [`generate`], stopping with [`Error::Interrupted`] at the next safe point (between batches
+/// of edges, before each file) once `cancel` is cancelled. The temporary directory is then
+/// removed and `out` is left as it was.
+pub fn generate_with_cancel(
+    cfg: &PresetConfig,
+    opts: &GenOptions,
+    out: Option<&Path>,
+    progress: &dyn Progress,
+    cancel: &Cancel,
+) -> Result<(Dataset, GenSummary)> {
     let start = Instant::now();
     cfg.validate().map_err(Error::Invalid)?;
     let mut writer = match out {
         Some(p) => DatasetWriter::create(p, opts.overwrite)?,
         None => DatasetWriter::temporary()?,
-    };
+    }
+    .with_cancel(cancel.clone());
     let n = cfg.nodes;
     let seed = opts.seed;
 
@@ -147,6 +161,7 @@ pub fn generate(
         dedup: true,
         num_nodes: Some(n),
     };
+    cancel.check()?;
     let stats = build_topology(&mut edges, &build, &mut writer, progress)?;
 
     let labels: Vec<i64> = model.labels.iter().map(|&l| l as i64).collect();

@@ -14,5 +14,5 @@ pub use features::{
     split_vertices, split_vertices_from, uniform_labels, write_class_features, ClassFeatures,
     SplitFractions,
 };
-pub use generate::{generate, GenOptions, GenSummary};
+pub use generate::{generate, generate_with_cancel, GenOptions, GenSummary};
 pub use preset::{Preset, PresetConfig};

@@ -364,3 +364,33 @@ fn papers_splits_sit_in_few_communities_and_widen_on_small_graphs() {
     let labels = s.ds.labels.as_ref().unwrap();
     assert!(s.ds.train.iter().all(|&v| labels[v as usize] < 3));
 }
+
+#[test]
+fn a_cancelled_generation_leaves_nothing_and_keeps_the_old_dataset() {
+    use fanout_graph::{Cancel, Error};
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("ds");
+    let cfg = Preset::Tiny.config(None);
+    let opts = GenOptions {
+        seed: 1,
+        overwrite: true,
+        ..GenOptions::default()
+    };
+    generate(&cfg, &opts, Some(&out), &NoProgress).unwrap();
+    let before = std::fs::read(out.join("meta.txt")).unwrap();
+    let cancel = Cancel::new();
+    cancel.cancel();
+    let other = GenOptions { seed: 2, ..opts };
+    let r = crate::generate_with_cancel(&cfg, &other, Some(&out), &NoProgress, &cancel);
+    assert!(matches!(r, Err(Error::Interrupted)), "{:?}", r.err());
+    assert_eq!(std::fs::read(out.join("meta.txt")).unwrap(), before);
+    let left: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("ds")],
+        "temporary left behind"
+    );
+}

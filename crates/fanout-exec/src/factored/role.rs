@@ -10,7 +10,7 @@ use crate::metrics::RunMetrics;
 use crate::pipeline::{PipelineConfig, Prepared, RemoteGradient};
 use crate::run::{build_cache, eval_pipelines, RunEnv, TrainOutcome};
 use crate::strategy::WorkerPlan;
-use crate::trainer::{fit, FitConfig, FitObserver, Trainer};
+use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, Trainer};
 use fanout_cache::{Extractor, PlainExtractor};
 use fanout_comm::Comm;
 use fanout_compute::CpuBackend;
@@ -218,7 +218,11 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             // into the queue.
             let own = (n == 1 || layout.routes.is_some_and(|(local, _)| local > 0))
                 .then(|| s.spawn(|| sampling.run(None)));
-            let res = fit(
+            let ctl = FitControl {
+                cancel: env.cancel,
+                ..FitControl::default()
+            };
+            let res = fit_with(
                 &mut trainer,
                 &source,
                 valid.as_ref().map(|p| p as &dyn crate::BatchSource),
@@ -226,7 +230,20 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
                 fit_cfg,
                 &*sub,
                 obs,
-            );
+                ctl,
+            )
+            .map_err(|e| {
+                // Factored runs write their model only at the end (no per-epoch state).
+                let note = env.checkpoint.map(|p| {
+                    format!(
+                        "nothing was saved to {} (the {} strategy writes its model only at the \
+                         end of the run; a file already there is left as it was)",
+                        p.display(),
+                        cfg.strategy_kind().name()
+                    )
+                });
+                e.with_checkpoint(note)
+            });
             if let Err(e) = &res {
                 // Unblocks the producer and the sampling thread (and the other workers).
                 comm.fail(&e.to_string());
@@ -332,6 +349,8 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),
         threads,
         strategy_report: Some(report),
+        state: None,
+        num_nodes: ds.num_nodes(),
     })
 }
 
