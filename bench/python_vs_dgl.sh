@@ -67,7 +67,7 @@ out, runs, seeds, configs, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].
 label = {"fanout:torch": "fanout loader + PyTorch SAGE", "fanout:dgl": "fanout loader + DGL SAGEConv",
          "dgl:dgl": "DGL loader + DGL SAGEConv"}
 load = lambda name, c: json.load(open(f"{out}/{name}-{c.replace(':', '-')}.json"))
-first = load("train-products-1", configs[0])
+first = load("train-products-1", "dgl:dgl")
 print(f"threads {threads}; {first['versions']}; products preset: fanouts 10,25, batch 1024, hidden 256\n")
 print("| loader (products, no model) | batches/s (median of runs) | each run | vs DGL |")
 print("|---|---|---|---|")
