@@ -112,7 +112,8 @@ pub fn graph(e: GraphError) -> PyErr {
         // in a damaged indices.bin, which only `verify` scans): not the caller's argument.
         GraphError::Invalid(m) if m.contains(" panicked") => Kind::Base,
         GraphError::Invalid(_) => Kind::Invalid,
-        // Cancellation (not offered to Python callers yet, which pass no token).
+        // Cancellation: `fanout.train` raises the signal's own exception (KeyboardInterrupt)
+        // or the callback's instead; this message is what remains otherwise.
         GraphError::Interrupted => Kind::Base,
     };
     raise(kind, e.to_string())

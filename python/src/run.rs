@@ -8,7 +8,7 @@ use fanout_exec::{
     evaluate_checkpoint, BatchOutcome, EpochMetrics, EvalRequest, EvalSplit, FitObserver, RunEnv,
     TrainConfig,
 };
-use fanout_graph::Residency;
+use fanout_graph::{Cancel, Residency};
 use numpy::ndarray::Array2;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 
 /// Forwards a run's progress to Python: each finished epoch's metrics (a dict) to `on_epoch`,
 /// set-up lines to `on_note`. Called from the training thread, which takes the GIL only for
-/// the call. The first exception a callback raises is kept and raised when the run ends
-/// (the run itself cannot be interrupted from an observer).
+/// the call. The first exception a callback raises is kept, stops the run at its next step
+/// (through `cancel`) and is raised when the run ends.
 struct PyObserver {
     on_epoch: Option<Py<PyAny>>,
     on_note: Option<Py<PyAny>>,
     error: Option<PyErr>,
+    cancel: Cancel,
 }
 
 impl PyObserver {
@@ -37,6 +38,7 @@ impl PyObserver {
         });
         if let Err(e) = r {
             self.error = Some(e);
+            self.cancel.cancel();
         }
     }
 }
@@ -91,27 +93,81 @@ pub fn train<'py>(
         }
     };
     let dataset = cfg.dataset.clone().unwrap_or_default();
+    let cancel = Cancel::new();
     let mut obs = PyObserver {
         on_epoch,
         on_note,
         error: None,
+        cancel: cancel.clone(),
     };
-    let report = py
-        .detach(|| {
-            let out = fanout_exec::train(&cfg, &RunEnv::default(), &mut obs)?;
-            if let Some(p) = &save_model {
-                out.save_model(p)?;
-            }
-            Ok::<_, fanout_exec::ExecError>(out.report())
-        })
-        .map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
-    if let Some(e) = obs.error.take() {
+    let env = RunEnv {
+        cancel: Some(&cancel),
+        ..RunEnv::default()
+    };
+    let (result, signal) = interruptible(py, &cancel, || {
+        let out = fanout_exec::train(&cfg, &env, &mut obs)?;
+        if let Some(p) = &save_model {
+            out.save_model(p)?;
+        }
+        Ok::<_, fanout_exec::ExecError>(out.report())
+    });
+    // A signal's exception (KeyboardInterrupt) first, then a callback's, then the run's own.
+    if let Some(e) = signal.or_else(|| obs.error.take()) {
         return Err(e);
     }
+    let report = result.map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
     if let Some(p) = &metrics_out {
         write_json(p, &report)?;
     }
     json_to_py(py, &report)
+}
+
+/// Runs `work` on a thread of its own without the GIL while this (Python's main) thread keeps
+/// checking for signals: Python only runs its SIGINT handler on the main thread, between
+/// bytecodes, so a run holding that thread in Rust could not be stopped by Ctrl-C. A signal
+/// whose handler raises (KeyboardInterrupt) cancels `cancel` (the run stops before its next
+/// step) and is returned beside `work`'s result once `work` has ended.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    cancel: &Cancel,
+    work: impl FnOnce() -> T + Send,
+) -> (T, Option<PyErr>) {
+    std::thread::scope(|s| {
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // Behind a mutex only to be `Sync`: the closure below borrows it across `detach`.
+        let done_rx = std::sync::Mutex::new(done_rx);
+        let handle = s.spawn(move || {
+            let out = work();
+            drop(done_tx);
+            out
+        });
+        let mut raised = None;
+        loop {
+            let finished = py.detach(|| {
+                !matches!(
+                    done_rx
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .recv_timeout(std::time::Duration::from_millis(50)),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                )
+            });
+            if finished {
+                break;
+            }
+            if raised.is_none() {
+                if let Err(e) = py.check_signals() {
+                    cancel.cancel();
+                    raised = Some(e);
+                }
+            }
+        }
+        let out = py.detach(|| handle.join());
+        match out {
+            Ok(v) => (v, raised),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
 }
 
 /// Writes `v` as pretty JSON to `path` (through a temporary file renamed into place).

@@ -156,3 +156,56 @@ def test_unsupported_checkpoint_kinds_are_refused(cora_path, tmp_path):
                   "epochs": 1, "fanouts": [3, 3], "threads": 2}, save_model=ckpt)
     with pytest.raises(NotImplementedError, match="gin checkpoint"):
         ft.load_checkpoint(ckpt)
+
+
+def test_an_exception_in_on_epoch_stops_the_run_and_is_raised(cora_path):
+    seen = []
+
+    def stop_early(m):
+        seen.append(m["epoch"])
+        raise StopIteration(f"enough after epoch {m['epoch']}")
+
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(StopIteration, match="enough after epoch 0"):
+        fanout.train({"dataset": cora_path, "hidden": 16, "batch_size": 32, "epochs": 5000,
+                      "eval_every": 0, "threads": 2}, on_epoch=stop_early)
+    assert seen == [0]
+    # The 5,000 epochs take minutes; stopped at the next step, the call returns in well under
+    # a second (30 s leaves room for a loaded machine).
+    assert time.monotonic() - t < 30, "the run went on after the callback raised"
+
+
+def test_ctrl_c_stops_fanout_train_with_keyboard_interrupt(cora_path, tmp_path):
+    """SIGINT while `fanout.train` runs in Rust: KeyboardInterrupt within a step, not at the
+    end of a 10,000-epoch run."""
+    import signal
+    import subprocess
+    import time
+    import sys
+
+    started = tmp_path / "started"
+    script = f"""
+import fanout, sys, time
+def mark(m):
+    open({str(started)!r}, "w").close()
+t = time.monotonic()
+try:
+    fanout.train({{"dataset": {str(cora_path)!r}, "hidden": 16, "batch_size": 32,
+                  "epochs": 10000, "eval_every": 0, "threads": 2}}, on_epoch=mark)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt after", round(time.monotonic() - t, 1))
+    sys.exit(7)
+"""
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 7, (out, err)
+    assert "KeyboardInterrupt after" in out
+    assert "panicked" not in err
