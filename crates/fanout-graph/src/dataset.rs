@@ -1,9 +1,12 @@
 //! Opening a dataset directory: topology, features, labels and splits, all memory-mapped.
 //!
-//! [`Dataset::open`] reads `meta.txt`, checks every file's size against it and maps the files:
-//! O(1) time and memory whatever the graph's size. It does not scan contents; `verify` does.
+//! [`Dataset::open`] reads `meta.txt`, checks every file's size against it and maps the files,
+//! then checks the contents that would otherwise fail far from their cause (offsets, labels,
+//! split ids, and neighbour ids once per content: see [`crate::checks`]). Features are not
+//! scanned; `verify` does that, and training stops at the first non-finite loss.
 
 use crate::array::{Array, Pod, Residency};
+use crate::checks::{self, IdCheck};
 use crate::error::{Error, Result};
 use crate::meta::{FeatDtype, Layout, Meta};
 use crate::progress::Progress;
@@ -402,6 +405,9 @@ pub struct Dataset {
     pub train: Array<u32>,
     pub valid: Array<u32>,
     pub test: Array<u32>,
+    /// How open established that every neighbour id is in range (scanned now, or remembered
+    /// from an earlier scan of the same files).
+    pub id_check: IdCheck,
     /// Keeps a temporary directory alive for datasets created with `DatasetWriter::temporary`.
     pub(crate) _keep: Option<Arc<tempfile::TempDir>>,
 }
@@ -448,8 +454,10 @@ fn check_offsets<O: Offset>(path: &Path, p: &[O], e: u64) -> Result<()> {
 }
 
 impl Dataset {
-    /// Opens the dataset in `dir`. Errors name the file and say what was expected; the offsets
-    /// are checked (they start at 0, never decrease and end at NUM_EDGE).
+    /// Opens the dataset in `dir`. Errors name the file, the entry and what was expected.
+    /// Guarantees on success: every file has the size meta.txt implies; the offsets start at 0,
+    /// never decrease and end at NUM_EDGE; every neighbour id and split id is below NUM_NODE;
+    /// every label is -1 or below NUM_CLASS. Feature values are not scanned.
     pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
@@ -527,6 +535,20 @@ impl Dataset {
         let valid = split(files::VALID, meta.num_valid_set, "NUM_VALID_SET")?;
         let test = split(files::TEST, meta.num_test_set, "NUM_TEST_SET")?;
 
+        // Contents that would otherwise fail far from their cause: O(NUM_NODE) ones always,
+        // the O(NUM_EDGE) id scan once per content of indices.bin and meta.txt.
+        if let Some(l) = &labels {
+            checks::check_labels(&lp, l, meta.num_class)?;
+        }
+        for (file, a) in [
+            (files::TRAIN, &train),
+            (files::VALID, &valid),
+            (files::TEST, &test),
+        ] {
+            checks::check_split(&dir.join(file), a, n)?;
+        }
+        let id_check = checks::check_ids_remembered(dir, &indptr, &indices, n)?;
+
         Ok(Dataset {
             dir: dir.to_path_buf(),
             topology: Topology {
@@ -539,6 +561,7 @@ impl Dataset {
             train,
             valid,
             test,
+            id_check,
             meta,
             _keep: None,
         })

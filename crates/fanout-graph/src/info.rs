@@ -1,6 +1,7 @@
 //! `dataset info`: sizes, degree statistics, split sizes and bytes on disk, as a struct that
 //! prints for people and serialises to JSON for scripts.
 
+use crate::checks::{IdCheck, STAMP};
 use crate::dataset::{Dataset, Ids, Offsets};
 use crate::meta::{FeatDtype, Layout};
 use std::fmt;
@@ -66,8 +67,11 @@ pub struct DatasetInfo {
     pub in_degree: DegreeStats,
     pub out_degree: DegreeStats,
     pub self_loops: u64,
+    /// Data files (the check stamp excluded).
     pub files: Vec<FileInfo>,
     pub total_bytes: u64,
+    /// How this open established that every neighbour id is in range.
+    pub id_check: IdCheck,
 }
 
 impl DatasetInfo {
@@ -83,7 +87,7 @@ impl DatasetInfo {
             entries.sort_by_key(|e| e.file_name());
             for e in entries {
                 if let Ok(m) = e.metadata() {
-                    if m.is_file() {
+                    if m.is_file() && e.file_name() != STAMP {
                         file_list.push(FileInfo {
                             name: e.file_name().to_string_lossy().into_owned(),
                             bytes: m.len(),
@@ -122,6 +126,7 @@ impl DatasetInfo {
             self_loops,
             total_bytes: file_list.iter().map(|f| f.bytes).sum(),
             files: file_list,
+            id_check: ds.id_check,
         }
     }
 }
@@ -186,6 +191,23 @@ impl fmt::Display for DatasetInfo {
                 d.min, d.median, d.mean, d.p99, d.max, d.zeros
             )?;
         }
+        let ids = match self.id_check {
+            IdCheck::Scanned {
+                seconds,
+                remembered: true,
+            } => format!("scanned on this open ({seconds:.3} s), remembered in {STAMP}"),
+            IdCheck::Scanned {
+                seconds,
+                remembered: false,
+            } => format!(
+                "scanned on this open ({seconds:.3} s), not remembered (read-only folder or files changed in the last 2 s)"
+            ),
+            IdCheck::Remembered => format!("remembered from an earlier scan ({STAMP})"),
+        };
+        writeln!(
+            f,
+            "checked      offsets, labels, split ids on every open; neighbour ids {ids}"
+        )?;
         writeln!(
             f,
             "bytes        {} in {} files",

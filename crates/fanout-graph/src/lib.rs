@@ -9,6 +9,7 @@
 pub mod array;
 pub mod build;
 pub mod cancel;
+pub mod checks;
 pub mod checksum;
 pub mod dataset;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod writer;
 pub use array::{available_memory, Array, ArrayMut, Pod, Residency};
 pub use build::{build_topology, ArcSink, ArcSource, BuildOptions, BuildStats, SliceArcs};
 pub use cancel::Cancel;
+pub use checks::IdCheck;
 pub use dataset::{
     files, CsrVisitor, Dataset, FeatData, Features, Ids, Offset, Offsets, Row, Topology, VertexId,
 };

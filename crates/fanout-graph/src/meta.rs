@@ -104,6 +104,14 @@ pub const REQUIRED_KEYS: [&str; 7] = [
     "NUM_TEST_SET",
 ];
 
+/// The largest NUM_NODE, NUM_EDGE and NUM_NODE x FEAT_DIM accepted (2^58): arrays of that
+/// many 8-byte entries plus one still have a byte size below 2^63.
+pub const MAX_ELEMENTS: u64 = 1 << 58;
+
+/// The largest NUM_CLASS accepted (2^24): the output layer has NUM_CLASS columns, and labels
+/// beyond this are far past any classification dataset.
+pub const MAX_CLASSES: u64 = 1 << 24;
+
 /// fanout's optional keys (besides `CHECKSUM_<FILE>`).
 pub const OPTIONAL_KEYS: [&str; 2] = ["LAYOUT", "FEAT_DTYPE"];
 
@@ -224,7 +232,67 @@ impl Meta {
             m.num_valid_set,
             m.num_test_set,
         ) = (r[0], r[1], r[2], r[3], r[4], r[5], r[6]);
+        m.check_sizes(path)?;
         Ok(m)
+    }
+
+    /// Checks that the sizes can describe arrays this machine can address, before any of them is
+    /// used in arithmetic: NUM_NODE and NUM_EDGE at most [`MAX_ELEMENTS`] (so `NUM_NODE + 1`
+    /// offsets of 8 bytes cannot overflow), NUM_NODE x FEAT_DIM feature values at most
+    /// [`MAX_ELEMENTS`], NUM_CLASS at most [`MAX_CLASSES`], and no split longer than NUM_NODE
+    /// (a split lists each vertex once). The error names `path`, the key, its value and the limit.
+    pub fn check_sizes(&self, path: &Path) -> Result<()> {
+        let too_big = |key: &str, v: u64, why: String| {
+            Err(Error::format(
+                path,
+                format!("{key} = {v} is too large: {why}"),
+            ))
+        };
+        for (key, v) in [("NUM_NODE", self.num_node), ("NUM_EDGE", self.num_edge)] {
+            if v > MAX_ELEMENTS {
+                return too_big(
+                    key,
+                    v,
+                    format!("expected at most {MAX_ELEMENTS} (2^58, the most 8-byte entries a file can address)"),
+                );
+            }
+        }
+        if !matches!(self.num_node.checked_mul(self.feat_dim), Some(x) if x <= MAX_ELEMENTS) {
+            return too_big(
+                "FEAT_DIM",
+                self.feat_dim,
+                format!(
+                    "NUM_NODE ({}) x FEAT_DIM values exceed {MAX_ELEMENTS} (2^58)",
+                    self.num_node
+                ),
+            );
+        }
+        if self.num_class > MAX_CLASSES {
+            return too_big(
+                "NUM_CLASS",
+                self.num_class,
+                format!(
+                    "expected at most {MAX_CLASSES} (2^24; the output layer has NUM_CLASS columns)"
+                ),
+            );
+        }
+        for (key, v) in [
+            ("NUM_TRAIN_SET", self.num_train_set),
+            ("NUM_VALID_SET", self.num_valid_set),
+            ("NUM_TEST_SET", self.num_test_set),
+        ] {
+            if v > self.num_node {
+                return too_big(
+                    key,
+                    v,
+                    format!(
+                        "expected at most NUM_NODE = {} (a split lists each vertex once)",
+                        self.num_node
+                    ),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The meta.txt text for this value (required keys first, then fanout's keys).
@@ -316,5 +384,53 @@ mod tests {
         assert!(e.to_string().contains("expected csc or csr"), "{e}");
         let e = Meta::parse(&format!("{GNNLAB}CHECKSUM_FEAT\tmd5:ab\n"), p()).unwrap_err();
         assert!(e.to_string().contains("expected xxh3:"), "{e}");
+    }
+
+    #[test]
+    fn sizes_beyond_what_arrays_can_address_are_refused_naming_the_key() {
+        let max = u64::MAX.to_string();
+        for (from, to, needle) in [
+            (
+                "NUM_NODE\t2708",
+                format!("NUM_NODE\t{max}"),
+                "NUM_NODE = 18446744073709551615 is too large",
+            ),
+            (
+                "NUM_EDGE\t10556",
+                format!("NUM_EDGE\t{}", MAX_ELEMENTS + 1),
+                "NUM_EDGE = 288230376151711745 is too large",
+            ),
+            (
+                "FEAT_DIM\t1433",
+                format!("FEAT_DIM\t{}", 1u64 << 50),
+                "NUM_NODE (2708) x FEAT_DIM values exceed",
+            ),
+            (
+                "FEAT_DIM\t1433",
+                format!("FEAT_DIM\t{max}"),
+                "FEAT_DIM = 18446744073709551615",
+            ),
+            (
+                "NUM_CLASS\t7",
+                format!("NUM_CLASS\t{}", MAX_CLASSES + 1),
+                "NUM_CLASS = 16777217 is too large",
+            ),
+            (
+                "NUM_TEST_SET\t1000",
+                "NUM_TEST_SET\t2709".to_string(),
+                "expected at most NUM_NODE = 2708",
+            ),
+        ] {
+            let text = GNNLAB.replace(from, &to);
+            assert_ne!(text, GNNLAB);
+            let e = Meta::parse(&text, p()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+            assert!(e.starts_with("meta.txt: "), "{e}");
+        }
+        // The limits themselves are accepted.
+        let at = GNNLAB
+            .replace("NUM_CLASS\t7", &format!("NUM_CLASS\t{MAX_CLASSES}"))
+            .replace("NUM_TEST_SET\t1000", "NUM_TEST_SET\t2708");
+        Meta::parse(&at, p()).unwrap();
     }
 }

@@ -2,7 +2,7 @@
 //! the file, the entry and what was expected.
 
 use crate::checksum::file_checksum;
-use crate::dataset::{files, Dataset, FeatData, Ids, Offsets};
+use crate::dataset::{files, Dataset, FeatData, Offsets};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use rayon::prelude::*;
@@ -127,43 +127,15 @@ pub fn verify(dir: &Path, progress: &dyn Progress) -> Result<VerifyReport> {
     }
     progress.advance(n);
 
-    // Neighbour ids.
-    let (ifile, bad) = match &ds.topology.indices {
-        Ids::U32(a) => (
-            files::INDICES,
-            a.par_iter()
-                .position_first(|&v| v as u64 >= n)
-                .map(|i| (i, a[i] as u64)),
-        ),
-        Ids::U64(a) => (
-            files::INDICES64,
-            a.par_iter().position_first(|&v| v >= n).map(|i| (i, a[i])),
-        ),
-    };
-    if let Some((i, v)) = bad {
-        let owner = owner_of(&ds, i as u64);
-        return Err(Error::format(
-            dir.join(ifile),
-            format!("entry {i} = {v} (in the row of vertex {owner}) is out of range; expected < NUM_NODE = {n}"),
-        ));
-    }
+    // Neighbour ids: always scanned here, whatever open remembered.
+    crate::checks::check_ids(dir, &ds.topology.indptr, &ds.topology.indices, n)?;
     progress.advance(ds.meta.num_edge);
     progress.finish_phase();
 
     // Labels.
     match &ds.labels {
         Some(labels) => {
-            let c = ds.meta.num_class as i64;
-            if let Some(i) = labels.par_iter().position_first(|&l| l < -1 || l >= c) {
-                return Err(Error::format(
-                    dir.join(files::LABEL),
-                    format!(
-                        "entry {i} (vertex {i}) = {}, expected -1 (unlabelled) or a class in 0..{} (NUM_CLASS = {c})",
-                        labels[i],
-                        c.max(1) - 1
-                    ),
-                ));
-            }
+            crate::checks::check_labels(&dir.join(files::LABEL), labels, ds.meta.num_class)?
         }
         None => report
             .warnings
@@ -178,15 +150,8 @@ pub fn verify(dir: &Path, progress: &dyn Progress) -> Result<VerifyReport> {
         (files::TEST, &ds.test, 4),
     ] {
         let path = dir.join(file);
+        crate::checks::check_split(&path, split, n)?;
         for (i, &v) in split.iter().enumerate() {
-            if v as u64 >= n {
-                return Err(Error::format(
-                    path,
-                    format!(
-                        "entry {i} = {v} is out of range; expected a vertex id < NUM_NODE = {n}"
-                    ),
-                ));
-            }
             let o = &mut owner[v as usize];
             if *o & bit != 0 {
                 let j = split.iter().position(|&x| x == v).unwrap();
@@ -261,12 +226,4 @@ pub fn verify(dir: &Path, progress: &dyn Progress) -> Result<VerifyReport> {
         None => {}
     }
     Ok(report)
-}
-
-/// The vertex whose row holds arc position `pos`.
-fn owner_of(ds: &Dataset, pos: u64) -> u64 {
-    match &ds.topology.indptr {
-        Offsets::U32(p) => p.partition_point(|&x| x as u64 <= pos) as u64 - 1,
-        Offsets::U64(p) => p.partition_point(|&x| x <= pos) as u64 - 1,
-    }
 }

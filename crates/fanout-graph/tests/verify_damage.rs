@@ -149,7 +149,7 @@ fn out_of_range_neighbour_names_entry_and_vertex() {
         &[
             "entry 37 = 205",
             &format!("vertex {owner}"),
-            "expected < NUM_NODE = 200",
+            "expected a vertex id < NUM_NODE = 200",
         ],
     );
 }
