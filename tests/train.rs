@@ -420,3 +420,63 @@ fn reorder_window_permutes_batches_and_reuses_at_least_as_much() {
         &["--reorder-window", "--match-reorder"],
     );
 }
+
+#[test]
+fn epochs_report_their_gemm_flops_and_floors_at_the_measured_rates() {
+    // Every product of a two-layer GraphSAGE has the hidden width as one dimension (in x hidden,
+    // hidden x classes), and the batches do not depend on it: doubling it doubles the flops
+    // exactly. The floors are the flops and bytes at the rates the run reports.
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let cache = t.path().join("cache");
+    let run = |hidden: &str| {
+        let m = t.path().join(format!("m{hidden}.json"));
+        let mut args = small(&ds, &["--metrics-out", s(&m), "--eval-every", "0"]);
+        let h = args.iter().position(|a| *a == "--hidden").unwrap();
+        args[h + 1] = hidden;
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .arg("--quiet")
+            .args(&args)
+            .env("FANOUT_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(out.contains("x floor (compute "), "{out}");
+        assert!(out.contains("x its floor ("), "{out}");
+        read_json(&m)
+    };
+    let (a, b) = (run("32"), run("64"));
+    assert!(cache.join("machine-rates.json").is_file());
+    assert_eq!(
+        a["machine_rates"], b["machine_rates"],
+        "rates are measured once"
+    );
+    let gemm = a["machine_rates"]["gemm_flops_per_s"].as_f64().unwrap();
+    let copy = a["machine_rates"]["copy_bytes_per_s"].as_f64().unwrap();
+    for (ea, eb) in a["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(b["epochs"].as_array().unwrap())
+    {
+        let fa = ea["gemm_flops"].as_u64().unwrap();
+        assert!(fa > 0);
+        assert_eq!(eb["gemm_flops"].as_u64().unwrap(), 2 * fa);
+        let floor = ea["compute_floor_s"].as_f64().unwrap();
+        assert!(
+            (floor - fa as f64 / gemm).abs() <= 1e-9 * floor.max(1e-9),
+            "{ea}"
+        );
+        let bytes = ea["extract"]["bytes_from_host"].as_u64().unwrap();
+        let mem = ea["memory_floor_s"].as_f64().unwrap();
+        assert!(
+            (mem - bytes as f64 / copy).abs() <= 1e-9 * mem.max(1e-9),
+            "{ea}"
+        );
+        assert_eq!(
+            ea["extract"]["bytes_from_host"],
+            eb["extract"]["bytes_from_host"]
+        );
+    }
+}

@@ -337,8 +337,17 @@ impl FitObserver for Observer {
                     .map_or(0, |w| w.rank)
             )
         };
+        // `= 2.10x floor (compute 0.41s, memory 0.05s)`: how far the epoch is from what its
+        // GEMM flops and gathered bytes take at this machine's measured rates.
+        let floor = match (m.floor_s(), m.compute_floor_s, m.memory_floor_s) {
+            (Some(f), Some(c), Some(mem)) if f > 0.0 => format!(
+                "  = {:.2}x floor (compute {c:.2}s, memory {mem:.2}s)",
+                m.wall_s / f
+            ),
+            _ => String::new(),
+        };
         println!(
-            "epoch {:>3}  {:>7.2}s  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%{sync}",
+            "epoch {:>3}  {:>7.2}s{floor}  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%{sync}",
             m.epoch,
             m.wall_s,
             m.sample_s,
@@ -400,8 +409,15 @@ pub fn observer(cfg: &TrainConfig, quiet: bool) -> impl FitObserver {
 /// Prints the run's summary and writes the metrics JSON and the checkpoint (rank 0's job).
 pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
     let m = &out.metrics;
+    // The floor of the median epoch's worth of work: the median over the same epochs.
+    let floor = m
+        .median_floor_s()
+        .filter(|&f| f > 0.0)
+        .map_or(String::new(), |f| {
+            format!(" = {:.2}x its floor ({f:.2}s)", m.median_epoch_s / f)
+        });
     println!(
-        "test accuracy {:.4} (epoch {}, best validation accuracy {:.4}); median epoch {:.2}s{}",
+        "test accuracy {:.4} (epoch {}, best validation accuracy {:.4}); median epoch {:.2}s{floor}{}",
         m.test_acc,
         m.best_epoch,
         m.best_val_acc,

@@ -39,6 +39,7 @@ pub mod config;
 pub mod error;
 pub mod eval;
 pub mod factored;
+pub mod floor;
 pub mod hybrid;
 pub mod memory;
 pub mod metrics;

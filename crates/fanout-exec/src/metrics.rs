@@ -78,6 +78,16 @@ pub struct EpochMetrics {
     pub allreduce_s: f64,
     /// Bytes this worker contributed to gradient all-reduces (0 with one worker).
     pub allreduce_bytes: u64,
+    /// Nominal GEMM flops of the epoch's training steps (forward, backward, every layer's
+    /// products at the batches' real sizes), this process's workers together.
+    pub gemm_flops: u64,
+    /// `gemm_flops` at this machine's measured GEMM rate: no epoch can be shorter. `None`
+    /// when the rates were not measured.
+    #[serde(default)]
+    pub compute_floor_s: Option<f64>,
+    /// The epoch's feature bytes gathered from the host store at the measured copy bandwidth.
+    #[serde(default)]
+    pub memory_floor_s: Option<f64>,
     /// Each worker's own figures, in rank order (empty with one worker). With several workers
     /// `wall_s` is the slowest worker's, the loss and accuracies are over all workers' seeds,
     /// and the stage times, counts and bytes above are this worker's.
@@ -129,23 +139,55 @@ pub struct RunMetrics {
     pub median_epoch_s: f64,
     /// Every epoch, in order.
     pub epochs: Vec<EpochMetrics>,
+    /// The machine rates the floors were computed with.
+    #[serde(default)]
+    pub rates: Option<fanout_compute::MachineRates>,
+}
+
+impl EpochMetrics {
+    /// The larger of the two floors, when measured.
+    pub fn floor_s(&self) -> Option<f64> {
+        match (self.compute_floor_s, self.memory_floor_s) {
+            (Some(c), Some(m)) => Some(c.max(m)),
+            (c, m) => c.or(m),
+        }
+    }
 }
 
 impl RunMetrics {
     /// Median of `wall_s` excluding epoch 0 (or epoch 0 alone if nothing else ran).
     pub fn median_epoch_time(epochs: &[EpochMetrics]) -> f64 {
-        let mut w: Vec<f64> = epochs.iter().skip(1).map(|e| e.wall_s).collect();
-        if w.is_empty() {
-            return epochs.first().map_or(0.0, |e| e.wall_s);
-        }
-        w.sort_by(f64::total_cmp);
-        let n = w.len();
-        if n % 2 == 1 {
-            w[n / 2]
-        } else {
-            0.5 * (w[n / 2 - 1] + w[n / 2])
-        }
+        Self::median_over_epochs(epochs, |e| Some(e.wall_s)).unwrap_or(0.0)
     }
+
+    /// Median of [`EpochMetrics::floor_s`] over the epochs `median_epoch_s` is taken over: the
+    /// floor to compare it with. `None` without measured rates.
+    pub fn median_floor_s(&self) -> Option<f64> {
+        Self::median_over_epochs(&self.epochs, EpochMetrics::floor_s)
+    }
+
+    /// Median of `f` over epochs 1.. (epoch 0 alone if nothing else ran), skipping `None`s.
+    fn median_over_epochs(
+        epochs: &[EpochMetrics],
+        f: impl Fn(&EpochMetrics) -> Option<f64>,
+    ) -> Option<f64> {
+        let rest: Vec<f64> = epochs.iter().skip(1).filter_map(&f).collect();
+        median(rest).or_else(|| epochs.first().and_then(&f))
+    }
+}
+
+/// The median of `v` (mean of the middle two for an even count); `None` when empty.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    })
 }
 
 #[cfg(test)]

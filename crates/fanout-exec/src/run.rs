@@ -171,6 +171,8 @@ impl TrainOutcome {
             "best_val_acc": self.metrics.best_val_acc,
             "best_epoch": self.metrics.best_epoch,
             "median_epoch_s": self.metrics.median_epoch_s,
+            "median_floor_s": self.metrics.median_floor_s(),
+            "machine_rates": self.metrics.rates,
             "cache": self.cache,
             "reorder_window": c.cache.reorder_window.max(1),
             "features_resident": self.features_resident,
@@ -705,6 +707,7 @@ pub fn train_worker(
         let ctl = FitControl {
             cancel: env.cancel,
             resume,
+            rates: crate::floor::machine_rates(cfg.threads.unwrap_or_else(available_cores)),
             on_epoch: if env.checkpoint.is_some() {
                 Some(&mut hook)
             } else {

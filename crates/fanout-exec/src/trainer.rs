@@ -565,6 +565,9 @@ pub struct FitControl<'a> {
     /// stops the run.
     #[allow(clippy::type_complexity)]
     pub on_epoch: Option<&'a mut dyn FnMut(&FitState) -> Result<()>>,
+    /// This machine's rates ([`crate::floor`]): with them, every epoch reports its compute and
+    /// memory floors.
+    pub rates: Option<fanout_compute::MachineRates>,
 }
 
 /// Trains for `cfg.epochs` epochs over `train`, evaluating on `valid` and `test` (when given)
@@ -648,6 +651,7 @@ pub fn fit_with<B: Backend + Send>(
     for epoch in first_epoch..cfg.epochs {
         obs.epoch_start(epoch, train.num_batches());
         let start = Instant::now();
+        let flops_start = fanout_compute::cpu::gemm::nominal_flops();
         let (mut train_s, mut wait_s) = (0.0, 0.0);
         let (mut loss_sum, mut correct, mut labelled) = (0.0, 0usize, 0usize);
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
@@ -738,6 +742,8 @@ pub fn fit_with<B: Backend + Send>(
         }
         drop(stream);
         let mut wall_s = start.elapsed().as_secs_f64();
+        let gemm_flops = fanout_compute::cpu::gemm::nominal_flops() - flops_start;
+        let memory_floor_s = ctl.rates.map(|r| r.memory_floor_s(extract.bytes_from_host));
         // Busy times of the stages since the last call: with the next epoch started early,
         // its first batches' sampling and extraction count here (they ran in this epoch's
         // wall time). Bytes are summed per batch above, so they belong to their own epoch.
@@ -786,6 +792,9 @@ pub fn fit_with<B: Backend + Send>(
             allreduce_s: sync_s,
             allreduce_bytes: sync_bytes,
             workers: per_worker,
+            gemm_flops,
+            compute_floor_s: ctl.rates.map(|r| r.compute_floor_s(gemm_flops)),
+            memory_floor_s,
             ..EpochMetrics::default()
         };
         let last = epoch + 1 == cfg.epochs;
@@ -842,6 +851,7 @@ pub fn fit_with<B: Backend + Send>(
         trainer.restore(&params);
     }
     run.median_epoch_s = RunMetrics::median_epoch_time(&run.epochs);
+    run.rates = ctl.rates;
     Ok(run)
 }
 

@@ -24,11 +24,31 @@
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sparse_grad;
 use crate::tensor::Tensor;
 
 /// Products with fewer multiply-adds than this run on the calling thread.
+/// Nominal flops of every product issued through this module since the process started.
+static NOMINAL_FLOPS: AtomicU64 = AtomicU64::new(0);
+
+/// Nominal floating-point operations (`2 m n k` per `m x k` by `k x n` product) of every
+/// product computed by [`gemm`], [`gemm_dense`], [`matmul`] and [`acc_at_b_shared`] in this
+/// process since it started, all threads and in-process workers together. A product that skips
+/// zeros counts as the dense product it replaces. Read it before and after a stretch of work:
+/// the difference is that work's GEMM flops, the numerator of its compute floor.
+pub fn nominal_flops() -> u64 {
+    NOMINAL_FLOPS.load(Ordering::Relaxed)
+}
+
+/// Adds the nominal flops of `op(A) * op(B)`.
+fn count(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) {
+    let (m, n) = product_shape(a, trans_a, b, trans_b);
+    let k = if trans_a { a.rows() } else { a.cols() };
+    NOMINAL_FLOPS.fetch_add(2 * (m * n * k) as u64, Ordering::Relaxed);
+}
+
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// Smallest row block (packing op(B) per block costs about 10 / rows of the block's time).
 const MIN_BLOCK_ROWS: usize = 128;
@@ -69,6 +89,7 @@ pub fn gemm(
     c: &mut Tensor,
 ) {
     if trans_a && !trans_b && a.rows() == b.rows() && skips_zeros(b, a.cols()) {
+        count(a, trans_a, b, trans_b);
         sparse_grad::gemm_tn_sparse(alpha, &mut [(a, c)], b, beta);
     } else {
         gemm_dense(alpha, a, trans_a, b, trans_b, beta, c);
@@ -89,6 +110,7 @@ pub fn gemm_dense(
     c: &mut Tensor,
 ) {
     let (m, n) = product_shape(a, trans_a, b, trans_b);
+    count(a, trans_a, b, trans_b);
     assert_eq!(
         c.shape(),
         (m, n),
@@ -109,6 +131,7 @@ pub fn gemm_dense(
 /// it first (a GEMM with `beta == 0` writes every element of C).
 pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
     let (m, n) = product_shape(a, trans_a, b, trans_b);
+    count(a, trans_a, b, trans_b);
     let mut data: Vec<f32> = Vec::with_capacity(m * n);
     // SAFETY: with beta == 0, `gemm_into` writes every one of the m * n elements and reads
     // none (its contract), so all `m * n` elements are initialised before `set_len`.
@@ -134,6 +157,9 @@ pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
 pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
     let widest = pairs.iter().map(|(a, _)| a.cols()).max().unwrap_or(0);
     if pairs.iter().all(|(a, _)| a.rows() == g.rows()) && skips_zeros(g, widest) {
+        for (a, _) in pairs.iter() {
+            count(a, true, g, false);
+        }
         sparse_grad::gemm_tn_sparse(1.0, pairs, g, 1.0);
     } else {
         for (a, c) in pairs.iter_mut() {

@@ -12,6 +12,7 @@ pub mod graph;
 mod loss;
 mod optim;
 pub(crate) mod par;
+pub mod rates;
 pub mod sparse_grad;
 
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};

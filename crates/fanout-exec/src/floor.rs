@@ -1,0 +1,141 @@
+//! The physical floor of an epoch: its GEMM flops at this machine's measured GEMM rate
+//! (`compute_floor_s`) and its gathered feature bytes at the measured copy bandwidth
+//! (`memory_floor_s`). No schedule can finish an epoch faster than the larger of the two.
+//!
+//! The rates ([`MachineRates`]) are measured once per machine and thread count and kept in
+//! `machine-rates.json` under fanout's cache folder (`$FANOUT_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/fanout`, else `~/.cache/fanout`), keyed by the CPU's model name; delete the
+//! file to measure again. Without a writable cache folder they are measured once per process.
+
+use fanout_compute::MachineRates;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+/// The cache file's name.
+const CACHE_FILE: &str = "machine-rates.json";
+
+/// What the cache file holds.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct CacheFile {
+    /// The CPU the rates were measured on (`model name` of /proc/cpuinfo).
+    cpu: String,
+    /// Rates by thread count.
+    rates: BTreeMap<usize, MachineRates>,
+}
+
+/// This machine's rates on `threads` threads: from the cache when it has them for this CPU,
+/// else measured on a pool of `threads` threads (about half a second) and stored. Measured at
+/// most once per process and thread count, even when several in-process workers ask at once.
+pub fn machine_rates(threads: usize) -> Option<MachineRates> {
+    static MEASURED: OnceLock<Mutex<BTreeMap<usize, MachineRates>>> = OnceLock::new();
+    let threads = threads.max(1);
+    let memo = MEASURED.get_or_init(|| Mutex::new(BTreeMap::new()));
+    // Held while measuring: a second worker waits instead of measuring on the same cores.
+    let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = memo.get(&threads) {
+        return Some(*r);
+    }
+    let cpu = cpu_model();
+    let path = cache_dir().map(|d| d.join(CACHE_FILE));
+    let mut file: CacheFile = path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(|f: &CacheFile| f.cpu == cpu)
+        .unwrap_or_else(|| CacheFile {
+            cpu: cpu.clone(),
+            rates: BTreeMap::new(),
+        });
+    let rates = match file.rates.get(&threads) {
+        Some(r) if r.gemm_flops_per_s > 0.0 && r.copy_bytes_per_s > 0.0 => *r,
+        _ => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("rates-{i}"))
+                .build()
+                .ok()?;
+            let r = pool.install(MachineRates::measure);
+            file.rates.insert(threads, r);
+            if let Some(p) = &path {
+                store(p, &file);
+            }
+            r
+        }
+    };
+    memo.insert(threads, rates);
+    Some(rates)
+}
+
+/// Writes the cache under a temporary name and renames it into place; failures are ignored (the
+/// rates are then measured again by the next process).
+fn store(path: &std::path::Path, file: &CacheFile) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let Ok(json) = serde_json::to_vec_pretty(file) else {
+        return;
+    };
+    let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
+    if std::fs::write(&tmp, json).is_err() || std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// fanout's cache folder, when one can be named.
+fn cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("FANOUT_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("fanout")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("fanout")))
+}
+
+/// The CPU's model name, or "unknown".
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_measured_once_and_read_back_from_the_cache() {
+        let t = tempfile::tempdir().unwrap();
+        // SAFETY (of the test): the variable is read only by `machine_rates` in this test
+        // binary's one test that touches it.
+        std::env::set_var("FANOUT_CACHE_DIR", t.path());
+        let r = machine_rates(1).unwrap();
+        assert!(r.gemm_flops_per_s > 0.0 && r.copy_bytes_per_s > 0.0);
+        let f: CacheFile =
+            serde_json::from_slice(&std::fs::read(t.path().join(CACHE_FILE)).unwrap()).unwrap();
+        assert_eq!(f.cpu, cpu_model());
+        assert_eq!(f.rates.get(&1), Some(&r));
+        // Rates this CPU's cache holds are used as stored, without measuring.
+        let fake = MachineRates {
+            threads: 3,
+            gemm_flops_per_s: 1.0,
+            copy_bytes_per_s: 2.0,
+        };
+        let mut other = CacheFile {
+            cpu: cpu_model(),
+            rates: BTreeMap::new(),
+        };
+        other.rates.insert(3, fake);
+        store(&t.path().join(CACHE_FILE), &other);
+        assert_eq!(machine_rates(3), Some(fake));
+    }
+}
