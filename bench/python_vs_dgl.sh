@@ -34,7 +34,9 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
   if [ -z "${NO_BUILD:-}" ] || ! "$PY" -c "import fanout" 2> /dev/null; then
     echo "== installing the fanout package into $(dirname "$(dirname "$PY")")" >&2
     "$PY" -m pip --disable-pip-version-check -q install 'maturin>=1.5,<2'
-    PATH="$(dirname "$PY"):$PATH" "$PY" -m pip --disable-pip-version-check -q install \
+    # maturin's build hook runs the `maturin` executable from PATH, in pip's own temporary
+    # folder: the venv's bin folder goes on PATH as an absolute path.
+    PATH="$(cd "$(dirname "$PY")" && pwd):$PATH" "$PY" -m pip --disable-pip-version-check -q install \
       --no-build-isolation --force-reinstall --no-deps ./python
   fi
   mkdir -p "$OUT"
