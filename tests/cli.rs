@@ -151,6 +151,23 @@ fn bad_flags_and_bad_input_fail_cleanly() {
         1,
         "temporary files left behind"
     );
+    // Sizes that would overflow or exhaust memory are refused before any work.
+    for (flags, want) in [
+        (
+            ["--random-features", "100000000000", "--classes", "16"],
+            "must fit in 1 GiB",
+        ),
+        (
+            ["--random-features", "16", "--classes", "100000000000"],
+            "expected 1 to 16777216",
+        ),
+    ] {
+        let mut args = vec!["dataset", "import", "--format", "edgelist"];
+        args.extend(flags);
+        args.extend([s(&el), s(&out)]);
+        fails(&args, 1, &[want]);
+        assert!(!out.exists());
+    }
     // Not a dataset.
     fails(&["dataset", "info", s(t.path())], 1, &["meta.txt"]);
 }

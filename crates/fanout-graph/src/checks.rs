@@ -78,19 +78,28 @@ fn check_ids_remembered_within(
     })
 }
 
+/// The first entry of `a` that is `>= n`, with its position. The common case (none) is a
+/// branch-free maximum per chunk, which the compiler vectorises; only a chunk whose maximum
+/// is out of range is searched element by element, so the scan runs near memory speed.
+fn first_at_least<T: Copy + Into<u64> + Ord + Default + Send + Sync>(
+    a: &[T],
+    n: u64,
+) -> Option<(usize, u64)> {
+    const CHUNK: usize = 1 << 16;
+    let chunk = a
+        .par_chunks(CHUNK)
+        .position_first(|c| c.iter().copied().fold(T::default(), T::max).into() >= n)?;
+    let start = chunk * CHUNK;
+    let end = (start + CHUNK).min(a.len());
+    let i = start + a[start..end].iter().position(|&v| v.into() >= n)?;
+    Some((i, a[i].into()))
+}
+
 /// Checks that every neighbour id is below `n` (a full parallel scan).
 pub(crate) fn check_ids(dir: &Path, indptr: &Offsets, ids: &Ids, n: u64) -> Result<()> {
     let (file, bad) = match ids {
-        Ids::U32(a) => (
-            files::INDICES,
-            a.par_iter()
-                .position_first(|&v| v as u64 >= n)
-                .map(|i| (i, a[i] as u64)),
-        ),
-        Ids::U64(a) => (
-            files::INDICES64,
-            a.par_iter().position_first(|&v| v >= n).map(|i| (i, a[i])),
-        ),
+        Ids::U32(a) => (files::INDICES, first_at_least(a, n)),
+        Ids::U64(a) => (files::INDICES64, first_at_least(a, n)),
     };
     match bad {
         None => Ok(()),
@@ -349,5 +358,25 @@ mod tests {
         let p = Offsets::U32(crate::Array::from_vec(vec![0, 2, 2, 5]));
         let owners: Vec<u64> = (0..5).map(|i| owner_of(&p, i)).collect();
         assert_eq!(owners, [0, 0, 2, 2, 2]);
+    }
+
+    #[test]
+    fn first_at_least_finds_the_first_out_of_range_entry_in_any_chunk() {
+        let len = 3 * (1 << 16) + 17; // two full chunks and a partial one
+        let mut a = vec![5u32; len];
+        assert_eq!(first_at_least(&a, 6), None);
+        assert_eq!(first_at_least(&a, 5), Some((0, 5)));
+        for bad in [0, (1 << 16) - 1, 1 << 16, 2 * (1 << 16) + 3, len - 1] {
+            let mut b = a.clone();
+            b[bad] = 9;
+            b[len - 1] = 7; // a later, smaller offender is not the first
+            let want = if bad == len - 1 { (bad, 7) } else { (bad, 9) };
+            assert_eq!(first_at_least(&b, 6), Some(want), "bad at {bad}");
+        }
+        a[100] = u32::MAX;
+        let wide: Vec<u64> = a.iter().map(|&v| v as u64).collect();
+        assert_eq!(first_at_least(&wide, 1 << 40), None);
+        assert_eq!(first_at_least(&wide, 6), Some((100, u32::MAX as u64)));
+        assert_eq!(first_at_least::<u32>(&[], 0), None);
     }
 }

@@ -2,6 +2,7 @@
 //! feature element conversion, and generated (random) labels, features and splits.
 
 use crate::RandomFeatures;
+use fanout_graph::meta::{MAX_CLASSES, MAX_ELEMENTS};
 use fanout_graph::{f16, files, DatasetWriter, Error, FeatDtype, Pod, Progress, Result};
 use fanout_synth::{split_vertices, uniform_labels, write_class_features, ClassFeatures};
 use std::path::Path;
@@ -161,6 +162,9 @@ pub(crate) fn bad_feature(x: f32, dtype: FeatDtype) -> String {
     }
 }
 
+/// The most values the class centroids of random features may hold (1 GiB of f32).
+const MAX_CENTROID_VALUES: u64 = 1 << 28;
+
 /// Checks the generation parameters before any work is done.
 pub(crate) fn check_random(r: &RandomFeatures) -> Result<()> {
     if r.dim == 0 {
@@ -169,10 +173,19 @@ pub(crate) fn check_random(r: &RandomFeatures) -> Result<()> {
                 .into(),
         ));
     }
-    if r.classes == 0 {
-        return Err(Error::Invalid(
-            "random features need at least one class".into(),
-        ));
+    if r.classes == 0 || r.classes > MAX_CLASSES {
+        return Err(Error::Invalid(format!(
+            "random features: {} classes; expected 1 to {MAX_CLASSES} (2^24)",
+            r.classes
+        )));
+    }
+    // The generator keeps one centroid of `dim` floats per class in memory.
+    if !matches!((r.dim as u64).checked_mul(r.classes), Some(x) if x <= MAX_CENTROID_VALUES) {
+        return Err(Error::Invalid(format!(
+            "random features: {} classes x {} dimensions is too large; the class centroids \
+             (classes x dimensions floats) must fit in 1 GiB ({MAX_CENTROID_VALUES} values)",
+            r.classes, r.dim
+        )));
     }
     if !r.signal.is_finite() {
         return Err(Error::Invalid(format!(
@@ -207,6 +220,12 @@ pub(crate) fn write_random(
     progress: &dyn Progress,
 ) -> Result<VertexData> {
     check_random(r)?;
+    if !matches!(n.checked_mul(r.dim as u64), Some(x) if x <= MAX_ELEMENTS) {
+        return Err(Error::Invalid(format!(
+            "random features: {n} vertices x {} dimensions exceed {MAX_ELEMENTS} (2^58) values",
+            r.dim
+        )));
+    }
     let labels = uniform_labels(n, r.classes, r.seed);
     writer.write_array(files::LABEL, &labels)?;
     let spec = ClassFeatures {
@@ -233,6 +252,30 @@ pub(crate) fn write_random(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_feature_sizes_are_bounded_before_any_allocation() {
+        let r = |dim: usize, classes: u64| RandomFeatures {
+            dim,
+            classes,
+            train_frac: 0.1,
+            valid_frac: 0.1,
+            test_frac: 0.1,
+            seed: 0,
+            signal: 0.5,
+        };
+        assert!(check_random(&r(4096, 1 << 16)).is_ok());
+        for (bad, want) in [
+            (r(0, 4), "dimension > 0"),
+            (r(16, 0), "expected 1 to 16777216"),
+            (r(16, 100_000_000_000), "expected 1 to 16777216"),
+            (r(100_000_000_000, 16), "must fit in 1 GiB"),
+            (r(1 << 15, 1 << 14), "must fit in 1 GiB"),
+        ] {
+            let e = check_random(&bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
 
     #[test]
     fn splits_are_checked_for_range_and_repeats() {
