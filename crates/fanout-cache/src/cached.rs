@@ -90,7 +90,8 @@ impl Extractor for CachedExtractor {
         self.ds.features.as_ref().map_or(0, |f| f.dim)
     }
 
-    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats {
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> Result<ExtractStats> {
+        crate::extract::check_input_nodes(&self.ds, input_nodes)?;
         let ds = self.ds.clone();
         let f = ds.features.as_ref().expect("checked in new");
         let d = f.dim;
@@ -131,13 +132,13 @@ impl Extractor for CachedExtractor {
             p.rows.extend_from_slice(out);
         }
         let rb = f.row_bytes() as u64;
-        ExtractStats {
+        Ok(ExtractStats {
             rows: input_nodes.len() as u64,
             bytes_total: input_nodes.len() as u64 * rb,
             bytes_from_cache: c * rb,
             bytes_reused: r * rb,
             bytes_from_host: h * rb,
-        }
+        })
     }
 }
 

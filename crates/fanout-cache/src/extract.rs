@@ -51,8 +51,22 @@ pub trait Extractor: Send {
     /// Feature dimension.
     fn dim(&self) -> usize;
     /// Resizes `out` to `input_nodes.len() * dim()` and fills it with the rows of
-    /// `input_nodes`, in order.
-    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats;
+    /// `input_nodes`, in order. Errors, before reading any row and leaving the extractor's
+    /// state as it was, if an id is not a vertex of the dataset.
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> Result<ExtractStats>;
+}
+
+/// Checks that every id of `input_nodes` is a vertex of `ds` (one vectorised pass; the rows
+/// are then read without a panic path).
+pub(crate) fn check_input_nodes(ds: &Dataset, input_nodes: &[u32]) -> Result<()> {
+    let n = ds.num_nodes();
+    match fanout_graph::checks::first_at_least(input_nodes, n) {
+        None => Ok(()),
+        Some((i, v)) => Err(Error::Invalid(format!(
+            "feature extraction of {}: input vertex {i} of the batch is {v}; expected a vertex id < NUM_NODE = {n}",
+            ds.dir.display()
+        ))),
+    }
 }
 
 /// The plain path: every row gathered from the host store (no cache). The reference every
@@ -79,15 +93,16 @@ impl Extractor for PlainExtractor {
         self.ds.features.as_ref().map_or(0, |f| f.dim)
     }
 
-    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> ExtractStats {
+    fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> Result<ExtractStats> {
+        check_input_nodes(&self.ds, input_nodes)?;
         let f = self.ds.features.as_ref().expect("checked in new");
         f.gather_into(input_nodes, out);
         let bytes = (input_nodes.len() * f.row_bytes()) as u64;
-        ExtractStats {
+        Ok(ExtractStats {
             rows: input_nodes.len() as u64,
             bytes_total: bytes,
             bytes_from_host: bytes,
             ..ExtractStats::default()
-        }
+        })
     }
 }

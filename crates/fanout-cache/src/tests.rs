@@ -48,6 +48,37 @@ fn bits(x: &[f32]) -> Vec<u32> {
 }
 
 #[test]
+fn out_of_range_ids_are_errors_that_leave_the_extractor_as_it_was() {
+    let ds = dataset(FeatDtype::F32);
+    let n = ds.num_nodes() as u32;
+    let ranking = degree_ranking(&ds.topology);
+    let f = ds.features.as_ref().unwrap();
+    let cache = FeatureCache::build(f, &ranking[..n as usize / 5]).unwrap();
+    let mut plain = PlainExtractor::new(ds.clone()).unwrap();
+    let mut cached = CachedExtractor::new(ds.clone(), Some(cache), true).unwrap();
+    let good: Vec<u32> = (0..50).map(|i| i * 7 % n).collect();
+    let mut bad = good.clone();
+    bad[17] = n;
+    bad[30] = u32::MAX;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    cached.extract(&good, &mut b).unwrap();
+    for ex in [&mut plain as &mut dyn Extractor, &mut cached] {
+        let e = ex.extract(&bad, &mut a).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "input vertex 17 of the batch is {n}; expected a vertex id < NUM_NODE = {n}"
+            )),
+            "{e}"
+        );
+    }
+    // The failed call neither panicked nor disturbed Match-Reorder's memory of `good`.
+    let s = cached.extract(&good, &mut b).unwrap();
+    assert_eq!(s.bytes_reused + s.bytes_from_cache, s.bytes_total);
+    plain.extract(&good, &mut a).unwrap();
+    assert_eq!(bits(&a), bits(&b));
+}
+
+#[test]
 fn cached_extraction_equals_plain_extraction_byte_for_byte() {
     for dtype in [FeatDtype::F32, FeatDtype::F16] {
         let ds = dataset(dtype);
@@ -71,8 +102,8 @@ fn cached_extraction_equals_plain_extraction_byte_for_byte() {
                 let (mut a, mut b) = (Vec::new(), vec![1.0; 3]);
                 let mut total = ExtractStats::default();
                 for batch in trace.batches() {
-                    let sp = plain.extract(batch, &mut a);
-                    let sc = ex.extract(batch, &mut b);
+                    let sp = plain.extract(batch, &mut a).unwrap();
+                    let sc = ex.extract(batch, &mut b).unwrap();
                     assert_eq!(
                         bits(&a),
                         bits(&b),
@@ -95,8 +126,8 @@ fn cached_extraction_equals_plain_extraction_byte_for_byte() {
         let mut ex = CachedExtractor::new(ds.clone(), None, true).unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for batch in trace.batches() {
-            plain.extract(batch, &mut a);
-            ex.extract(batch, &mut b);
+            plain.extract(batch, &mut a).unwrap();
+            ex.extract(batch, &mut b).unwrap();
             assert_eq!(bits(&a), bits(&b));
         }
     }
@@ -155,7 +186,7 @@ fn simulated_bytes_equal_measured_bytes_and_optimal_bounds_every_policy() {
             let mut out = Vec::new();
             let mut st = ExtractStats::default();
             for b in trace.batches() {
-                st.add(&ex.extract(b, &mut out));
+                st.add(&ex.extract(b, &mut out).unwrap());
             }
             assert_eq!(st.bytes_total, row.bytes_needed);
             assert_eq!(st.bytes_from_cache, row.bytes_from_cache, "{row:?}");

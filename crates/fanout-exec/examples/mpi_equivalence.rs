@@ -22,7 +22,9 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
     let batch = s.sample(seeds, key).expect("sample");
     let mut ex = PlainExtractor::new(ds.clone()).expect("features");
     let mut features = Vec::new();
-    let extract = ex.extract(&batch.input_nodes, &mut features);
+    let extract = ex
+        .extract(&batch.input_nodes, &mut features)
+        .expect("extract");
     Prepared {
         batch,
         dim: ex.dim(),

@@ -73,7 +73,9 @@ fn main() {
                 .sample(s, key)
                 .unwrap_or_else(|e| usage(&e.to_string()));
             let mut rows = Vec::new();
-            extractor.extract(&mb.input_nodes, &mut rows);
+            extractor
+                .extract(&mb.input_nodes, &mut rows)
+                .unwrap_or_else(|e| usage(&e.to_string()));
             (mb, rows)
         })
         .collect();

@@ -109,7 +109,7 @@ pub fn measure_trial_batch<B: Backend>(
     let batch = sampler.sample(&first, key)?;
     let batch_bytes = minibatch_bytes(&batch);
     let mut features = Vec::new();
-    let extract = extractor.extract(&batch.input_nodes, &mut features);
+    let extract = extractor.extract(&batch.input_nodes, &mut features)?;
     let input_nodes = batch.input_nodes.len() as u64;
     let feature_bytes = 4 * features.len() as u64;
     let p = Prepared {

@@ -261,7 +261,15 @@ impl Pipeline {
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
         let handle = std::thread::spawn(move || {
-            let mut ex = ex.lock().unwrap();
+            // A panic in an earlier epoch's extraction poisons the lock: that run already
+            // ended with the panic's message, and the extractor's state is not trusted again.
+            let Ok(mut ex) = ex.lock() else {
+                let _ = tx.send(Err(ExecError::Invalid(
+                    "the extract stage failed in an earlier epoch; its cache state is unknown"
+                        .into(),
+                )));
+                return;
+            };
             let dim = ex.dim();
             let mut extract = |batch: MiniBatch| {
                 let t = Instant::now();
@@ -273,13 +281,13 @@ impl Pipeline {
                     None => gather(),
                 };
                 clock.add_since(t);
-                Prepared {
+                Ok::<_, ExecError>(Prepared {
                     batch,
                     features,
                     dim,
-                    extract: s,
+                    extract: s?,
                     remote: None,
-                }
+                })
             };
             loop {
                 // Take the next window (one batch without reordering). A sampling error is
@@ -312,7 +320,9 @@ impl Pipeline {
                     clock.add_since(t);
                 }
                 for b in win {
-                    if tx.send(Ok(extract(b))).is_err() {
+                    let p = extract(b);
+                    let failed = p.is_err();
+                    if tx.send(p).is_err() || failed {
                         return;
                     }
                 }

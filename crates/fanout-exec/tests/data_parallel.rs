@@ -31,7 +31,7 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
     let batch = s.sample(seeds, key).unwrap();
     let mut ex = PlainExtractor::new(ds.clone()).unwrap();
     let mut features = Vec::new();
-    let extract = ex.extract(&batch.input_nodes, &mut features);
+    let extract = ex.extract(&batch.input_nodes, &mut features).unwrap();
     Prepared {
         batch,
         dim: ex.dim(),

@@ -1,7 +1,7 @@
 //! End to end through the pipeline: a model overfits a tiny graph to 100% training accuracy,
 //! runs are deterministic, stage clocks tick, and an early-dropped epoch stops cleanly.
 
-use fanout_cache::PlainExtractor;
+use fanout_cache::{ExtractStats, Extractor, PlainExtractor};
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
 use fanout_exec::{fit, solo, FitConfig, Pipeline, PipelineConfig, Trainer};
 use fanout_graph::{Dataset, NoProgress};
@@ -16,6 +16,17 @@ fn tiny(nodes: u64) -> Arc<Dataset> {
 }
 
 fn pipeline(ds: &Arc<Dataset>, fanouts: Vec<u32>, seeds: Vec<u32>, shuffle: bool) -> Pipeline {
+    let ex = PlainExtractor::new(ds.clone()).unwrap();
+    pipeline_with(ds, fanouts, seeds, shuffle, Box::new(ex))
+}
+
+fn pipeline_with(
+    ds: &Arc<Dataset>,
+    fanouts: Vec<u32>,
+    seeds: Vec<u32>,
+    shuffle: bool,
+    ex: Box<dyn Extractor>,
+) -> Pipeline {
     let cfg = KHopConfig {
         fanouts,
         replace: false,
@@ -31,8 +42,33 @@ fn pipeline(ds: &Arc<Dataset>, fanouts: Vec<u32>, seeds: Vec<u32>, shuffle: bool
         reorder_window: 0,
         ..PipelineConfig::default()
     };
-    let ex = PlainExtractor::new(ds.clone()).unwrap();
-    Pipeline::new(s, Box::new(ex), seeds, &pc).unwrap()
+    Pipeline::new(s, ex, seeds, &pc).unwrap()
+}
+
+/// The plain extractor until its `fail_at`-th call, which errors (or panics).
+struct FailingExtractor {
+    inner: PlainExtractor,
+    calls: usize,
+    fail_at: usize,
+    panic: bool,
+}
+
+impl Extractor for FailingExtractor {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+    fn extract(&mut self, ids: &[u32], out: &mut Vec<f32>) -> fanout_graph::Result<ExtractStats> {
+        self.calls += 1;
+        if self.calls == self.fail_at {
+            if self.panic {
+                panic!("injected extract panic");
+            }
+            return Err(fanout_graph::Error::Invalid(
+                "injected extract error".into(),
+            ));
+        }
+        self.inner.extract(ids, out)
+    }
 }
 
 fn trainer(ds: &Dataset, kind: ModelKind, dropout: f32) -> Trainer<CpuBackend> {
@@ -122,6 +158,43 @@ fn runs_are_deterministic_and_clocks_tick() {
     };
     assert_eq!(one.epochs[0].input_nodes, a.epochs[0].input_nodes);
     assert_eq!(one.epochs[0].loss, a.epochs[0].loss);
+}
+
+#[test]
+fn an_extract_error_or_panic_ends_the_epoch_with_one_error_and_no_second_panic() {
+    let ds = tiny(400);
+    for panic in [false, true] {
+        let ex = FailingExtractor {
+            inner: PlainExtractor::new(ds.clone()).unwrap(),
+            calls: 0,
+            fail_at: 3,
+            panic,
+        };
+        let p = pipeline_with(&ds, vec![5, 5], ds.train.to_vec(), true, Box::new(ex));
+        assert!(p.num_batches() > 4);
+        let items: Vec<_> = p.epoch(0).collect();
+        // Two prepared batches, then the error, then nothing.
+        assert_eq!(items.len(), 3, "panic {panic}");
+        assert!(items[..2].iter().all(|r| r.is_ok()));
+        let e = items[2].as_ref().err().unwrap().to_string();
+        let want = if panic {
+            "the extract stage panicked"
+        } else {
+            "injected extract error"
+        };
+        assert!(e.contains(want), "{e}");
+        // The next epoch: a panicked extractor is not trusted again (one error, no panic on
+        // the poisoned lock); an extractor that only returned an error goes on.
+        let next: Vec<_> = p.epoch(1).collect();
+        if panic {
+            assert_eq!(next.len(), 1);
+            let e = next[0].as_ref().err().unwrap().to_string();
+            assert!(e.contains("failed in an earlier epoch"), "{e}");
+        } else {
+            assert_eq!(next.len(), p.num_batches());
+            assert!(next.iter().all(|r| r.is_ok()));
+        }
+    }
 }
 
 #[test]

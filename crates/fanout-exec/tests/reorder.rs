@@ -155,7 +155,7 @@ fn reordering_alternating_communities_raises_match_reuse_with_exact_features() {
         // Features are bit for bit the plain extractor's, batch by batch.
         let mut out = Vec::new();
         for p in &batches {
-            plain.extract(&p.batch.input_nodes, &mut out);
+            plain.extract(&p.batch.input_nodes, &mut out).unwrap();
             assert_eq!(bits(&p.features), bits(&out), "step {}", p.batch.key.step);
             assert_eq!(p.batch, plain_batches[p.batch.key.step as usize].batch);
         }

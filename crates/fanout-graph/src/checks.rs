@@ -78,10 +78,11 @@ fn check_ids_remembered_within(
     })
 }
 
-/// The first entry of `a` that is `>= n`, with its position. The common case (none) is a
-/// branch-free maximum per chunk, which the compiler vectorises; only a chunk whose maximum
-/// is out of range is searched element by element, so the scan runs near memory speed.
-fn first_at_least<T: Copy + Into<u64> + Ord + Default + Send + Sync>(
+/// The first entry of `a` that is `>= n`, with its position, or `None` if every entry is
+/// below `n`. The common case (none) is a branch-free maximum per chunk, which the compiler
+/// vectorises; only a chunk whose maximum is out of range is searched element by element, so
+/// the scan runs near memory speed.
+pub fn first_at_least<T: Copy + Into<u64> + Ord + Default + Send + Sync>(
     a: &[T],
     n: u64,
 ) -> Option<(usize, u64)> {

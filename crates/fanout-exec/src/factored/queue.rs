@@ -171,7 +171,7 @@ impl Producer<'_> {
                 let extract = match &self.pool {
                     Some(p) => p.install(gather),
                     None => gather(),
-                };
+                }?;
                 self.extract_clock.add_since(t);
                 Ok(Prepared {
                     batch,

@@ -385,7 +385,7 @@ fn trial(
         let s = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut features = Vec::new();
-        let extract = on_pool(pool, || ex.extract(&mb.input_nodes, &mut features));
+        let extract = on_pool(pool, || ex.extract(&mb.input_nodes, &mut features))?;
         let e = t.elapsed().as_secs_f64();
         let p = Prepared {
             batch: mb,
@@ -634,7 +634,7 @@ impl SamplingJob<'_> {
             sb.trainer.set_parameters(&params)?;
             let mut features = Vec::new();
             let ex = &mut sb.extractor;
-            let extract = on_pool(&self.pool, || ex.extract(&mb.input_nodes, &mut features));
+            let extract = on_pool(&self.pool, || ex.extract(&mb.input_nodes, &mut features))?;
             let p = Prepared {
                 batch: mb,
                 features,
