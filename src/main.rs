@@ -37,6 +37,7 @@ enum Command {
     Eval(cmd::eval::EvalArgs),
     SampleBench(cmd::sample_bench::SampleBenchArgs),
     CacheSim(cmd::cache_sim::CacheSimArgs),
+    Report(cmd::report::ReportArgs),
 }
 
 /// Restores the default action of SIGPIPE (Rust ignores it, so `println!` to a closed pipe
@@ -76,6 +77,7 @@ fn main() {
         Command::Eval(a) => cmd::eval::run(a, cli.quiet),
         Command::SampleBench(a) => cmd::sample_bench::run(a),
         Command::CacheSim(a) => cmd::cache_sim::run(a, cli.quiet),
+        Command::Report(a) => cmd::report::run(a),
     };
     if let Err(msg) = result {
         // An interrupted command says so in one line (its message starts "interrupted").

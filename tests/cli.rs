@@ -329,3 +329,60 @@ fn device_flag_runs_cpu_and_refuses_cuda_it_cannot_use() {
         }
     }
 }
+
+#[test]
+fn report_draws_a_training_run_and_cache_sim_rows_and_refuses_bad_input_in_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let m = t.path().join("run.json");
+    ok(&[
+        "train",
+        "--dataset",
+        &ds,
+        "--epochs",
+        "2",
+        "--fanouts",
+        "5,5",
+        "--hidden",
+        "16",
+        "--metrics-out",
+        s(&m),
+    ]);
+    for pic in ["run.svg", "run.png"] {
+        let out = t.path().join(pic);
+        let o = ok(&["report", s(&m), "-o", s(&out)]);
+        assert!(o.contains("2 epochs"), "{o}");
+        assert!(std::fs::metadata(&out).unwrap().len() > 1000, "{pic}");
+    }
+    let svg = std::fs::read_to_string(t.path().join("run.svg")).unwrap();
+    assert!(
+        svg.contains("sage on") && svg.contains("Training loss"),
+        "title and panels"
+    );
+    let sim = t.path().join("sim.json");
+    let rows = ok(&[
+        "cache-sim",
+        "--dataset",
+        &ds,
+        "--json",
+        "--ratios",
+        "0.1,0.2",
+    ]);
+    std::fs::write(&sim, rows).unwrap();
+    // Without -o, the picture is INPUT with .svg.
+    let o = ok(&["report", s(&sim)]);
+    assert!(o.contains("sim.svg: hit rate against cache ratio"), "{o}");
+    // Bad input: one line, exit 1, nothing written.
+    std::fs::write(&sim, "{\"policy\": 3}\n").unwrap();
+    fails(
+        &["report", s(&sim), "-o", s(&t.path().join("bad.svg"))],
+        1,
+        &["sim.json: line 1"],
+    );
+    fails(
+        &["report", s(&m), "-o", s(&t.path().join("bad.gif"))],
+        1,
+        &["expected a name ending in .svg or .png"],
+    );
+    assert!(!t.path().join("bad.svg").exists() && !t.path().join("bad.gif").exists());
+}

@@ -7,6 +7,7 @@ pub mod device;
 pub mod eval;
 pub mod mpi;
 pub mod partition;
+pub mod report;
 pub mod residency;
 pub mod sample_bench;
 pub mod sampler_args;

@@ -428,6 +428,16 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
             String::new()
         }
     );
+    // No epoch beats its floor at true rates: a median well below it means the cached rates
+    // were measured while something else ran.
+    if let Some(f) = m.median_floor_s().filter(|&f| m.median_epoch_s < 0.9 * f) {
+        let file = fanout_exec::floor::rates_file()
+            .map_or("the rates cache".into(), |p| p.display().to_string());
+        eprintln!(
+            "note: the median epoch ({:.2}s) is faster than its floor ({f:.2}s): the machine rates in {file} were measured under load and are too low; delete that file to measure them again on a quiet machine",
+            m.median_epoch_s
+        );
+    }
     if let Some(p) = &a.metrics_out {
         write_atomic(p, &out.report())?;
     }

@@ -36,8 +36,7 @@ pub fn machine_rates(threads: usize) -> Option<MachineRates> {
     if let Some(r) = memo.get(&threads) {
         return Some(*r);
     }
-    let path = cache_dir().map(|d| d.join(CACHE_FILE));
-    let rates = cached_or_measured(path.as_deref(), threads)?;
+    let rates = cached_or_measured(rates_file().as_deref(), threads)?;
     memo.insert(threads, rates);
     Some(rates)
 }
@@ -87,6 +86,11 @@ fn store(path: &std::path::Path, file: &CacheFile) {
     if std::fs::write(&tmp, json).is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+}
+
+/// The file the rates are cached in, when a cache folder can be named (it may not exist yet).
+pub fn rates_file() -> Option<PathBuf> {
+    cache_dir().map(|d| d.join(CACHE_FILE))
 }
 
 /// fanout's cache folder, when one can be named.

@@ -1,0 +1,268 @@
+//! Reading the figures out of fanout's JSON: a training run's metrics (`fanout train
+//! --metrics-out`, one JSON object with an `epochs` array) or cache-sim rows (`fanout cache-sim
+//! --json`, one JSON object per line). Only the fields the pictures use are read; each one that
+//! is missing or of the wrong type is an error naming the file and the field's path.
+
+use crate::Error;
+use serde_json::Value;
+use std::path::Path;
+
+/// One epoch of a training run, as drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epoch {
+    /// Epoch number.
+    pub epoch: u64,
+    /// Wall time of the epoch (seconds).
+    pub wall_s: f64,
+    /// Busy time of the sample stage.
+    pub sample_s: f64,
+    /// Busy time of the extract stage.
+    pub extract_s: f64,
+    /// Busy time of the train stage, all-reduce excluded.
+    pub compute_s: f64,
+    /// Time in gradient all-reduce (0 for one worker).
+    pub allreduce_s: f64,
+    /// The epoch's GEMM flops at the measured GEMM rate, when reported.
+    pub compute_floor_s: Option<f64>,
+    /// The epoch's gathered bytes at the measured copy bandwidth, when reported.
+    pub memory_floor_s: Option<f64>,
+    /// Mean training loss.
+    pub loss: f64,
+    /// Training accuracy of the epoch's batches.
+    pub train_acc: f64,
+    /// Validation accuracy, when the epoch was evaluated.
+    pub val_acc: Option<f64>,
+    /// Share of feature bytes served by the cache.
+    pub cache_share: f64,
+    /// Share of feature bytes reused from the previous batch (Match-Reorder).
+    pub reuse_share: f64,
+}
+
+/// A training run's metrics, as drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainRun {
+    /// Model name (`sage`, `gcn`, ...).
+    pub model: String,
+    /// Dataset path or `embedded`.
+    pub dataset: String,
+    /// Execution strategy and worker count, e.g. `single`, `data-parallel x2`.
+    pub strategy: String,
+    /// Test accuracy of the best-validation model.
+    pub test_acc: f64,
+    /// Median epoch wall time.
+    pub median_epoch_s: f64,
+    /// Median floor of the same epochs, when reported.
+    pub median_floor_s: Option<f64>,
+    /// The epochs, in order.
+    pub epochs: Vec<Epoch>,
+}
+
+/// One cache-sim row: a policy at a cache ratio.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimRow {
+    /// Dataset name.
+    pub dataset: String,
+    /// Policy (`random`, `degree`, `presc1`, ..., `optimal`).
+    pub policy: String,
+    /// Cached fraction of the vertices.
+    pub ratio: f64,
+    /// Share of feature bytes served by the cache.
+    pub hit_rate: f64,
+    /// Sampler, fanouts (hop order) and batch size, for the title.
+    pub setting: String,
+}
+
+/// What a metrics file holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// A training run.
+    Train(TrainRun),
+    /// Cache-sim rows, in file order.
+    CacheSim(Vec<SimRow>),
+}
+
+/// Reads `path`: one JSON object with `epochs` (a training run), or JSON lines with
+/// `policy` and `ratio` (cache-sim). Errors name the file and the line or field.
+pub fn load(path: &Path) -> Result<Report, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::new(format!("{}: cannot read: {e}", path.display())))?;
+    let at = |what: String| Error::new(format!("{}: {what}", path.display()));
+    let values: Vec<Value> = match serde_json::from_str::<Value>(&text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                serde_json::from_str(l).map_err(|e| at(format!("line {}: not JSON ({e})", i + 1)))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let first = values
+        .first()
+        .ok_or_else(|| at("empty; expected fanout's metrics JSON".into()))?;
+    if values.len() == 1 && first.get("epochs").is_some() {
+        return train_run(first).map(Report::Train).map_err(at);
+    }
+    if first.get("policy").is_some() {
+        let rows = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| sim_row(v).map_err(|e| at(format!("line {}: {e}", i + 1))))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Report::CacheSim(rows));
+    }
+    Err(at(
+        "expected the metrics of `fanout train --metrics-out` (an object with \"epochs\") or \
+         the rows of `fanout cache-sim --json` (objects with \"policy\" and \"ratio\")"
+            .into(),
+    ))
+}
+
+fn field<'a>(v: &'a Value, path: &str) -> Result<&'a Value, String> {
+    path.split('.').try_fold(v, |v, k| {
+        v.get(k)
+            .ok_or_else(|| format!("field \"{path}\" is missing"))
+    })
+}
+
+fn num(v: &Value, path: &str) -> Result<f64, String> {
+    let x = field(v, path)?;
+    x.as_f64()
+        .filter(|x| x.is_finite())
+        .ok_or_else(|| format!("field \"{path}\" = {x}; expected a finite number"))
+}
+
+/// A number, or `None` when the field is absent or null.
+fn opt_num(v: &Value, path: &str) -> Result<Option<f64>, String> {
+    match field(v, path) {
+        Err(_) | Ok(Value::Null) => Ok(None),
+        Ok(_) => num(v, path).map(Some),
+    }
+}
+
+fn text(v: &Value, path: &str) -> Result<String, String> {
+    let x = field(v, path)?;
+    x.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("field \"{path}\" = {x}; expected a string"))
+}
+
+fn train_run(v: &Value) -> Result<TrainRun, String> {
+    let epochs = field(v, "epochs")?
+        .as_array()
+        .ok_or("field \"epochs\" is not an array")?;
+    if epochs.is_empty() {
+        return Err("field \"epochs\" is empty; the run trained no epoch".into());
+    }
+    let epochs = epochs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| epoch(e).map_err(|m| format!("epochs[{i}]: {m}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let workers = num(v, "workers").unwrap_or(1.0);
+    let strategy = text(v, "strategy")?;
+    Ok(TrainRun {
+        model: text(v, "model")?,
+        dataset: text(v, "dataset")?,
+        strategy: if workers > 1.0 {
+            format!("{strategy} x{workers}")
+        } else {
+            strategy
+        },
+        test_acc: num(v, "test_acc")?,
+        median_epoch_s: num(v, "median_epoch_s")?,
+        median_floor_s: opt_num(v, "median_floor_s")?,
+        epochs,
+    })
+}
+
+fn epoch(e: &Value) -> Result<Epoch, String> {
+    let train_s = num(e, "train_s")?;
+    let allreduce_s = opt_num(e, "allreduce_s")?.unwrap_or(0.0);
+    let total = num(e, "extract.bytes_total")?;
+    let share = |k: &str| -> Result<f64, String> {
+        let b = num(e, k)?;
+        Ok(if total > 0.0 { b / total } else { 0.0 })
+    };
+    Ok(Epoch {
+        epoch: num(e, "epoch")? as u64,
+        wall_s: num(e, "wall_s")?,
+        sample_s: num(e, "sample_s")?,
+        extract_s: num(e, "extract_s")?,
+        compute_s: (train_s - allreduce_s).max(0.0),
+        allreduce_s,
+        compute_floor_s: opt_num(e, "compute_floor_s")?,
+        memory_floor_s: opt_num(e, "memory_floor_s")?,
+        loss: num(e, "loss")?,
+        train_acc: num(e, "train_acc")?,
+        val_acc: opt_num(e, "val_acc")?,
+        cache_share: share("extract.bytes_from_cache")?,
+        reuse_share: share("extract.bytes_reused")?,
+    })
+}
+
+fn sim_row(v: &Value) -> Result<SimRow, String> {
+    let batch = num(v, "batch_size")?;
+    Ok(SimRow {
+        dataset: text(v, "dataset")?,
+        policy: text(v, "policy")?,
+        ratio: num(v, "ratio")?,
+        hit_rate: num(v, "hit_rate")?,
+        setting: format!(
+            "{}, fanouts {}, batch {batch}",
+            text(v, "sampler")?,
+            text(v, "fanouts_hop_order")?
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_the_field_or_line() {
+        let t = tempfile::tempdir().unwrap();
+        let cases = [
+            ("empty.json", "", "empty.json: empty"),
+            (
+                "garbage.json",
+                "{\"a\": 1}\n{oops\n",
+                "garbage.json: line 2: not JSON",
+            ),
+            (
+                "other.json",
+                "{\"a\": 1}",
+                "expected the metrics of `fanout train",
+            ),
+            (
+                "noepochs.json",
+                "{\"epochs\": []}",
+                "field \"epochs\" is empty",
+            ),
+            (
+                "badepoch.json",
+                "{\"epochs\": [{\"train_s\": \"slow\"}]}",
+                "epochs[0]: field \"train_s\" = \"slow\"; expected a finite number",
+            ),
+            (
+                "badrow.json",
+                "{\"policy\": \"degree\", \"batch_size\": 8}",
+                "badrow.json: line 1: field \"dataset\" is missing",
+            ),
+        ];
+        for (name, text, want) in cases {
+            let e = load(&write(t.path(), name, text)).unwrap_err().to_string();
+            assert!(e.contains(want), "{name}: {e}");
+        }
+        let e = load(&t.path().join("absent.json")).unwrap_err().to_string();
+        assert!(e.contains("absent.json: cannot read"), "{e}");
+    }
+}
