@@ -66,7 +66,9 @@ fn main() {
     let interrupts = match &cli.command {
         Command::Train(_)
         | Command::Dataset(
-            cmd::dataset::DatasetCommand::Import(_) | cmd::dataset::DatasetCommand::Gen(_),
+            cmd::dataset::DatasetCommand::Import(_)
+            | cmd::dataset::DatasetCommand::Gen(_)
+            | cmd::dataset::DatasetCommand::Partition(_),
         ) => Some(interrupt::Interrupts::install()),
         _ => None,
     };

@@ -386,3 +386,86 @@ fn report_draws_a_training_run_and_cache_sim_rows_and_refuses_bad_input_in_one_l
     );
     assert!(!t.path().join("bad.svg").exists() && !t.path().join("bad.gif").exists());
 }
+
+#[test]
+fn metis_partition_writes_a_relabelled_dataset_and_refuses_a_missing_or_stray_out() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let out = t.path().join("metis4");
+    let o = ok(&[
+        "dataset",
+        "partition",
+        "--method",
+        "metis",
+        "--parts",
+        "4",
+        &ds,
+        s(&out),
+    ]);
+    assert!(o.contains("4 METIS parts as contiguous id ranges"), "{o}");
+    assert_eq!(
+        o.lines().filter(|l| l.starts_with("  part ")).count(),
+        4,
+        "{o}"
+    );
+    ok(&["dataset", "verify", s(&out)]);
+    // The relabelled dataset trains like any other.
+    ok(&[
+        "train",
+        "--dataset",
+        s(&out),
+        "--epochs",
+        "1",
+        "--fanouts",
+        "5,5",
+        "--hidden",
+        "16",
+    ]);
+    // Writing over it needs --overwrite; a missing OUT or an OUT for another method is refused.
+    fails(
+        &[
+            "dataset",
+            "partition",
+            "--method",
+            "metis",
+            "--parts",
+            "4",
+            &ds,
+            s(&out),
+        ],
+        1,
+        &["exists"],
+    );
+    fails(
+        &[
+            "dataset",
+            "partition",
+            "--method",
+            "metis",
+            "--parts",
+            "4",
+            &ds,
+        ],
+        1,
+        &["give its directory after DIR"],
+    );
+    fails(
+        &["dataset", "partition", "--parts", "2", &ds, s(&out)],
+        1,
+        &["only --method metis writes a new dataset"],
+    );
+    fails(
+        &[
+            "dataset",
+            "partition",
+            "--method",
+            "metis",
+            "--parts",
+            "0",
+            &ds,
+            s(&t.path().join("z")),
+        ],
+        1,
+        &["at least 1"],
+    );
+}

@@ -38,9 +38,13 @@ pub enum DatasetCommand {
     #[command(verbatim_doc_comment)]
     Weights(WeightsArgs),
     /// Split the training set into parts for data-parallel workers (PaGraph), written under
-    /// DIR/partitions/NAME/ (`fanout train --workers K --partition NAME`).
+    /// DIR/partitions/NAME/ (`fanout train --workers K --partition NAME`); or, with --method
+    /// metis, partition the graph with METIS and write it as a new dataset OUT whose parts are
+    /// contiguous id ranges (GSplit).
     ///
-    /// Example: fanout dataset partition --method pagraph --parts 4 data/products
+    /// Examples:
+    ///   fanout dataset partition --method pagraph --parts 4 data/products
+    ///   fanout dataset partition --method metis --parts 4 data/products data/products-metis4
     #[command(verbatim_doc_comment)]
     Partition(crate::cmd::partition::PartitionArgs),
     /// Print sizes, degree statistics, split sizes, bytes on disk and the stored partitions.
@@ -155,6 +159,9 @@ pub struct GenArgs {
     /// Number of vertices (default: the preset's default scale).
     #[arg(long)]
     nodes: Option<u64>,
+    /// Feature width (default: the preset's; 0 for a topology-only dataset).
+    #[arg(long)]
+    feat_dim: Option<u64>,
     /// Seed: the same seed always gives the same dataset.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -270,7 +277,10 @@ pub fn run(cmd: &DatasetCommand, quiet: bool, cancel: Option<&Cancel>) -> Result
             )
         }
         DatasetCommand::Gen(a) => {
-            let cfg = a.preset.config(a.nodes);
+            let mut cfg = a.preset.config(a.nodes);
+            if let Some(d) = a.feat_dim {
+                cfg.feat_dim = d;
+            }
             let opts = GenOptions {
                 seed: a.seed,
                 feat_dtype: dtype(a.write.f16),
@@ -346,7 +356,7 @@ pub fn run(cmd: &DatasetCommand, quiet: bool, cancel: Option<&Cancel>) -> Result
             }
             Ok(())
         }
-        DatasetCommand::Partition(a) => crate::cmd::partition::run(a, quiet),
+        DatasetCommand::Partition(a) => crate::cmd::partition::run(a, quiet, cancel),
         DatasetCommand::Info(a) => {
             let ds = Dataset::open(&a.dir).map_err(|e| e.to_string())?;
             let info = DatasetInfo::of(&ds);

@@ -17,6 +17,7 @@ pub mod info;
 pub mod meta;
 pub mod partition;
 pub mod progress;
+pub mod relabel;
 pub mod verify;
 pub mod writer;
 
