@@ -305,6 +305,20 @@ impl PresetConfig {
         if !(self.feature_signal >= 0.0 && self.feature_signal.is_finite()) {
             return bad("feature_signal", self.feature_signal.to_string(), ">= 0");
         }
+        // The generator holds one centroid of feat_dim floats per class, and writes
+        // nodes x feat_dim values.
+        if !matches!(self.feat_dim.checked_mul(self.classes), Some(x) if x <= 1 << 28)
+            || !matches!(self.feat_dim.checked_mul(self.nodes), Some(x) if x <= fanout_graph::meta::MAX_ELEMENTS)
+        {
+            return bad(
+                "feat_dim",
+                self.feat_dim.to_string(),
+                &format!(
+                    "at most 2^28 / classes ({}) and nodes x feat_dim at most 2^58",
+                    self.classes
+                ),
+            );
+        }
         Ok(())
     }
 }
