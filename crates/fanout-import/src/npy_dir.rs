@@ -620,7 +620,7 @@ mod tests {
             ..opts()
         };
         assert!(
-            import_err(Format::Npy, &src, &d.path().join("x"), &bad).contains("at least one class")
+            import_err(Format::Npy, &src, &d.path().join("x"), &bad).contains("0 classes; expected 1 to")
         );
         let bad = ImportOptions {
             random: Some(RandomFeatures {

@@ -33,6 +33,7 @@ pub mod randomwalk;
 pub mod remap;
 pub mod resident;
 pub mod sampler;
+pub mod split;
 #[cfg(test)]
 mod testutil;
 pub mod weighted;
@@ -49,6 +50,7 @@ pub use randomwalk::{RandomWalkConfig, RandomWalkSampler};
 pub use remap::{remap_reference, DenseMap, FusedMap, RemapKind, Remapper};
 pub use resident::Residency;
 pub use sampler::Sampler;
+pub use split::{split_stats, RangeOwners, SplitStats};
 pub use weighted::{WeightedConfig, WeightedSampler};
 pub mod spec;
 pub use spec::{BuiltSampler, SamplerKind, SamplerSpec};
