@@ -619,9 +619,8 @@ mod tests {
             }),
             ..opts()
         };
-        assert!(
-            import_err(Format::Npy, &src, &d.path().join("x"), &bad).contains("0 classes; expected 1 to")
-        );
+        assert!(import_err(Format::Npy, &src, &d.path().join("x"), &bad)
+            .contains("0 classes; expected 1 to"));
         let bad = ImportOptions {
             random: Some(RandomFeatures {
                 train_frac: 0.9,
