@@ -5,8 +5,8 @@ mod interrupt;
 mod memory;
 mod progress;
 
-/// Counts heap bytes so that `fanout train --cache-ratio auto` can measure a trial batch's peak
-/// (see `memory.rs`).
+/// Counts heap bytes so that `fanout train --cache-ratio auto` can measure a trial batch's peak,
+/// and backs large blocks with transparent huge pages (see `memory.rs`).
 #[global_allocator]
 static ALLOC: memory::CountingAlloc = memory::CountingAlloc;
 

@@ -1,22 +1,23 @@
 //! The CPU backend's [`MemoryProbe`]: a counting global allocator (current and peak heap bytes)
 //! and `MemAvailable` from `/proc/meminfo` as the default device memory.
 //!
-//! Hand-written rather than a crate: it is 40 lines around `std::alloc::System`, and what
+//! Hand-written rather than a crate: it is 40 lines around the system allocator, and what
 //! `--cache-ratio auto` needs is exactly "bytes in use now" and "the most in use since a reset",
 //! counted over every thread (sampling and kernels run on rayon's pool), which a thread-local
 //! or sampling profiler does not give. The cost is two relaxed atomic operations per
 //! allocation and one per free.
 
+use fanout_compute::HugePageAlloc;
 use fanout_exec::MemoryProbe;
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static CURRENT: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 
-/// The system allocator, counting the bytes it has handed out and not yet taken back
-/// ([`in_use`]) and their highest value since the last [`reset_peak`] ([`peak`]). Guarantee:
-/// allocates exactly as `System` does; the counts are over requested sizes (`Layout::size`),
+/// The system allocator with huge pages for large blocks ([`HugePageAlloc`]), counting the
+/// bytes it has handed out and not yet taken back ([`in_use`]) and their highest value since
+/// the last [`reset_peak`] ([`peak`]). Guarantee: allocates exactly as [`HugePageAlloc`] does; the counts are over requested sizes (`Layout::size`),
 /// not the allocator's rounding or its own bookkeeping.
 pub struct CountingAlloc;
 
@@ -31,29 +32,29 @@ fn shrink(n: usize) {
     CURRENT.fetch_sub(n as u64, Ordering::Relaxed);
 }
 
-// SAFETY: every method forwards to `System` with the same arguments and only adds counting,
+// SAFETY: every method forwards to `HugePageAlloc` with the same arguments and only adds counting,
 // which never touches the memory.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
+        let p = HugePageAlloc.alloc(layout);
         if !p.is_null() {
             grow(layout.size());
         }
         p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
+        let p = HugePageAlloc.alloc_zeroed(layout);
         if !p.is_null() {
             grow(layout.size());
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
+        HugePageAlloc.dealloc(ptr, layout);
         shrink(layout.size());
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
+        let p = HugePageAlloc.realloc(ptr, layout, new_size);
         if !p.is_null() {
             // Count the new block before forgetting the old one, so the peak covers a copy.
             grow(new_size);

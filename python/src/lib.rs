@@ -15,6 +15,11 @@ mod run;
 
 use pyo3::prelude::*;
 
+/// Large allocations (feature batches) use transparent huge pages: fewer page faults per batch
+/// (see `fanout_compute::HugePageAlloc`).
+#[global_allocator]
+static ALLOC: fanout_compute::HugePageAlloc = fanout_compute::HugePageAlloc;
+
 /// The native module; see `fanout/_fanout.pyi` for its contents.
 #[pymodule]
 fn _fanout(m: &Bound<'_, PyModule>) -> PyResult<()> {

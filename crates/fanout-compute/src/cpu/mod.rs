@@ -9,6 +9,7 @@
 mod dense;
 pub mod gemm;
 pub mod graph;
+pub mod huge_pages;
 mod loss;
 mod optim;
 pub(crate) mod par;
