@@ -336,6 +336,8 @@ mod tests {
                 .collect();
             assert!(pts[0] < pts[1], "{line}");
         }
+        let e = render(&Report::CacheSim(Vec::new()), &out).unwrap_err();
+        assert!(e.to_string().contains("no cache-sim rows"), "{e}");
         let mut two = rows;
         two.push(row("citeseer", "degree", 0.1, 0.2));
         render(&Report::CacheSim(two), &out).unwrap();

@@ -11,6 +11,9 @@ pub(crate) fn draw<DB: DrawingBackend>(
     rows: &[SimRow],
     root: &DrawingArea<DB, Shift>,
 ) -> Result<String, String> {
+    if rows.is_empty() {
+        return Err("no cache-sim rows to draw".into());
+    }
     // Series in first-appearance order.
     let several = rows.iter().any(|r| r.dataset != rows[0].dataset);
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
