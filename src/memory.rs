@@ -17,8 +17,9 @@ static PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// The system allocator with huge pages for large blocks ([`HugePageAlloc`]), counting the
 /// bytes it has handed out and not yet taken back ([`in_use`]) and their highest value since
-/// the last [`reset_peak`] ([`peak`]). Guarantee: allocates exactly as [`HugePageAlloc`] does; the counts are over requested sizes (`Layout::size`),
-/// not the allocator's rounding or its own bookkeeping.
+/// the last [`reset_peak`] ([`peak`]). Guarantee: allocates exactly as [`HugePageAlloc`] does;
+/// the counts are over requested sizes (`Layout::size`), not the allocator's rounding or its
+/// own bookkeeping.
 pub struct CountingAlloc;
 
 fn grow(n: usize) {

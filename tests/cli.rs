@@ -461,6 +461,23 @@ fn metis_partition_writes_a_relabelled_dataset_and_refuses_a_missing_or_stray_ou
             "--method",
             "metis",
             "--parts",
+            "2",
+            "--name",
+            "m2",
+            &ds,
+            s(&t.path().join("named")),
+        ],
+        1,
+        &["leave --name out"],
+    );
+    assert!(!t.path().join("named").exists());
+    fails(
+        &[
+            "dataset",
+            "partition",
+            "--method",
+            "metis",
+            "--parts",
             "0",
             &ds,
             s(&t.path().join("z")),

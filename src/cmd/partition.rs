@@ -61,6 +61,11 @@ pub fn run(a: &PartitionArgs, quiet: bool, cancel: &Cancel) -> Result<(), String
         return Err("--parts must be at least 1".into());
     }
     let method = match (a.method, &a.out) {
+        (MethodArg::Metis, Some(_)) if a.name.is_some() => {
+            return Err(
+                "--name names a partition under DIR/partitions/; --method metis writes the dataset OUT instead, so leave --name out".into(),
+            )
+        }
         (MethodArg::Metis, Some(out)) => return run_metis(a, out, quiet, cancel),
         (MethodArg::Metis, None) => {
             return Err(

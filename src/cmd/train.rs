@@ -428,13 +428,14 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
             String::new()
         }
     );
-    // No epoch beats its floor at true rates: a median well below it means the cached rates
-    // were measured while something else ran.
+    // The floor counts every GEMM flop and gathered byte at the machine's rates, so an epoch
+    // well below it most likely means the cached rates were measured while something else ran
+    // (kernels that skip zero rows can beat the compute floor slightly, not by 10%).
     if let Some(f) = m.median_floor_s().filter(|&f| m.median_epoch_s < 0.9 * f) {
         let file = fanout_exec::floor::rates_file()
             .map_or("the rates cache".into(), |p| p.display().to_string());
         eprintln!(
-            "note: the median epoch ({:.2}s) is faster than its floor ({f:.2}s): the machine rates in {file} were measured under load and are too low; delete that file to measure them again on a quiet machine",
+            "note: the median epoch ({:.2}s) is faster than its floor ({f:.2}s): the machine rates in {file} were possibly measured under load and too low; delete that file to measure them again on a quiet machine",
             m.median_epoch_s
         );
     }
@@ -455,9 +456,11 @@ fn write_atomic(path: &Path, json: &serde_json::Value) -> Result<(), String> {
         .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    std::fs::write(&tmp, text + "\n").map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })
+    // A failed write or rename leaves neither a temporary nor a half-written file behind.
+    std::fs::write(&tmp, text + "\n")
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err(e)
+        })
 }

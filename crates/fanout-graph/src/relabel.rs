@@ -99,18 +99,22 @@ pub fn relabel_into(
     let stats = build_topology(&mut RenamedArcs { ds, new_of_old }, &opts, writer, progress)?;
     debug_assert_eq!(stats.num_arcs, ds.topology.num_arcs());
     writer.cancel().check()?;
+    let mut old_of_new = vec![0u32; new_of_old.len()];
+    for (v, &w) in new_of_old.iter().enumerate() {
+        old_of_new[w as usize] = v as u32;
+    }
     if let Some(f) = &ds.features {
         let d = f.dim;
         progress.phase("features", n, "rows");
         match &f.data {
-            FeatData::F32(a) => permute_rows(writer, files::FEAT, &a[..], d, new_of_old)?,
-            FeatData::F16(a) => permute_rows(writer, files::FEAT, &a[..], d, new_of_old)?,
+            FeatData::F32(a) => permute_rows(writer, files::FEAT, &a[..], d, &old_of_new)?,
+            FeatData::F16(a) => permute_rows(writer, files::FEAT, &a[..], d, &old_of_new)?,
         }
         progress.advance(n);
         progress.finish_phase();
     }
     if let Some(l) = &ds.labels {
-        permute_rows(writer, files::LABEL, &l[..], 1, new_of_old)?;
+        permute_rows(writer, files::LABEL, &l[..], 1, &old_of_new)?;
     }
     for (file, split) in [
         (files::TRAIN, &ds.train),
@@ -130,19 +134,15 @@ pub fn relabel_into(
     })
 }
 
-/// Writes `src`'s rows of `d` values to `file` with row `v` at position `new_of_old[v]`.
+/// Writes `src`'s rows of `d` values to `file`, row `old_of_new[w]` at position `w`.
 fn permute_rows<T: crate::array::Pod + Default + Copy + Send + Sync>(
     writer: &mut DatasetWriter,
     file: &str,
     src: &[T],
     d: usize,
-    new_of_old: &[u32],
+    old_of_new: &[u32],
 ) -> Result<()> {
     let mut out = writer.array_mut::<T>(file, src.len() as u64)?;
-    let mut old_of_new = vec![0u32; new_of_old.len()];
-    for (v, &w) in new_of_old.iter().enumerate() {
-        old_of_new[w as usize] = v as u32;
-    }
     out.par_chunks_mut(d.max(1))
         .zip(old_of_new.par_iter())
         .for_each(|(row, &v)| {
@@ -252,8 +252,17 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{e}");
+            // Refused before writing: the writer's staging folder is still empty ...
+            let staged = std::fs::read_dir(w.dir()).unwrap().count();
+            assert_eq!(staged, 0, "{want}: files written before the check");
             drop(w);
-            assert!(!out.exists());
+            // ... and dropping the writer leaves neither the output nor its staging folder.
+            let left: Vec<_> = std::fs::read_dir(t.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains("bad"))
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
         }
     }
 }

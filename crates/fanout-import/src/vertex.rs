@@ -4,6 +4,7 @@
 use crate::RandomFeatures;
 use fanout_graph::meta::{MAX_CLASSES, MAX_ELEMENTS};
 use fanout_graph::{f16, files, DatasetWriter, Error, FeatDtype, Pod, Progress, Result};
+use fanout_synth::MAX_CENTROID_VALUES;
 use fanout_synth::{split_vertices, uniform_labels, write_class_features, ClassFeatures};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -161,9 +162,6 @@ pub(crate) fn bad_feature(x: f32, dtype: FeatDtype) -> String {
         format!("value {x}; features must be finite numbers")
     }
 }
-
-/// The most values the class centroids of random features may hold (1 GiB of f32).
-const MAX_CENTROID_VALUES: u64 = 1 << 28;
 
 /// Checks the generation parameters before any work is done.
 pub(crate) fn check_random(r: &RandomFeatures) -> Result<()> {

@@ -56,9 +56,16 @@ fn main() {
     let (batch, splits) = (num(3, 4096), num(4, 4));
     let bytes = std::fs::read(args[1].clone() + "/" + fanout_metis::PART_OFFSETS)
         .unwrap_or_else(|e| fail(&format!("{}: {e}", fanout_metis::PART_OFFSETS)));
+    if !bytes.len().is_multiple_of(8) {
+        fail(&format!(
+            "{}: {} bytes; expected a whole number of u64 offsets (8 bytes each)",
+            fanout_metis::PART_OFFSETS,
+            bytes.len()
+        ));
+    }
     let offsets = bytes
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect();
     let owners = RangeOwners::new(offsets).unwrap_or_else(|e| fail(&e));
     if owners.parts() != splits {

@@ -32,7 +32,8 @@ pub struct PartitionSummary {
 }
 
 /// The part of every vertex: METIS k-way on the symmetrised graph, seeded by `seed` (the same
-/// seed gives the same parts). One part puts every vertex in part 0.
+/// seed gives the same parts; METIS takes a C `int`, so seeds are reduced modulo 2^31 - 1 and
+/// `s` and `s + 2^31 - 1` give the same parts). One part puts every vertex in part 0.
 pub fn metis_parts(ds: &Dataset, parts: usize, seed: u64) -> Result<Vec<u32>> {
     let n = ds.num_nodes() as usize;
     if parts == 0 {

@@ -126,11 +126,25 @@ fn field<'a>(v: &'a Value, path: &str) -> Result<&'a Value, String> {
     })
 }
 
+/// The largest magnitude a drawn figure may have: far beyond any time, loss or byte count a run
+/// reports, and small enough that the axes' arithmetic (sums, margins) stays finite.
+pub const MAX_MAGNITUDE: f64 = 1e15;
+
 fn num(v: &Value, path: &str) -> Result<f64, String> {
     let x = field(v, path)?;
     x.as_f64()
-        .filter(|x| x.is_finite())
-        .ok_or_else(|| format!("field \"{path}\" = {x}; expected a finite number"))
+        .filter(|x| x.abs() <= MAX_MAGNITUDE)
+        .ok_or_else(|| {
+            format!("field \"{path}\" = {x}; expected a number of magnitude at most 1e15")
+        })
+}
+
+/// A count: a whole number in `0..=2^32`.
+fn count(v: &Value, path: &str) -> Result<u64, String> {
+    let x = field(v, path)?;
+    x.as_u64()
+        .filter(|n| *n <= 1 << 32)
+        .ok_or_else(|| format!("field \"{path}\" = {x}; expected a whole number from 0 to 2^32"))
 }
 
 /// A number, or `None` when the field is absent or null.
@@ -160,12 +174,15 @@ fn train_run(v: &Value) -> Result<TrainRun, String> {
         .enumerate()
         .map(|(i, e)| epoch(e).map_err(|m| format!("epochs[{i}]: {m}")))
         .collect::<Result<Vec<_>, _>>()?;
-    let workers = num(v, "workers").unwrap_or(1.0);
+    let workers = match field(v, "workers") {
+        Err(_) | Ok(Value::Null) => 1,
+        Ok(_) => count(v, "workers")?,
+    };
     let strategy = text(v, "strategy")?;
     Ok(TrainRun {
         model: text(v, "model")?,
         dataset: text(v, "dataset")?,
-        strategy: if workers > 1.0 {
+        strategy: if workers > 1 {
             format!("{strategy} x{workers}")
         } else {
             strategy
@@ -186,7 +203,7 @@ fn epoch(e: &Value) -> Result<Epoch, String> {
         Ok(if total > 0.0 { b / total } else { 0.0 })
     };
     Ok(Epoch {
-        epoch: num(e, "epoch")? as u64,
+        epoch: count(e, "epoch")?,
         wall_s: num(e, "wall_s")?,
         sample_s: num(e, "sample_s")?,
         extract_s: num(e, "extract_s")?,
@@ -250,7 +267,24 @@ mod tests {
             (
                 "badepoch.json",
                 "{\"epochs\": [{\"train_s\": \"slow\"}]}",
-                "epochs[0]: field \"train_s\" = \"slow\"; expected a finite number",
+                "epochs[0]: field \"train_s\" = \"slow\"; expected a number",
+            ),
+            (
+                "huge.json",
+                "{\"epochs\": [{\"train_s\": 1.5e308}]}",
+                "epochs[0]: field \"train_s\" = 1.5e+308; expected a number of magnitude at most",
+            ),
+            (
+                "negepoch.json",
+                "{\"epochs\": [{\"train_s\": 1, \"extract\": {\"bytes_total\": 0, \
+                 \"bytes_from_cache\": 0, \"bytes_reused\": 0}, \"epoch\": -1}]}",
+                "epochs[0]: field \"epoch\" = -1; expected a whole number",
+            ),
+            (
+                "fracepoch.json",
+                "{\"epochs\": [{\"train_s\": 1, \"extract\": {\"bytes_total\": 0, \
+                 \"bytes_from_cache\": 0, \"bytes_reused\": 0}, \"epoch\": 1.5}]}",
+                "epochs[0]: field \"epoch\" = 1.5; expected a whole number",
             ),
             (
                 "badrow.json",

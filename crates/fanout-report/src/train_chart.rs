@@ -38,11 +38,11 @@ pub(crate) fn draw<DB: DrawingBackend>(run: &TrainRun, root: &Area<DB>) -> Resul
 
 type DrawResult<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
-/// The x range for `n` epochs drawn at 0..n-1.
+/// The x range covering every epoch number in `e`, whatever their order, with room for bars.
 fn epochs_axis(e: &[Epoch]) -> std::ops::Range<f64> {
-    let first = e.first().map_or(0.0, |x| x.epoch as f64);
-    let last = e.last().map_or(0.0, |x| x.epoch as f64);
-    first - 0.6..last + 0.6
+    let lo = e.iter().map(|x| x.epoch).min().unwrap_or(0) as f64;
+    let hi = e.iter().map(|x| x.epoch).max().unwrap_or(0) as f64;
+    lo - 0.6..hi + 0.6
 }
 
 type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;

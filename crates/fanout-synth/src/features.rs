@@ -6,6 +6,10 @@ use fanout_rand::Rng;
 use half::f16;
 use rayon::prelude::*;
 
+/// The most values the class centroids may hold (`classes x dim` f32, 1 GiB): the generator
+/// keeps them all in memory, so presets and importers refuse larger requests up front.
+pub const MAX_CENTROID_VALUES: u64 = 1 << 28;
+
 /// Stream tags, so the features, centroids, labels and splits of one seed are independent.
 const CENTROID_STREAM: u64 = 0xC3;
 const FEATURE_STREAM: u64 = 0xFE;

@@ -12,7 +12,7 @@ mod tests;
 
 pub use features::{
     split_vertices, split_vertices_from, uniform_labels, write_class_features, ClassFeatures,
-    SplitFractions,
+    SplitFractions, MAX_CENTROID_VALUES,
 };
 pub use generate::{generate, generate_with_cancel, GenOptions, GenSummary};
 pub use preset::{Preset, PresetConfig};

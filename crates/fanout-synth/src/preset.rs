@@ -307,7 +307,7 @@ impl PresetConfig {
         }
         // The generator holds one centroid of feat_dim floats per class, and writes
         // nodes x feat_dim values.
-        if !matches!(self.feat_dim.checked_mul(self.classes), Some(x) if x <= 1 << 28)
+        if !matches!(self.feat_dim.checked_mul(self.classes), Some(x) if x <= crate::MAX_CENTROID_VALUES)
             || !matches!(self.feat_dim.checked_mul(self.nodes), Some(x) if x <= fanout_graph::meta::MAX_ELEMENTS)
         {
             return bad(
