@@ -313,18 +313,39 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
-        let train = matches!(mode, Mode::Train { .. });
         let mut h = x;
-        for (i, (layer, block)) in self.layers.iter_mut().zip(blocks).enumerate() {
-            h = layer.forward(block, h, train)?;
-            self.masks[i] = None;
-            if let Mode::Train { dropout_key } = mode {
-                if i + 1 < n && self.config.dropout > 0.0 {
-                    let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
-                    let (out, mask) = self.be.dropout(&h, self.config.dropout, key, input_ids);
-                    h = out;
-                    self.masks[i] = Some(mask);
-                }
+        for (i, block) in blocks.iter().enumerate() {
+            h = self.forward_layer(i, block, h, mode, input_ids)?;
+        }
+        Ok(h)
+    }
+
+    /// Layer `i` alone, then (in training, below the last layer) its dropout: what
+    /// [`Model::forward_rows`] does at layer `i`, for callers that move rows between layers
+    /// (split parallelism). `h_src` holds the rows of `block`'s sources; `row_ids`, when given,
+    /// the global vertex id of each of them (the output rows are their first
+    /// `num_dst`), keying the dropout masks as in [`Model::forward_rows`]. `Err` if `i` is not
+    /// a layer or a shape does not match.
+    pub fn forward_layer(
+        &mut self,
+        i: usize,
+        block: &B::Block,
+        h_src: B::Tensor,
+        mode: Mode,
+        row_ids: Option<&[u32]>,
+    ) -> Result<B::Tensor> {
+        let n = self.layers.len();
+        let layer = self.layers.get_mut(i).ok_or_else(|| {
+            ComputeError::State(format!("layer {i} asked of a model of {n} layers"))
+        })?;
+        let mut h = layer.forward(block, h_src, matches!(mode, Mode::Train { .. }))?;
+        self.masks[i] = None;
+        if let Mode::Train { dropout_key } = mode {
+            if i + 1 < n && self.config.dropout > 0.0 {
+                let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
+                let (out, mask) = self.be.dropout(&h, self.config.dropout, key, row_ids);
+                h = out;
+                self.masks[i] = Some(mask);
             }
         }
         Ok(h)
@@ -336,16 +357,35 @@ impl<B: Backend> Model<B> {
     pub fn backward(&mut self, grad_logits: &B::Tensor) -> Result<()> {
         let mut g = grad_logits.clone();
         for i in (0..self.layers.len()).rev() {
-            let dx = self.layers[i].backward(&g, i > 0)?;
-            if i == 0 {
-                break;
-            }
-            g = dx.expect("backward returns the input gradient when asked");
-            if let Some(mask) = self.masks[i - 1].take() {
-                g = self.be.mul(&g, &mask);
+            match self.backward_layer(i, g, i > 0)? {
+                Some(dx) => g = dx,
+                None => break,
             }
         }
         Ok(())
+    }
+
+    /// The backward of [`Model::forward_layer`] `i`: `grad_out` is the gradient with respect
+    /// to what that call returned (after dropout); the layer's parameter gradients are added
+    /// to, and with `need_input_grad` the gradient with respect to its `h_src` is returned.
+    /// `Err` if `i` is not a layer or the layer has no cached training forward.
+    pub fn backward_layer(
+        &mut self,
+        i: usize,
+        grad_out: B::Tensor,
+        need_input_grad: bool,
+    ) -> Result<Option<B::Tensor>> {
+        let n = self.layers.len();
+        if i >= n {
+            return Err(ComputeError::State(format!(
+                "layer {i} asked of a model of {n} layers"
+            )));
+        }
+        let g = match self.masks[i].take() {
+            Some(mask) => self.be.mul(&grad_out, &mask),
+            None => grad_out,
+        };
+        self.layers[i].backward(&g, need_input_grad)
     }
 
     /// Sets every parameter gradient to zero.

@@ -45,6 +45,7 @@ pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod run;
+pub mod split;
 pub mod strategy;
 pub mod trainer;
 

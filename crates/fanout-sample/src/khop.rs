@@ -15,7 +15,7 @@ use crate::graph::{
 use crate::minibatch::{BatchKey, MiniBatch};
 use crate::remap::RemapKind;
 use crate::resident::Residency;
-use crate::sampler::{growth, Driver, HopEdges, Sampler};
+use crate::sampler::{check_hop, growth, Driver, HopEdges, HopSample, Sampler};
 use fanout_graph::{Dataset, Error, Offset, Result, VertexId};
 use fanout_rand::Rng;
 use rayon::prelude::*;
@@ -104,6 +104,15 @@ impl Sampler for KHopSampler {
     }
     fn name(&self) -> &'static str {
         "khop"
+    }
+    fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
+        check_hop(self, frontier, hop)?;
+        Ok(self.driver.rows.run(UniformHop {
+            frontier,
+            k: self.cfg.fanouts[hop],
+            replace: self.cfg.replace,
+            base: hop_stream(&key, tag::UNIFORM, hop),
+        }))
     }
 }
 
@@ -274,6 +283,21 @@ mod tests {
     use crate::testutil::*;
     use fanout_graph::Layout;
     use std::collections::HashMap;
+
+    #[test]
+    fn one_hop_alone_draws_what_the_batch_drew() {
+        let ds = random_graph(3000, 200, 3);
+        let seeds: Vec<u32> = (0..150).map(|i| i * 17 + 1).collect();
+        for replace in [false, true] {
+            let s = sampler(&ds, &[6, 4, 3], replace);
+            let key = BatchKey {
+                seed: 9,
+                epoch: 2,
+                step: 5,
+            };
+            assert_hops_match_the_batch(&s, &seeds, key);
+        }
+    }
 
     fn sampler(ds: &Arc<Dataset>, fanouts: &[u32], replace: bool) -> KHopSampler {
         sampler_with(ds, fanouts, replace, RemapKind::Auto)

@@ -49,7 +49,7 @@ pub use minibatch::{BatchKey, Block, MiniBatch};
 pub use randomwalk::{RandomWalkConfig, RandomWalkSampler};
 pub use remap::{remap_reference, DenseMap, FusedMap, RemapKind, Remapper};
 pub use resident::Residency;
-pub use sampler::Sampler;
+pub use sampler::{HopSample, Sampler};
 pub use split::{split_stats, RangeOwners, SplitStats};
 pub use weighted::{WeightedConfig, WeightedSampler};
 pub mod spec;

@@ -28,15 +28,50 @@ pub trait Sampler: Send + Sync {
     }
     /// A short name ("khop", "weighted", "randomwalk", "layerwise").
     fn name(&self) -> &'static str;
+    /// Hop `hop` alone for `frontier` (global ids) under `key`: row `i` holds exactly the
+    /// sources vertex `frontier[i]` gets in hop `hop` of [`Sampler::sample`] for any seeds
+    /// under `key` whose hop-`hop` frontier contains it, as global ids (the draws of a vertex
+    /// do not depend on the rest of the frontier). This is what lets split parallelism sample
+    /// one mini-batch on several workers, each for the vertices it owns. Errors on ids out of
+    /// range, on `hop >= num_layers()`, and for samplers whose draws depend on the whole
+    /// frontier (random walks, layer-wise: the default).
+    fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
+        let _ = (frontier, key, hop);
+        Err(fanout_graph::Error::Invalid(format!(
+            "the {} sampler draws a hop for the whole frontier at once, so it cannot be split \
+             across workers; use the khop or weighted sampler",
+            self.name()
+        )))
+    }
 }
 
-/// One hop's output: CSR over the frontier (destination-major) with global source ids, and
-/// optional per-edge weights.
-pub(crate) struct HopEdges {
+/// One hop of sampling ([`Sampler::sample_hop`]): destination-major CSR over the frontier
+/// with global source ids. Guarantees `indptr.len() == frontier.len() + 1`, `indptr[0] == 0`,
+/// non-decreasing, ending at `ids.len()`; `weights`, when present, has one value per id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HopSample {
+    /// Offsets of each frontier vertex's sources in `ids`.
     pub indptr: Vec<u32>,
+    /// Global id of every sampled source.
     pub ids: Vec<u32>,
+    /// Per-edge weights (weighted sampling), else `None`.
     pub weights: Option<Vec<f32>>,
 }
+
+/// Checks a [`Sampler::sample_hop`] request against the dataset and the sampler's depth.
+pub(crate) fn check_hop(s: &dyn Sampler, frontier: &[u32], hop: usize) -> Result<()> {
+    check_seeds(frontier, s.dataset().num_nodes())?;
+    if hop >= s.num_layers() {
+        return Err(fanout_graph::Error::Invalid(format!(
+            "hop {hop} asked of a {}-hop sampler",
+            s.num_layers()
+        )));
+    }
+    Ok(())
+}
+
+/// One hop's output inside the samplers (the same thing as the public [`HopSample`]).
+pub(crate) type HopEdges = HopSample;
 
 /// Runs hops and assembles mini-batches; owns the reusable remapper workspaces.
 pub(crate) struct Driver {

@@ -123,3 +123,33 @@ where
         })
         .collect()
 }
+
+/// Checks [`crate::Sampler::sample_hop`] against [`crate::Sampler::sample`]: for every hop of
+/// the batch of `seeds`, a part of that hop's frontier (every other vertex, in reverse order)
+/// sampled alone gets exactly the sources (and weights) it got in the batch. Also checks the
+/// errors for a vertex out of range and a hop beyond the sampler's depth.
+pub fn assert_hops_match_the_batch(s: &dyn crate::Sampler, seeds: &[u32], key: crate::BatchKey) {
+    let mb = s.sample(seeds, key).unwrap();
+    let layers = mb.num_layers();
+    for h in 0..layers {
+        let b = &mb.blocks[layers - 1 - h];
+        let global = |e: usize| mb.input_nodes[b.indices[e] as usize];
+        let part: Vec<usize> = (0..b.num_dst).rev().step_by(2).collect();
+        let frontier: Vec<u32> = part.iter().map(|&d| mb.input_nodes[d]).collect();
+        let hop = s.sample_hop(&frontier, key, h).unwrap();
+        assert_eq!(hop.indptr.len(), frontier.len() + 1);
+        for (i, &d) in part.iter().enumerate() {
+            let (lo, hi) = (b.indptr[d] as usize, b.indptr[d + 1] as usize);
+            let want: Vec<u32> = (lo..hi).map(global).collect();
+            let (a, z) = (hop.indptr[i] as usize, hop.indptr[i + 1] as usize);
+            assert_eq!(hop.ids[a..z], want[..], "hop {h}, vertex {}", frontier[i]);
+            if let (Some(w), Some(bw)) = (&hop.weights, &b.weights) {
+                assert_eq!(w[a..z], bw[lo..hi], "hop {h} weights");
+            }
+        }
+        assert_eq!(hop.weights.is_some(), b.weights.is_some());
+    }
+    let n = s.dataset().num_nodes() as u32;
+    assert!(s.sample_hop(&[n], key, 0).is_err());
+    assert!(s.sample_hop(&[0], key, layers).is_err());
+}

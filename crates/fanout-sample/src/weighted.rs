@@ -14,7 +14,7 @@ use crate::graph::{
 use crate::minibatch::{BatchKey, MiniBatch};
 use crate::remap::RemapKind;
 use crate::resident::Residency;
-use crate::sampler::{growth, Driver, HopEdges, Sampler};
+use crate::sampler::{check_hop, growth, Driver, HopEdges, HopSample, Sampler};
 use fanout_graph::{Dataset, Error, Offset, Result, VertexId};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -98,6 +98,16 @@ impl Sampler for WeightedSampler {
     }
     fn name(&self) -> &'static str {
         "weighted"
+    }
+    fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
+        check_hop(self, frontier, hop)?;
+        Ok(self.driver.rows.run(WeightedHop {
+            frontier,
+            k: self.cfg.fanouts[hop],
+            replace: self.cfg.replace,
+            base: hop_stream(&key, tag::WEIGHTED, hop),
+            t: &self.tables,
+        }))
     }
 }
 
@@ -258,6 +268,16 @@ mod tests {
             seed: 5,
             epoch: 0,
             step,
+        }
+    }
+
+    #[test]
+    fn one_hop_alone_draws_what_the_batch_drew() {
+        let ds = random_graph(1500, 60, 4);
+        let seeds: Vec<u32> = (0..80).map(|i| i * 13 + 2).collect();
+        for replace in [false, true] {
+            let (s, _) = setup(&ds, |v, u| 1.0 + ((u * 7 + v) % 4) as f32, &[5, 3], replace);
+            assert_hops_match_the_batch(&s, &seeds, key(3));
         }
     }
 

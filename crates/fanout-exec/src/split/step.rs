@@ -1,0 +1,206 @@
+//! Forward and backward of one split mini-batch, rows shuffled between layers.
+
+use super::sample::SplitBatch;
+use crate::error::{ExecError, Result};
+use crate::trainer::{BatchOutcome, Trainer};
+use fanout_comm::Comm;
+use fanout_compute::{Backend, BlockRef, Mode, ModelKind, Tensor};
+use std::time::Instant;
+
+/// What one split step did, on this worker and for the whole step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitStep {
+    /// The whole step: mean loss over the labelled seeds of all workers, and their counts.
+    pub step: BatchOutcome,
+    /// Edges this worker computed whose source it owns.
+    pub local_edges: u64,
+    /// Edges this worker computed whose source another worker owns.
+    pub remote_edges: u64,
+    /// Bytes of rows (forward) and row gradients (backward) this worker sent to others.
+    pub shuffled_bytes: u64,
+    /// Seconds spent in the shuffles and the gradient all-reduce.
+    pub comm_s: f64,
+}
+
+/// Runs this worker's share of the split step `batch`: `features` holds the input rows of
+/// `batch.owned` (`owned.len() x dim`, row-major). Afterwards every worker of `comm` holds the
+/// gradient of the step's mean loss over all labelled seeds, summed over workers: the gradient
+/// of the one-worker step on the same batch, up to rounding. Dropout masks are keyed by vertex
+/// id, as in the one-worker forward, so they agree too. The optimiser does not step. Every
+/// worker must call it for the same step. Errors: GCN (see the module documentation), shapes
+/// that do not match the model, and communication failures.
+pub fn step<B: Backend>(
+    trainer: &mut Trainer<B>,
+    batch: &SplitBatch,
+    features: Vec<f32>,
+    dim: usize,
+    comm: &dyn Comm,
+    dropout_key: u64,
+) -> Result<SplitStep> {
+    let model = trainer.model_mut();
+    let layers = model.config().num_layers;
+    if model.config().kind == ModelKind::Gcn {
+        return Err(ExecError::Invalid(
+            "split parallelism does not run GCN yet: its norm needs every source's degree over \
+             all workers' blocks; use sage, gat or gin, or another strategy"
+                .into(),
+        ));
+    }
+    if batch.hops.len() != layers || features.len() != batch.owned.len() * dim {
+        return Err(ExecError::Invalid(format!(
+            "a split batch of {} hops and {} feature values for {} vertices of width {dim}, \
+             for a model of {layers} layers",
+            batch.hops.len(),
+            features.len(),
+            batch.owned.len()
+        )));
+    }
+    let be = model.backend().clone();
+    let mut out = SplitStep::default();
+    let mut comm_s = 0.0;
+    let mut blocks = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let h = layers - 1 - i;
+        let hop = &batch.hops[h];
+        let own_rows = batch.reach[h + 1];
+        let (local, remote) = hop.local_and_remote_edges(own_rows);
+        out.local_edges += local;
+        out.remote_edges += remote;
+        blocks.push(be.prepare_block(&BlockRef {
+            num_dst: batch.reach[h],
+            num_src: own_rows + hop.remote.len(),
+            indptr: &hop.indptr,
+            indices: &hop.indices,
+            weights: hop.weights.as_deref(),
+        })?);
+    }
+    let mode = Mode::Train { dropout_key };
+    let mut own = Tensor::new(batch.owned.len(), dim, features);
+    let mut logits = None;
+    for (i, block) in blocks.iter().enumerate() {
+        let h = layers - 1 - i;
+        let hop = &batch.hops[h];
+        let d = own.cols();
+        // The rows other workers' edges read from this worker, then theirs for this one.
+        let send: Vec<Vec<f32>> = hop
+            .serve
+            .iter()
+            .map(|at| {
+                at.iter()
+                    .flat_map(|&r| own.row(r as usize))
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        out.shuffled_bytes += send.iter().map(|s| 4 * s.len() as u64).sum::<u64>();
+        let t = Instant::now();
+        let got = comm.all_to_all_v_f32(&send)?;
+        comm_s += t.elapsed().as_secs_f64();
+        let own_rows = batch.reach[h + 1];
+        let mut src = Vec::with_capacity((own_rows + hop.remote.len()) * d);
+        src.extend_from_slice(&own.data()[..own_rows * d]);
+        for (p, rows) in got.iter().enumerate() {
+            if rows.len() != hop.remote_counts[p] * d {
+                return Err(ExecError::Invalid(format!(
+                    "worker {p} sent {} values for {} rows of width {d}",
+                    rows.len(),
+                    hop.remote_counts[p]
+                )));
+            }
+            src.extend_from_slice(rows);
+        }
+        let x = be.upload_owned(Tensor::new(own_rows + hop.remote.len(), d, src));
+        let y = model.forward_layer(i, block, x, mode, Some(&batch.owned))?;
+        if i + 1 == layers {
+            logits = Some(y);
+        } else {
+            own = be.download(&y);
+        }
+    }
+    let logits = logits.expect("a model has at least one layer");
+    let ce = be.softmax_cross_entropy(&logits, &batch.labels)?;
+    let (correct, labelled) = be.accuracy(&logits, &batch.labels);
+    // The step's labelled count weights this worker's mean-loss gradient.
+    let mut sums = [
+        ce.loss as f64 * labelled as f64,
+        labelled as f64,
+        correct as f64,
+    ];
+    let t = Instant::now();
+    comm.all_reduce_sum_f64(&mut sums)?;
+    comm_s += t.elapsed().as_secs_f64();
+    let step_labelled = sums[1] as usize;
+    out.step = BatchOutcome {
+        loss: if step_labelled > 0 {
+            sums[0] / sums[1]
+        } else {
+            0.0
+        },
+        correct: sums[2] as usize,
+        labelled: step_labelled,
+    };
+    let mut g = ce.grad;
+    be.scale(
+        &mut g,
+        if step_labelled > 0 {
+            labelled as f32 / step_labelled as f32
+        } else {
+            0.0
+        },
+    );
+    model.zero_grad();
+    for i in (0..layers).rev() {
+        let Some(dx) = model.backward_layer(i, g, i > 0)? else {
+            break;
+        };
+        // Gradients of the rows read from other workers go back to their owners, who add them
+        // to their own rows' gradients (in rank order, so the sum is deterministic).
+        let h = layers - 1 - i;
+        let hop = &batch.hops[h];
+        let own_rows = batch.reach[h + 1];
+        let dx = be.download(&dx);
+        let d = dx.cols();
+        let mut at = own_rows;
+        let send: Vec<Vec<f32>> = hop
+            .remote_counts
+            .iter()
+            .map(|&n| {
+                let rows = dx.data()[at * d..(at + n) * d].to_vec();
+                at += n;
+                rows
+            })
+            .collect();
+        out.shuffled_bytes += send.iter().map(|s| 4 * s.len() as u64).sum::<u64>();
+        let t = Instant::now();
+        let got = comm.all_to_all_v_f32(&send)?;
+        comm_s += t.elapsed().as_secs_f64();
+        let mut mine = dx.data()[..own_rows * d].to_vec();
+        for (p, rows) in got.iter().enumerate() {
+            if rows.len() != hop.serve[p].len() * d {
+                return Err(ExecError::Invalid(format!(
+                    "worker {p} sent {} gradient values for {} rows of width {d}",
+                    rows.len(),
+                    hop.serve[p].len()
+                )));
+            }
+            for (&r, row) in hop.serve[p].iter().zip(rows.chunks_exact(d.max(1))) {
+                let r = r as usize;
+                mine[r * d..(r + 1) * d]
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(a, b)| *a += b);
+            }
+        }
+        g = be.upload_owned(Tensor::new(own_rows, d, mine));
+    }
+    let t = Instant::now();
+    let mut grads = Vec::new();
+    trainer.gradients_into(1.0, &mut grads);
+    if comm.size() > 1 {
+        comm.all_reduce_sum_f32(&mut grads)?;
+    }
+    trainer.set_gradients(&grads, 1.0)?;
+    comm_s += t.elapsed().as_secs_f64();
+    out.comm_s = comm_s;
+    Ok(out)
+}

@@ -1,0 +1,181 @@
+//! Split parallelism against the one-worker step on the same mini-batch.
+
+use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
+use fanout_exec::pipeline::Prepared;
+use fanout_exec::{split, Comm, LocalComm, Trainer};
+use fanout_graph::{Dataset, NoProgress};
+use fanout_sample::{BatchKey, RangeOwners, Sampler, SamplerKind, SamplerSpec};
+use fanout_synth::{generate, GenOptions, Preset};
+use std::sync::Arc;
+
+fn saved_tiny() -> (tempfile::TempDir, Arc<Dataset>) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let cfg = Preset::Tiny.config(Some(900));
+    generate(&cfg, &GenOptions::default(), Some(&out), &NoProgress).unwrap();
+    let ds = Arc::new(Dataset::open(&out).unwrap());
+    (dir, ds)
+}
+
+fn trainer(ds: &Dataset, kind: ModelKind) -> Trainer<CpuBackend> {
+    let classes = ds.meta.num_class as usize;
+    let mut mc = ModelConfig::new(kind, ds.features.as_ref().unwrap().dim, 16, classes, 3);
+    mc.dropout = 0.5;
+    mc.heads = if kind == ModelKind::Gat { 2 } else { 1 };
+    mc.seed = 3;
+    Trainer::new(
+        Model::new(CpuBackend, mc).unwrap(),
+        Box::new(Adam::new(CpuBackend, 0.01)),
+    )
+}
+
+fn gradients(t: &Trainer<CpuBackend>) -> Vec<f32> {
+    let mut g = Vec::new();
+    t.gradients_into(1.0, &mut g);
+    g
+}
+
+fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f32::max)
+}
+
+const KEY: BatchKey = BatchKey {
+    seed: 11,
+    epoch: 1,
+    step: 2,
+};
+const DROPOUT_KEY: u64 = 77;
+
+/// The one-worker step: (mean loss, gradients, sampled edges).
+fn one_worker(
+    ds: &Arc<Dataset>,
+    s: &dyn Sampler,
+    kind: ModelKind,
+    seeds: &[u32],
+) -> (f64, Vec<f32>, usize) {
+    let batch = s.sample(seeds, KEY).unwrap();
+    let edges = batch.num_edges();
+    let mut features = Vec::new();
+    ds.features
+        .as_ref()
+        .unwrap()
+        .gather_into(&batch.input_nodes, &mut features);
+    let p = Prepared {
+        batch,
+        features,
+        dim: ds.features.as_ref().unwrap().dim,
+        extract: Default::default(),
+        remote: None,
+    };
+    let mut t = trainer(ds, kind);
+    let o = t.compute_gradients(p, DROPOUT_KEY).unwrap();
+    (o.loss, gradients(&t), edges)
+}
+
+/// Every worker's split step, in threads over an in-process group.
+fn split_workers(
+    ds: &Arc<Dataset>,
+    s: &Arc<dyn Sampler>,
+    kind: ModelKind,
+    seeds: &[u32],
+    offsets: &[u64],
+) -> Vec<(split::SplitStep, Vec<f32>)> {
+    let owners = RangeOwners::new(offsets.to_vec()).unwrap();
+    let comms = LocalComm::group(owners.parts());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (owners, s) = (owners.clone(), s.clone());
+                scope.spawn(move || {
+                    let b = split::sample(s.as_ref(), &owners, seeds, KEY, &comm).unwrap();
+                    let mut features = Vec::new();
+                    let f = ds.features.as_ref().unwrap();
+                    f.gather_into(&b.owned, &mut features);
+                    let mut t = trainer(ds, kind);
+                    let r = split::step(&mut t, &b, features, f.dim, &comm, DROPOUT_KEY).unwrap();
+                    (r, gradients(&t))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
+    let (_dir, ds) = saved_tiny();
+    let s = SamplerSpec::default()
+        .build(&ds, vec![5, 4, 3], SamplerKind::Khop)
+        .unwrap();
+    let n = ds.num_nodes();
+    let seeds: Vec<u32> = ds.train.iter().copied().take(120).collect();
+    for kind in [ModelKind::Sage, ModelKind::Gat, ModelKind::Gin] {
+        let (loss, grads, edges) = one_worker(&ds, s.as_ref(), kind, &seeds);
+        // Uneven ranges, and a worker that owns no seed at all (the last range holds none of
+        // the first 120 training vertices only by chance, so one is made empty on purpose).
+        for offsets in [vec![0, n / 3, n], vec![0, n / 5, n / 2, n], vec![0, n, n]] {
+            let workers = split_workers(&ds, &s, kind, &seeds, &offsets);
+            for (r, g) in &workers {
+                assert!(
+                    (r.step.loss - loss).abs() < 1e-5,
+                    "{kind:?} {offsets:?}: loss {} vs {loss}",
+                    r.step.loss
+                );
+                let d = max_rel_diff(g, &grads);
+                assert!(d < 1e-4, "{kind:?} {offsets:?}: gradients differ by {d}");
+            }
+            // Every sampled edge is computed once, by one worker.
+            let computed: u64 = workers
+                .iter()
+                .map(|(r, _)| r.local_edges + r.remote_edges)
+                .sum();
+            assert_eq!(computed, edges as u64, "{kind:?} {offsets:?}");
+            let shuffled: u64 = workers.iter().map(|(r, _)| r.shuffled_bytes).sum();
+            let remote: u64 = workers.iter().map(|(r, _)| r.remote_edges).sum();
+            assert_eq!(shuffled > 0, remote > 0, "{kind:?} {offsets:?}");
+            // Two or three non-empty ranges: some edges cross them, and rows were shuffled.
+            assert_eq!(
+                remote > 0,
+                offsets[1] < n,
+                "{kind:?} {offsets:?}: {remote} remote"
+            );
+        }
+    }
+}
+
+#[test]
+fn gcn_and_unsplittable_samplers_are_refused() {
+    let (_dir, ds) = saved_tiny();
+    let n = ds.num_nodes();
+    let owners = RangeOwners::new(vec![0, n]).unwrap();
+    let comm = LocalComm::group(1).pop().unwrap();
+    let seeds: Vec<u32> = ds.train.iter().copied().take(10).collect();
+    let walks = SamplerSpec::default()
+        .build(&ds, vec![3, 3], SamplerKind::Randomwalk)
+        .unwrap();
+    let e = split::sample(walks.as_ref(), &owners, &seeds, KEY, &comm).unwrap_err();
+    assert!(e.to_string().contains("cannot be split"), "{e}");
+    let s = SamplerSpec::default()
+        .build(&ds, vec![3, 3, 3], SamplerKind::Khop)
+        .unwrap();
+    let two = RangeOwners::new(vec![0, n / 2, n]).unwrap();
+    let e = split::sample(s.as_ref(), &two, &seeds, KEY, &comm).unwrap_err();
+    assert!(
+        e.to_string().contains("2 parts but the run has 1 workers"),
+        "{e}"
+    );
+    let b = split::sample(s.as_ref(), &owners, &seeds, KEY, &comm).unwrap();
+    let f = ds.features.as_ref().unwrap();
+    let mut features = Vec::new();
+    f.gather_into(&b.owned, &mut features);
+    let mut t = trainer(&ds, ModelKind::Gcn);
+    let e = split::step(&mut t, &b, features, f.dim, &comm, 0).unwrap_err();
+    assert!(e.to_string().contains("does not run GCN"), "{e}");
+    assert_eq!(comm.size(), 1);
+}
