@@ -228,6 +228,17 @@ PART1="$DATA/tiny/partitions/pagraph-2/train_1.bin"
 head -c 8 "$PART1" >"$PART1.short" && mv "$PART1.short" "$PART1"
 expect_abort "a rank with a damaged partition file ends the job" 2 \
   "fanout: rank 1: $PART1" 60 "$FANOUT" --quiet train "${TRAIN[@]}" --partition pagraph-2
+# GSplit's split parallelism: one batch per step split by METIS ranges, rows shuffled with
+# all-to-all-v; sampling talks on the training thread, so SERIALIZED threading is safe too.
+for np in 2 3; do
+  "$FANOUT" --quiet dataset partition --method metis --parts "$np" "$DATA/tiny" \
+    "$DATA/tiny-m$np" >/dev/null
+  SPLIT=(--dataset "$DATA/tiny-m$np" --fanouts 5,5 --batch-size 128 --hidden 32 --epochs 3
+    --lr 0.01 --strategy split)
+  same_run "split training under mpirun equals --workers $np" "$np" "${SPLIT[@]}"
+done
+run_np "split training under MPI_THREAD_SERIALIZED, 3 ranks" 3 \
+  -x FANOUT_MPI_THREADS=serialized "$FANOUT" --quiet train "${SPLIT[@]}" --threads 1
 rm -rf "$DATA"
 
 echo "$PASSED passed, $FAILED failed"

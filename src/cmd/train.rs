@@ -202,6 +202,9 @@ pub enum StrategyArg {
     /// MorphGL's routes on the factored layout: trainers prepare part of their batches
     /// themselves, split by MorphGL's cost model.
     Hybrid,
+    /// GSplit's split parallelism: each step's batch split across workers by the dataset's
+    /// METIS partition (fanout dataset partition --method metis --parts N).
+    Split,
 }
 
 /// `--sample-from`.
@@ -259,6 +262,7 @@ impl TrainArgs {
                 StrategyArg::DataParallel => StrategyKind::DataParallel,
                 StrategyArg::Factored => StrategyKind::Factored,
                 StrategyArg::Hybrid => StrategyKind::Hybrid,
+                StrategyArg::Split => StrategyKind::Split,
             });
         }
         set(&mut c.factored.samplers, self.samplers.map(Some));

@@ -34,6 +34,10 @@ pub enum StrategyKind {
     /// slices itself (the CPU route) and receives the rest from the samplers (the remote
     /// route), split by MorphGL's cost model from profiled per-batch costs.
     Hybrid,
+    /// GSplit's split parallelism: every step's one-worker batch is split by the dataset's
+    /// METIS partition (`part_offsets.bin`, one part per worker); each worker samples, loads
+    /// and computes the vertices it owns, and rows cross workers only along cut edges.
+    Split,
 }
 
 impl StrategyKind {
@@ -43,13 +47,14 @@ impl StrategyKind {
     }
 
     /// The name used in configs and metrics (`single`, `data-parallel`, `factored`,
-    /// `hybrid`).
+    /// `hybrid`, `split`).
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Single => "single",
             StrategyKind::DataParallel => "data-parallel",
             StrategyKind::Factored => "factored",
             StrategyKind::Hybrid => "hybrid",
+            StrategyKind::Split => "split",
         }
     }
 }
@@ -304,6 +309,23 @@ impl TrainConfig {
                 return bad("--partition is for --strategy data-parallel");
             }
             _ => {}
+        }
+        if self.strategy_kind() == StrategyKind::Split {
+            if self.partition.is_some() {
+                return bad(
+                    "--partition is for --strategy data-parallel; split parallelism reads the \
+                     METIS ranges of the dataset itself (fanout dataset partition --method metis)",
+                );
+            }
+            if self.cache.match_reorder {
+                return bad("--match-reorder is not available with --strategy split");
+            }
+            if self.dataset.is_none() {
+                return bad(
+                    "--strategy split needs --dataset: a dataset written by fanout dataset \
+                     partition --method metis --parts N (one part per worker)",
+                );
+            }
         }
         if self.strategy_kind().is_factored() {
             if self.partition.is_some() {

@@ -55,7 +55,7 @@ pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
-pub use metrics::{EpochMetrics, RunMetrics, StageClock, WorkerEpochMetrics};
+pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};
 pub use pipeline::{
     BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, TimedSampler,
 };

@@ -118,6 +118,7 @@ pub fn measure_trial_batch<B: Backend>(
         dim: extractor.dim(),
         remote: None,
         extract,
+        split: None,
     };
     trainer.trial_step(p, 0)?;
     let step_peak = probe.peak().saturating_sub(start);

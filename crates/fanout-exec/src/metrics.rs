@@ -81,6 +81,10 @@ pub struct EpochMetrics {
     /// Nominal GEMM flops of the epoch's training steps (forward, backward, every layer's
     /// products at the batches' real sizes), this process's workers together.
     pub gemm_flops: u64,
+    /// Split parallelism: this worker's row and gradient shuffles ([`SplitEpoch`]); `None`
+    /// for other strategies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitEpoch>,
     /// `gemm_flops` at this machine's measured GEMM rate: no epoch can be shorter. `None`
     /// when the rates were not measured.
     #[serde(default)]
@@ -117,12 +121,41 @@ pub struct WorkerEpochMetrics {
     pub batches: u64,
     /// Labelled seeds it trained.
     pub seeds: u64,
+    /// Sampled edges it computed.
+    #[serde(default)]
+    pub edges: u64,
     /// Feature rows it extracted.
     pub input_nodes: u64,
     /// Feature bytes it gathered from the host store.
     pub bytes_from_host: u64,
     /// Share of its feature bytes served without the host store (cache and Match reuse).
     pub hit_rate: f64,
+    /// Split parallelism: its shuffles ([`SplitEpoch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitEpoch>,
+}
+
+/// What split parallelism moved in an epoch, for one worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SplitEpoch {
+    /// Edges it computed whose source it owns.
+    pub local_edges: u64,
+    /// Edges it computed whose source another worker owns (each needs a shuffled row).
+    pub remote_edges: u64,
+    /// Bytes of rows (forward) and row gradients (backward) it sent to other workers.
+    pub shuffled_bytes: u64,
+    /// Seconds in the shuffles, waiting for other workers included.
+    pub shuffle_s: f64,
+}
+
+impl SplitEpoch {
+    /// Adds one step's figures.
+    pub fn add(&mut self, s: &crate::split::SplitStep) {
+        self.local_edges += s.local_edges;
+        self.remote_edges += s.remote_edges;
+        self.shuffled_bytes += s.shuffled_bytes;
+        self.shuffle_s += s.shuffle_s;
+    }
 }
 
 /// A whole run: the per-epoch metrics and the test accuracy of the best-validation epoch.

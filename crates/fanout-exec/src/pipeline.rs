@@ -158,6 +158,10 @@ pub struct Prepared {
     /// The trainer hands it its parameters and adds its gradient through
     /// [`BatchSource::remote_start`] and [`BatchSource::remote_finish`].
     pub remote: Option<usize>,
+    /// `Some`: this worker's share of a split-parallel step ([`crate::split`]); `batch` then
+    /// holds the step's key, this worker's seeds (`input_nodes`: the vertices of the share)
+    /// and labels but no blocks, and `features` the rows of the share's own vertices.
+    pub split: Option<Box<crate::split::SplitBatch>>,
 }
 
 /// Sample and extract stages over one seed set (the training set, or a set to evaluate).
@@ -287,6 +291,7 @@ impl Pipeline {
                     dim,
                     extract: s?,
                     remote: None,
+                    split: None,
                 })
             };
             loop {
@@ -328,11 +333,7 @@ impl Pipeline {
                 }
             }
         });
-        EpochStream {
-            rx: Some(rx),
-            handle: Some(handle),
-            total,
-        }
+        EpochStream::from_channel(rx, Some(handle), total)
     }
 }
 
@@ -399,8 +400,14 @@ impl BatchSource for Pipeline {
 pub struct EpochStream {
     rx: Option<Receiver<Result<Prepared>>>,
     handle: Option<JoinHandle<()>>,
+    /// Batches made on demand by the consumer's own thread instead (see
+    /// [`EpochStream::on_demand`]).
+    make: Option<OnDemand>,
     total: usize,
 }
+
+/// A producer run in the consuming thread, one batch per call.
+type OnDemand = Box<dyn Iterator<Item = Result<Prepared>> + Send>;
 
 impl EpochStream {
     /// A stream of `total` batches fed by `rx`, whose producer thread, if `handle` is given,
@@ -414,6 +421,20 @@ impl EpochStream {
         EpochStream {
             rx: Some(rx),
             handle,
+            make: None,
+            total,
+        }
+    }
+
+    /// A stream of `total` batches, each made by `make` when the consumer asks for it, in the
+    /// consumer's thread: for sources whose preparation talks to other workers (split
+    /// parallelism's sampling), so that every worker's calls happen in the same order on
+    /// the thread that also does the training step's communication.
+    pub(crate) fn on_demand(make: OnDemand, total: usize) -> EpochStream {
+        EpochStream {
+            rx: None,
+            handle: None,
+            make: Some(make),
             total,
         }
     }
@@ -432,6 +453,9 @@ impl EpochStream {
 impl Iterator for EpochStream {
     type Item = Result<Prepared>;
     fn next(&mut self) -> Option<Result<Prepared>> {
+        if let Some(make) = self.make.as_mut() {
+            return make.next();
+        }
         match self.rx.as_ref()?.recv() {
             Ok(item) => Some(item),
             Err(_) => {

@@ -671,7 +671,23 @@ pub fn train_worker(
     if let Some(line) = cache_line {
         obs.note(&line);
     }
-    let train = Pipeline::new(sampler.clone(), extractor, plan.train_seeds.clone(), &pcfg)?;
+    let train: Box<dyn crate::BatchSource> = match &plan.split {
+        Some(owners) => Box::new(crate::split::SplitSource::new(
+            sampler.clone(),
+            owners.clone(),
+            extractor,
+            comm,
+            plan.train_seeds.clone(),
+            plan.batch_size,
+            cfg.seed,
+        )?),
+        None => Box::new(Pipeline::new(
+            sampler.clone(),
+            extractor,
+            plan.train_seeds.clone(),
+            &pcfg,
+        )?),
+    };
     let (valid, test) = eval_pipelines(&ds, &sampler, &pcfg, batch_size, plan.eval_plan)?;
 
     obs.note(&run_summary(
@@ -716,7 +732,7 @@ pub fn train_worker(
         };
         fit_with(
             &mut trainer,
-            &train,
+            train.as_ref(),
             valid.as_ref().map(|p| p as &dyn crate::BatchSource),
             test.as_ref().map(|p| p as &dyn crate::BatchSource),
             fit_cfg,

@@ -23,7 +23,7 @@ use crate::config::{SampleScope, StrategyKind, TrainConfig};
 use crate::error::{ExecError, Result};
 use fanout_cache::Policy;
 use fanout_graph::{part_degree_ranking, Dataset, Partition};
-use fanout_sample::{BatchPlan, SamplerKind};
+use fanout_sample::{BatchPlan, RangeOwners, SamplerKind};
 
 /// One worker's share of a run.
 #[derive(Clone, Debug)]
@@ -37,8 +37,11 @@ pub struct WorkerPlan {
     /// Batch size handed to its loader: the global batch when slicing, else about its own
     /// share of a step (what PreSC pre-samples with).
     pub batch_size: usize,
-    /// The partition's name and this worker's part, for partitioned data parallelism.
+    /// The partition's name and this worker's part, for partitioned data parallelism, and
+    /// for split parallelism (the worker's id range; its degree cache ranks inside it).
     pub part: Option<(String, Vec<u32>)>,
+    /// Split parallelism: the dataset's METIS ranges, one per worker.
+    pub split: Option<RangeOwners>,
 }
 
 impl WorkerPlan {
@@ -48,6 +51,9 @@ impl WorkerPlan {
     pub fn new(ds: &Dataset, cfg: &TrainConfig, rank: usize, workers: usize) -> Result<Self> {
         let batch = cfg.batch_size.unwrap_or(1).max(1);
         let all = ds.train.to_vec();
+        if cfg.strategy_kind() == StrategyKind::Split {
+            return Self::split(ds, all, batch, rank, workers);
+        }
         if cfg.strategy_kind() == StrategyKind::Single || workers == 1 && cfg.partition.is_none() {
             return Ok(WorkerPlan {
                 train_seeds: all,
@@ -55,6 +61,7 @@ impl WorkerPlan {
                 eval_plan: BatchPlan::Whole,
                 batch_size: batch,
                 part: None,
+                split: None,
             });
         }
         let slice = BatchPlan::Slice { rank, workers };
@@ -65,6 +72,7 @@ impl WorkerPlan {
                 eval_plan: slice,
                 batch_size: batch,
                 part: None,
+                split: None,
             });
         };
         // A worker reads only its own part, so a damaged part stops the worker that owns it.
@@ -101,6 +109,50 @@ impl WorkerPlan {
             train_plan: BatchPlan::Steps(steps),
             eval_plan: slice,
             part: Some((name.clone(), vertices)),
+            split: None,
+        })
+    }
+
+    /// Split parallelism: every worker holds the whole training set and takes every step's
+    /// one-worker batch (split by [`crate::split::sample`]); evaluation is sliced as in data
+    /// parallelism. Errors: a dataset without METIS ranges, or with another number of parts.
+    fn split(
+        ds: &Dataset,
+        all: Vec<u32>,
+        batch: usize,
+        rank: usize,
+        workers: usize,
+    ) -> Result<Self> {
+        let offsets = ds.part_offsets()?.ok_or_else(|| {
+            ExecError::Invalid(format!(
+                "{} has no METIS ranges ({}); --strategy split needs a dataset written by \
+                 fanout dataset partition --method metis --parts {workers} DIR OUT",
+                ds.dir.display(),
+                fanout_graph::files::PART_OFFSETS
+            ))
+        })?;
+        let owners = RangeOwners::new(offsets.clone()).map_err(ExecError::Invalid)?;
+        if owners.parts() != workers {
+            return Err(ExecError::Invalid(format!(
+                "{} is split into {} METIS parts but the run has {workers} workers; run {} \
+                 workers or partition again with --parts {workers}",
+                ds.dir.display(),
+                owners.parts(),
+                owners.parts()
+            )));
+        }
+        let mine = (offsets[rank] as u32..offsets[rank + 1] as u32).collect();
+        Ok(WorkerPlan {
+            train_seeds: all,
+            train_plan: BatchPlan::Whole,
+            eval_plan: if workers == 1 {
+                BatchPlan::Whole
+            } else {
+                BatchPlan::Slice { rank, workers }
+            },
+            batch_size: batch,
+            part: Some(("metis".into(), mine)),
+            split: Some(owners),
         })
     }
 
@@ -118,6 +170,13 @@ impl WorkerPlan {
     pub fn describe(&self, workers: usize, threads: usize) -> String {
         if workers == 1 {
             return String::new();
+        }
+        if self.split.is_some() {
+            let own = self.part.as_ref().map_or(0, |(_, v)| v.len());
+            return format!(
+                "; split over {workers} workers ({threads} threads each): every step's batch \
+                 split by the dataset's METIS ranges, this worker owning {own} vertices"
+            );
         }
         match &self.part {
             None => format!(

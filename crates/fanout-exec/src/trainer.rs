@@ -2,7 +2,7 @@
 //! with periodic evaluation.
 
 use crate::error::{ExecError, Result};
-use crate::metrics::{EpochMetrics, RunMetrics, WorkerEpochMetrics};
+use crate::metrics::{EpochMetrics, RunMetrics, SplitEpoch, WorkerEpochMetrics};
 use crate::pipeline::{BatchSource, EpochStream, Prepared};
 use fanout_cache::ExtractStats;
 use fanout_comm::Comm;
@@ -284,6 +284,28 @@ impl<B: Backend> Trainer<B> {
             step_labelled: step_labelled as usize,
             sync_s: start.elapsed().as_secs_f64(),
             sync_bytes: 4 * (acc.len() as u64 + 1),
+        })
+    }
+
+    /// A split-parallel worker's share of a step ([`crate::split::step`] on
+    /// [`Prepared::split`], on this trainer's thread pool): afterwards every worker holds the
+    /// one-worker gradient of the step's batch. The optimiser does not step. `Err` if `p` is
+    /// not a split share.
+    pub fn compute_split_gradients(
+        &mut self,
+        mut p: Prepared,
+        dropout_key: u64,
+        comm: &dyn Comm,
+    ) -> Result<crate::split::SplitStep>
+    where
+        B: Send,
+    {
+        let share = p
+            .split
+            .take()
+            .ok_or_else(|| ExecError::Invalid("a batch without a split share".into()))?;
+        self.run(p, |t, p| {
+            crate::split::step(t, &share, p.features, p.dim, comm, dropout_key)
         })
     }
 
@@ -657,6 +679,7 @@ pub fn fit_with<B: Backend + Send>(
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
         let (mut sync_s, mut sync_bytes) = (0.0, 0u64);
         let mut extract = ExtractStats::default();
+        let mut split: Option<SplitEpoch> = None;
         let mut stream = next.take().unwrap_or_else(|| train.epoch(epoch));
         let total = stream.len() as u64;
         let per_step = train.items_per_step().max(1);
@@ -701,7 +724,20 @@ pub fn fit_with<B: Backend + Send>(
                 lr,
                 checkpoint: None,
             };
-            let out = if workers == 1 && group.len() == 1 && group[0].remote.is_none() {
+            let out = if group[0].split.is_some() {
+                let p = group.pop().expect("one batch");
+                let s = trainer.compute_split_gradients(p, key, comm)?;
+                edges += s.local_edges + s.remote_edges;
+                split.get_or_insert_with(SplitEpoch::default).add(&s);
+                sync_s += s.allreduce_s;
+                sync_bytes += s.allreduce_bytes;
+                // Every worker holds the step's gradient, so all stop at the same step.
+                if let Some(bad) = trainer.non_finite(s.step.loss) {
+                    return Err(non_finite(bad));
+                }
+                trainer.run_apply()?;
+                s.mine
+            } else if workers == 1 && group.len() == 1 && group[0].remote.is_none() {
                 let p = group.pop().expect("one batch");
                 let (out, bad) = trainer.run(p, |t, p| -> Result<_> {
                     let out = t.compute_gradients(p, key)?;
@@ -759,9 +795,11 @@ pub fn fit_with<B: Backend + Send>(
             allreduce_bytes: sync_bytes,
             batches,
             seeds: labelled as u64,
+            edges,
             input_nodes: inputs,
             bytes_from_host: extract.bytes_from_host,
             hit_rate: extract.hit_rate(),
+            split: split.clone(),
         };
         let mut per_worker = Vec::new();
         if workers > 1 {
@@ -795,6 +833,7 @@ pub fn fit_with<B: Backend + Send>(
             gemm_flops,
             compute_floor_s: ctl.rates.map(|r| r.compute_floor_s(gemm_flops)),
             memory_floor_s,
+            split,
             ..EpochMetrics::default()
         };
         let last = epoch + 1 == cfg.epochs;

@@ -38,6 +38,7 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
         features,
         extract,
         remote: None,
+        split: None,
     }
 }
 

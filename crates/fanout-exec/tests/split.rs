@@ -2,7 +2,7 @@
 
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
 use fanout_exec::pipeline::Prepared;
-use fanout_exec::{split, Comm, LocalComm, Trainer};
+use fanout_exec::{split, train, Comm, LocalComm, RunEnv, StrategyKind, TrainConfig, Trainer};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_sample::{BatchKey, RangeOwners, Sampler, SamplerKind, SamplerSpec};
 use fanout_synth::{generate, GenOptions, Preset};
@@ -71,6 +71,7 @@ fn one_worker(
         dim: ds.features.as_ref().unwrap().dim,
         extract: Default::default(),
         remote: None,
+        split: None,
     };
     let mut t = trainer(ds, kind);
     let o = t.compute_gradients(p, DROPOUT_KEY).unwrap();
@@ -178,4 +179,90 @@ fn gcn_and_unsplittable_samplers_are_refused() {
     let e = split::step(&mut t, &b, features, f.dim, &comm, 0).unwrap_err();
     assert!(e.to_string().contains("does not run GCN"), "{e}");
     assert_eq!(comm.size(), 1);
+}
+
+fn write_offsets(ds: &Dataset, offsets: &[u64]) {
+    let bytes: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    std::fs::write(ds.dir.join(fanout_graph::files::PART_OFFSETS), bytes).unwrap();
+}
+
+fn config(ds: &Dataset, workers: usize, strategy: StrategyKind, model: ModelKind) -> TrainConfig {
+    TrainConfig {
+        dataset: Some(ds.dir.clone()),
+        model,
+        fanouts: Some(vec![4, 3]),
+        batch_size: Some(48),
+        hidden: Some(16),
+        epochs: 3,
+        lr: Some(0.01),
+        threads: Some(1),
+        workers,
+        seed: 5,
+        strategy: Some(strategy),
+        ..TrainConfig::default()
+    }
+}
+
+fn params(m: &Model<CpuBackend>) -> Vec<f32> {
+    m.named_params()
+        .iter()
+        .flat_map(|(_, p)| p.value.data().to_vec())
+        .collect()
+}
+
+#[test]
+fn split_training_equals_one_worker_training() {
+    let (_dir, ds) = saved_tiny();
+    let n = ds.num_nodes();
+    let run = |cfg: &TrainConfig| train(cfg, &RunEnv::default(), &mut ()).unwrap();
+    for model in [ModelKind::Sage, ModelKind::Gat] {
+        let single = run(&config(&ds, 1, StrategyKind::Single, model));
+        for offsets in [vec![0, n], vec![0, n / 3, n], vec![0, n / 4, n / 2, n]] {
+            write_offsets(&ds, &offsets);
+            let workers = offsets.len() - 1;
+            let split = run(&config(&ds, workers, StrategyKind::Split, model));
+            let what = format!("{model:?} over {offsets:?}");
+            for (a, b) in single.metrics.epochs.iter().zip(&split.metrics.epochs) {
+                assert!(
+                    (a.loss - b.loss).abs() < 1e-4,
+                    "{what}: loss {} vs {}",
+                    a.loss,
+                    b.loss
+                );
+                assert_eq!(a.seeds, b.seeds, "{what}: every seed once per epoch");
+                let s = b.split.as_ref().expect("split figures");
+                assert_eq!(s.local_edges + s.remote_edges, b.edges, "{what}");
+                assert_eq!(s.remote_edges > 0, workers > 1, "{what}");
+                assert_eq!(b.workers.len(), if workers > 1 { workers } else { 0 });
+            }
+            let d = max_rel_diff(&params(&single.model), &params(&split.model));
+            assert!(d < 1e-3, "{what}: parameters differ by {d}");
+            // Evaluation is sliced over the same replicas: the same accuracy.
+            assert!(
+                (single.metrics.test_acc - split.metrics.test_acc).abs() < 1e-9,
+                "{what}"
+            );
+        }
+    }
+    // The number of parts must be the number of workers; a dataset without ranges is refused.
+    write_offsets(&ds, &[0, n / 2, n]);
+    let e = match train(
+        &config(&ds, 3, StrategyKind::Split, ModelKind::Sage),
+        &RunEnv::default(),
+        &mut (),
+    ) {
+        Ok(_) => panic!("trained"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("2 METIS parts but the run has 3 workers"), "{e}");
+    std::fs::remove_file(ds.dir.join(fanout_graph::files::PART_OFFSETS)).unwrap();
+    let e = match train(
+        &config(&ds, 2, StrategyKind::Split, ModelKind::Sage),
+        &RunEnv::default(),
+        &mut (),
+    ) {
+        Ok(_) => panic!("trained"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("has no METIS ranges"), "{e}");
 }

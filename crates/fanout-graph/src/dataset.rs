@@ -27,6 +27,9 @@ pub mod files {
     pub const TRAIN: &str = "train_set.bin";
     pub const VALID: &str = "valid_set.bin";
     pub const TEST: &str = "test_set.bin";
+    /// Part boundaries of a dataset relabelled by a METIS partition (`G + 1` little-endian
+    /// u64: part `p` holds ids `offsets[p]..offsets[p + 1]`).
+    pub const PART_OFFSETS: &str = "part_offsets.bin";
 }
 
 /// An edge-offset element type (`indptr`): u32 or u64.
@@ -565,6 +568,43 @@ impl Dataset {
             meta,
             _keep: None,
         })
+    }
+
+    /// The part boundaries in [`files::PART_OFFSETS`], or `None` when the dataset has none
+    /// (it was not written by a METIS partition). Errors name the file and what is wrong: not
+    /// a whole number of u64, fewer than two, not starting at 0, decreasing, or not ending at
+    /// `NUM_NODE`.
+    pub fn part_offsets(&self) -> Result<Option<Vec<u64>>> {
+        let path = self.dir.join(files::PART_OFFSETS);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, "read", e)),
+        };
+        let bad = |what: String| Err(Error::Invalid(format!("{}: {what}", path.display())));
+        if !bytes.len().is_multiple_of(8) || bytes.len() < 16 {
+            return bad(format!(
+                "{} bytes; expected at least two u64 boundaries (8 bytes each)",
+                bytes.len()
+            ));
+        }
+        let offsets: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let n = self.num_nodes();
+        if offsets[0] != 0 || offsets.windows(2).any(|w| w[0] > w[1]) {
+            return bad(format!(
+                "boundaries {offsets:?}; expected non-decreasing values starting at 0"
+            ));
+        }
+        if offsets[offsets.len() - 1] != n {
+            return bad(format!(
+                "the last boundary is {}; expected NUM_NODE = {n}",
+                offsets[offsets.len() - 1]
+            ));
+        }
+        Ok(Some(offsets))
     }
 
     /// Number of vertices.

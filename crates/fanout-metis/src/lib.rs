@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use std::path::Path;
 
 /// The file of part boundaries in a partitioned dataset (`G + 1` little-endian u64).
-pub const PART_OFFSETS: &str = "part_offsets.bin";
+pub const PART_OFFSETS: &str = fanout_graph::files::PART_OFFSETS;
 
 /// What a partition looks like, for the summary a person reads.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

@@ -179,6 +179,7 @@ impl Producer<'_> {
                     dim,
                     extract,
                     remote: None,
+                    split: None,
                 })
             }
             Some((&KIND_CLAIM, rest)) if rest.len() == 8 => {
@@ -202,6 +203,7 @@ impl Producer<'_> {
                     dim,
                     extract: ExtractStats::default(),
                     remote: Some(rank),
+                    split: None,
                 })
             }
             _ => Err(bad(format!(

@@ -181,6 +181,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             },
             batch_size: batch.div_ceil(lanes).max(1),
             part: None,
+            split: None,
         };
         let pcfg = PipelineConfig {
             batch_size: plan.batch_size,
@@ -393,6 +394,7 @@ fn trial(
             dim: ex.dim(),
             extract,
             remote: None,
+            split: None,
         };
         let t = Instant::now();
         on_pool(pool, || trainer.trial_step(p, 0))?;
@@ -641,6 +643,7 @@ impl SamplingJob<'_> {
                 dim: sb.extractor.dim(),
                 extract,
                 remote: None,
+                split: None,
             };
             let key = (epoch << 32) | step as u64;
             let trainer = &mut *sb.trainer;

@@ -19,7 +19,9 @@
 //! over all workers' blocks, which a worker's block alone does not have: split refuses GCN.
 
 mod sample;
+mod source;
 mod step;
 
 pub use sample::{sample, SplitBatch, SplitHop};
+pub use source::SplitSource;
 pub use step::{step, SplitStep};

@@ -12,14 +12,20 @@ use std::time::Instant;
 pub struct SplitStep {
     /// The whole step: mean loss over the labelled seeds of all workers, and their counts.
     pub step: BatchOutcome,
+    /// This worker's own seeds: their mean loss, correct and labelled counts.
+    pub mine: BatchOutcome,
     /// Edges this worker computed whose source it owns.
     pub local_edges: u64,
     /// Edges this worker computed whose source another worker owns.
     pub remote_edges: u64,
     /// Bytes of rows (forward) and row gradients (backward) this worker sent to others.
     pub shuffled_bytes: u64,
-    /// Seconds spent in the shuffles and the gradient all-reduce.
-    pub comm_s: f64,
+    /// Seconds spent in the shuffles (waiting for the other workers included).
+    pub shuffle_s: f64,
+    /// Seconds spent in the gradient all-reduce.
+    pub allreduce_s: f64,
+    /// Bytes this worker contributed to the gradient all-reduce.
+    pub allreduce_bytes: u64,
 }
 
 /// Runs this worker's share of the split step `batch`: `features` holds the input rows of
@@ -130,6 +136,11 @@ pub fn step<B: Backend>(
     comm.all_reduce_sum_f64(&mut sums)?;
     comm_s += t.elapsed().as_secs_f64();
     let step_labelled = sums[1] as usize;
+    out.mine = BatchOutcome {
+        loss: ce.loss as f64,
+        correct,
+        labelled,
+    };
     out.step = BatchOutcome {
         loss: if step_labelled > 0 {
             sums[0] / sums[1]
@@ -193,14 +204,15 @@ pub fn step<B: Backend>(
         }
         g = be.upload_owned(Tensor::new(own_rows, d, mine));
     }
+    out.shuffle_s = comm_s;
     let t = Instant::now();
     let mut grads = Vec::new();
     trainer.gradients_into(1.0, &mut grads);
     if comm.size() > 1 {
         comm.all_reduce_sum_f32(&mut grads)?;
+        out.allreduce_bytes = 4 * grads.len() as u64;
     }
     trainer.set_gradients(&grads, 1.0)?;
-    comm_s += t.elapsed().as_secs_f64();
-    out.comm_s = comm_s;
+    out.allreduce_s = t.elapsed().as_secs_f64();
     Ok(out)
 }

@@ -1,0 +1,148 @@
+//! The batch source of a split-parallel worker: every step's global batch, sampled together
+//! with the other workers, and the features of the vertices this worker owns.
+
+use super::sample::sample;
+use crate::error::{ExecError, Result};
+use crate::metrics::StageClock;
+use crate::pipeline::{BatchSource, EpochStream, Prepared};
+use fanout_cache::Extractor;
+use fanout_comm::Comm;
+use fanout_sample::{epoch_batches, BatchKey, LoaderConfig, MiniBatch, RangeOwners, Sampler};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One worker's [`BatchSource`] in a split-parallel run. Guarantees: every epoch has the steps
+/// of the one-worker pipeline with the same seed and batch size (the same seeds per step, the
+/// same keys), on every worker; each step's [`Prepared::split`] is this worker's share of the
+/// step's batch ([`super::sample`]) and its features are the rows of that share's own
+/// vertices, read through this worker's extractor (its cache). Batches are made when the
+/// training loop asks for them, on its thread: sampling exchanges requests with the other
+/// workers, and doing it on the training thread keeps every worker's communication in one
+/// order (and MPI's `SERIALIZED` threading safe), at the price of no overlap between
+/// preparation and training.
+pub struct SplitSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sampler: Arc<dyn Sampler>,
+    owners: RangeOwners,
+    extractor: Mutex<Box<dyn Extractor>>,
+    comm: Box<dyn Comm>,
+    seeds: Vec<u32>,
+    loader: LoaderConfig,
+    sample: StageClock,
+    extract: StageClock,
+}
+
+impl SplitSource {
+    /// The source of worker `comm.rank()`: `seeds` are the whole training set, cut into steps
+    /// of `batch_size` shuffled by `seed` as the one-worker pipeline cuts them. Sampling talks
+    /// over a sub-communicator split from `comm` here, so every worker of `comm` must call
+    /// this together. Errors: `owners` without one part per worker, communication failures.
+    pub fn new(
+        sampler: Arc<dyn Sampler>,
+        owners: RangeOwners,
+        extractor: Box<dyn Extractor>,
+        comm: &dyn Comm,
+        seeds: Vec<u32>,
+        batch_size: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if owners.parts() != comm.size() {
+            return Err(ExecError::Invalid(format!(
+                "the dataset's partition has {} parts but the run has {} workers; partition \
+                 with --parts {} or run {} workers",
+                owners.parts(),
+                comm.size(),
+                comm.size(),
+                owners.parts()
+            )));
+        }
+        let comm = comm.split(0)?;
+        Ok(SplitSource {
+            inner: Arc::new(Inner {
+                sampler,
+                owners,
+                extractor: Mutex::new(extractor),
+                comm,
+                seeds,
+                loader: LoaderConfig {
+                    batch_size: batch_size.max(1),
+                    shuffle: true,
+                    seed,
+                    ..LoaderConfig::default()
+                },
+                sample: StageClock::default(),
+                extract: StageClock::default(),
+            }),
+        })
+    }
+}
+
+impl Inner {
+    fn prepare(&self, epoch: u64, step: usize, seeds: &[u32]) -> Result<Prepared> {
+        let key = BatchKey {
+            seed: self.loader.seed,
+            epoch,
+            step: step as u64,
+        };
+        let t = Instant::now();
+        let share = sample(
+            self.sampler.as_ref(),
+            &self.owners,
+            seeds,
+            key,
+            self.comm.as_ref(),
+        )?;
+        self.sample.add_since(t);
+        let t = Instant::now();
+        let mut features = Vec::new();
+        let (extract, dim) = {
+            let mut ex = self.extractor.lock().map_err(|_| {
+                ExecError::Invalid("the extractor failed in an earlier step".into())
+            })?;
+            (ex.extract(&share.owned, &mut features)?, ex.dim())
+        };
+        self.extract.add_since(t);
+        let batch = MiniBatch {
+            key,
+            num_seeds: share.reach[0],
+            blocks: Vec::new(),
+            input_nodes: share.owned.clone(),
+            labels: Some(share.labels.clone()),
+        };
+        Ok(Prepared {
+            batch,
+            features,
+            dim,
+            extract,
+            remote: None,
+            split: Some(Box::new(share)),
+        })
+    }
+}
+
+impl BatchSource for SplitSource {
+    fn num_batches(&self) -> usize {
+        self.inner
+            .seeds
+            .len()
+            .div_ceil(self.inner.loader.batch_size)
+    }
+
+    fn epoch(&self, epoch: u64) -> EpochStream {
+        let inner = self.inner.clone();
+        let steps = epoch_batches(&inner.seeds, &inner.loader, epoch);
+        let total = steps.len();
+        let make = steps
+            .into_iter()
+            .enumerate()
+            .map(move |(step, seeds)| inner.prepare(epoch, step, &seeds));
+        EpochStream::on_demand(Box::new(make), total)
+    }
+
+    fn take_times(&self) -> (f64, f64) {
+        (self.inner.sample.take(), self.inner.extract.take())
+    }
+}
