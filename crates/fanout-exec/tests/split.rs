@@ -116,7 +116,12 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
         .unwrap();
     let n = ds.num_nodes();
     let seeds: Vec<u32> = ds.train.iter().copied().take(120).collect();
-    for kind in [ModelKind::Sage, ModelKind::Gat, ModelKind::Gin] {
+    for kind in [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::Gat,
+        ModelKind::Gin,
+    ] {
         let (loss, grads, edges) = one_worker(&ds, s.as_ref(), kind, &seeds);
         // Uneven ranges, and a worker that owns no seed at all (the last range holds none of
         // the first 120 training vertices only by chance, so one is made empty on purpose).
@@ -151,7 +156,7 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
 }
 
 #[test]
-fn gcn_and_unsplittable_samplers_are_refused() {
+fn unsplittable_samplers_and_mismatched_parts_are_refused() {
     let (_dir, ds) = saved_tiny();
     let n = ds.num_nodes();
     let owners = RangeOwners::new(vec![0, n]).unwrap();
@@ -171,13 +176,6 @@ fn gcn_and_unsplittable_samplers_are_refused() {
         e.to_string().contains("2 parts but the run has 1 workers"),
         "{e}"
     );
-    let b = split::sample(s.as_ref(), &owners, &seeds, KEY, &comm).unwrap();
-    let f = ds.features.as_ref().unwrap();
-    let mut features = Vec::new();
-    f.gather_into(&b.owned, &mut features);
-    let mut t = trainer(&ds, ModelKind::Gcn);
-    let e = split::step(&mut t, &b, features, f.dim, &comm, 0).unwrap_err();
-    assert!(e.to_string().contains("does not run GCN"), "{e}");
     assert_eq!(comm.size(), 1);
 }
 
@@ -215,7 +213,7 @@ fn split_training_equals_one_worker_training() {
     let (_dir, ds) = saved_tiny();
     let n = ds.num_nodes();
     let run = |cfg: &TrainConfig| train(cfg, &RunEnv::default(), &mut ()).unwrap();
-    for model in [ModelKind::Sage, ModelKind::Gat] {
+    for model in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
         let single = run(&config(&ds, 1, StrategyKind::Single, model));
         for offsets in [vec![0, n], vec![0, n / 3, n], vec![0, n / 4, n / 2, n]] {
             write_offsets(&ds, &offsets);
@@ -237,11 +235,11 @@ fn split_training_equals_one_worker_training() {
             }
             let d = max_rel_diff(&params(&single.model), &params(&split.model));
             assert!(d < 1e-3, "{what}: parameters differ by {d}");
-            // Evaluation is sliced over the same replicas: the same accuracy.
-            assert!(
-                (single.metrics.test_acc - split.metrics.test_acc).abs() < 1e-9,
-                "{what}"
-            );
+            // Parameters equal up to rounding: the same test accuracy, or one prediction
+            // apart (a near tie flipped by rounding).
+            let one = 1.0 / ds.test.len() as f64;
+            let (a, b) = (single.metrics.test_acc, split.metrics.test_acc);
+            assert!((a - b).abs() <= one + 1e-12, "{what}: test accuracy {a} vs {b}");
         }
     }
     // The number of parts must be the number of workers; a dataset without ranges is refused.

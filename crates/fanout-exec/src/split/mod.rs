@@ -16,7 +16,7 @@
 //! Rows are shuffled as they are (the "send source rows" form GSplit uses for GAT); the partial
 //! sums GSplit pre-aggregates for GraphSAGE and GCN would send fewer rows where several remote
 //! edges of one source meet at one worker. GCN's `norm="both"` needs each source's out-degree
-//! over all workers' blocks, which a worker's block alone does not have: split refuses GCN.
+//! over all workers' blocks: [`step`] sums them at the owners first and rescales the rows.
 
 mod sample;
 mod source;

@@ -33,8 +33,12 @@ pub struct SplitStep {
 /// gradient of the step's mean loss over all labelled seeds, summed over workers: the gradient
 /// of the one-worker step on the same batch, up to rounding. Dropout masks are keyed by vertex
 /// id, as in the one-worker forward, so they agree too. The optimiser does not step. Every
-/// worker must call it for the same step. Errors: GCN (see the module documentation), shapes
-/// that do not match the model, and communication failures.
+/// worker must call it for the same step. GCN's `norm="both"` divides by each source's
+/// out-degree in the whole batch's block, which no worker's block has alone: the workers
+/// first sum their blocks' out-degrees at each source's owner, and every source row is scaled
+/// by `sqrt(local degree / global degree)` on its way into the layer (and its gradient on the
+/// way out), which turns the local normalisation into the global one. Errors: shapes that do
+/// not match the model, and communication failures.
 pub fn step<B: Backend>(
     trainer: &mut Trainer<B>,
     batch: &SplitBatch,
@@ -45,13 +49,6 @@ pub fn step<B: Backend>(
 ) -> Result<SplitStep> {
     let model = trainer.model_mut();
     let layers = model.config().num_layers;
-    if model.config().kind == ModelKind::Gcn {
-        return Err(ExecError::Invalid(
-            "split parallelism does not run GCN yet: its norm needs every source's degree over \
-             all workers' blocks; use sage, gat or gin, or another strategy"
-                .into(),
-        ));
-    }
     if batch.hops.len() != layers || features.len() != batch.owned.len() * dim {
         return Err(ExecError::Invalid(format!(
             "a split batch of {} hops and {} feature values for {} vertices of width {dim}, \
@@ -80,6 +77,14 @@ pub fn step<B: Backend>(
             weights: hop.weights.as_deref(),
         })?);
     }
+    let scales = if model.config().kind == ModelKind::Gcn {
+        let t = Instant::now();
+        let s = gcn_source_scales(batch, comm)?;
+        comm_s += t.elapsed().as_secs_f64();
+        Some(s)
+    } else {
+        None
+    };
     let mode = Mode::Train { dropout_key };
     let mut own = Tensor::new(batch.owned.len(), dim, features);
     let mut logits = None;
@@ -114,6 +119,9 @@ pub fn step<B: Backend>(
                 )));
             }
             src.extend_from_slice(rows);
+        }
+        if let Some(s) = &scales {
+            scale_rows(&mut src, d, &s[h]);
         }
         let x = be.upload_owned(Tensor::new(own_rows + hop.remote.len(), d, src));
         let y = model.forward_layer(i, block, x, mode, Some(&batch.owned))?;
@@ -169,8 +177,11 @@ pub fn step<B: Backend>(
         let h = layers - 1 - i;
         let hop = &batch.hops[h];
         let own_rows = batch.reach[h + 1];
-        let dx = be.download(&dx);
+        let mut dx = be.download(&dx);
         let d = dx.cols();
+        if let Some(s) = &scales {
+            scale_rows(dx.data_mut(), d, &s[h]);
+        }
         let mut at = own_rows;
         let send: Vec<Vec<f32>> = hop
             .remote_counts
@@ -214,5 +225,73 @@ pub fn step<B: Backend>(
     }
     trainer.set_gradients(&grads, 1.0)?;
     out.allreduce_s = t.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Multiplies row `r` of the row-major `rows` (width `d`) by `scale[r]`.
+fn scale_rows(rows: &mut [f32], d: usize, scale: &[f32]) {
+    for (row, &c) in rows.chunks_exact_mut(d.max(1)).zip(scale) {
+        row.iter_mut().for_each(|x| *x *= c);
+    }
+}
+
+/// For every hop, the factor of each local source row that turns GCN's normalisation by the
+/// source's out-degree in this worker's block into its out-degree in the whole step's block:
+/// `sqrt(max(local, 1) / max(global, 1))`. Owners sum the degrees the other workers report for
+/// their rows, then send the totals back along the rows' forward route.
+fn gcn_source_scales(batch: &SplitBatch, comm: &dyn Comm) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(batch.hops.len());
+    for (h, hop) in batch.hops.iter().enumerate() {
+        let own_rows = batch.reach[h + 1];
+        let mut local = vec![0f32; own_rows + hop.remote.len()];
+        for &s in &hop.indices {
+            local[s as usize] += 1.0;
+        }
+        let mut at = own_rows;
+        let send: Vec<Vec<f32>> = hop
+            .remote_counts
+            .iter()
+            .map(|&n| {
+                at += n;
+                local[at - n..at].to_vec()
+            })
+            .collect();
+        let got = comm.all_to_all_v_f32(&send)?;
+        let mut global = local[..own_rows].to_vec();
+        for (p, degs) in got.iter().enumerate() {
+            if degs.len() != hop.serve[p].len() {
+                return Err(ExecError::Invalid(format!(
+                    "worker {p} sent {} degrees for {} rows",
+                    degs.len(),
+                    hop.serve[p].len()
+                )));
+            }
+            for (&r, &k) in hop.serve[p].iter().zip(degs) {
+                global[r as usize] += k;
+            }
+        }
+        let back: Vec<Vec<f32>> = hop
+            .serve
+            .iter()
+            .map(|rows| rows.iter().map(|&r| global[r as usize]).collect())
+            .collect();
+        let got = comm.all_to_all_v_f32(&back)?;
+        for (p, degs) in got.iter().enumerate() {
+            if degs.len() != hop.remote_counts[p] {
+                return Err(ExecError::Invalid(format!(
+                    "worker {p} sent {} degrees for {} rows",
+                    degs.len(),
+                    hop.remote_counts[p]
+                )));
+            }
+            global.extend_from_slice(degs);
+        }
+        let scale = local
+            .iter()
+            .zip(&global)
+            .map(|(&l, &g)| (l.max(1.0) / g.max(1.0)).sqrt())
+            .collect();
+        out.push(scale);
+    }
     Ok(out)
 }
