@@ -72,8 +72,8 @@ python3 - "$OUT" "$WORKERS" "$DATASETS" "$ACC_DATASETS" "$SEEDS" <<'PY'
 import json, statistics, sys
 out, workers, datasets, acc_sets, seeds = sys.argv[1], *[a.split() for a in sys.argv[2:]]
 rows = []
-print("| dataset | workers | strategy | median epoch s | rows loaded / epoch | edges computed / epoch | shuffled MB / epoch | gradient all-reduce MB / epoch |")
-print("|---|---|---|---|---|---|---|---|")
+print("| dataset | workers | strategy | median epoch s | rows loaded / epoch | edges computed / epoch | shuffled MB / epoch | rows shuffled / epoch (pre-aggregated would be) | gradient all-reduce MB / epoch |")
+print("|---|---|---|---|---|---|---|---|---|")
 for ds in datasets:
     for n in workers:
         for strat in ("dp", "split"):
@@ -86,11 +86,15 @@ for ds in datasets:
             per = lambda k: statistics.median(sum(x[k] for x in ws) for ws in w)
             shuf = statistics.median(sum((x.get("split") or {}).get("shuffled_bytes", 0) for x in ws) for ws in w)
             ar = statistics.median(sum(x["allreduce_bytes"] for x in ws) for ws in w)
+            sp = lambda k: statistics.median(sum((x.get("split") or {}).get(k, 0) for x in ws) for ws in w)
+            remote_rows, pre_rows = sp("remote_rows"), sp("preaggregated_rows")
             r = dict(dataset=ds, workers=int(n), strategy="data-parallel" if strat == "dp" else "split",
                      median_epoch_s=m["median_epoch_s"], rows=per("input_nodes"), edges=per("edges"),
-                     shuffled_bytes=shuf, allreduce_bytes=ar)
+                     shuffled_bytes=shuf, allreduce_bytes=ar, remote_rows=remote_rows,
+                     preaggregated_rows=pre_rows)
             rows.append(r)
-            print(f"| {ds} | {n} | {r['strategy']} | {r['median_epoch_s']:.3f} | {r['rows']:,.0f} | {r['edges']:,.0f} | {shuf/1e6:.1f} | {ar/1e6:.1f} |")
+            shuffled_rows = f"{remote_rows:,.0f} ({pre_rows:,.0f})" if strat == "split" else "-"
+            print(f"| {ds} | {n} | {r['strategy']} | {r['median_epoch_s']:.3f} | {r['rows']:,.0f} | {r['edges']:,.0f} | {shuf/1e6:.1f} | {shuffled_rows} | {ar/1e6:.1f} |")
 acc = []
 if acc_sets:
     print()

@@ -432,14 +432,15 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
             String::new()
         }
     );
-    // The floor counts every GEMM flop and gathered byte at the machine's rates, so an epoch
-    // well below it most likely means the cached rates were measured while something else ran
-    // (kernels that skip zero rows can beat the compute floor slightly, not by 10%).
+    // The floor counts every nominal GEMM flop and gathered byte at the machine's rates. An
+    // epoch well below it means either that the cached rates were measured while something
+    // else ran, or that the kernels skipped work the floor counts (zero rows of sparse
+    // features, as in cora's bag-of-words): say both.
     if let Some(f) = m.median_floor_s().filter(|&f| m.median_epoch_s < 0.9 * f) {
         let file = fanout_exec::floor::rates_file()
             .map_or("the rates cache".into(), |p| p.display().to_string());
         eprintln!(
-            "note: the median epoch ({:.2}s) is faster than its floor ({f:.2}s): the machine rates in {file} were possibly measured under load and too low; delete that file to measure them again on a quiet machine",
+            "note: the median epoch ({:.2}s) is faster than its floor ({f:.2}s): either the features are sparse and the kernels skipped their zero rows, or the machine rates in {file} were measured under load and are too low (delete that file to measure them again on a quiet machine)",
             m.median_epoch_s
         );
     }

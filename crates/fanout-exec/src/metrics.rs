@@ -142,6 +142,12 @@ pub struct SplitEpoch {
     pub local_edges: u64,
     /// Edges it computed whose source another worker owns (each needs a shuffled row).
     pub remote_edges: u64,
+    /// Rows it received from other workers (one per distinct remote source and hop).
+    #[serde(default)]
+    pub remote_rows: u64,
+    /// Rows it would have received with GSplit's pre-aggregated partial sums instead.
+    #[serde(default)]
+    pub preaggregated_rows: u64,
     /// Bytes of rows (forward) and row gradients (backward) it sent to other workers.
     pub shuffled_bytes: u64,
     /// Seconds in the shuffles, waiting for other workers included.
@@ -154,6 +160,8 @@ impl SplitEpoch {
         self.local_edges += s.local_edges;
         self.remote_edges += s.remote_edges;
         self.shuffled_bytes += s.shuffled_bytes;
+        self.remote_rows += s.remote_rows;
+        self.preaggregated_rows += s.preaggregated_rows;
         self.shuffle_s += s.shuffle_s;
     }
 }

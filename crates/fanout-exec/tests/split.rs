@@ -239,7 +239,10 @@ fn split_training_equals_one_worker_training() {
             // apart (a near tie flipped by rounding).
             let one = 1.0 / ds.test.len() as f64;
             let (a, b) = (single.metrics.test_acc, split.metrics.test_acc);
-            assert!((a - b).abs() <= one + 1e-12, "{what}: test accuracy {a} vs {b}");
+            assert!(
+                (a - b).abs() <= one + 1e-12,
+                "{what}: test accuracy {a} vs {b}"
+            );
         }
     }
     // The number of parts must be the number of workers; a dataset without ranges is refused.

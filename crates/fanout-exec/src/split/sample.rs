@@ -3,7 +3,6 @@
 use crate::error::{ExecError, Result};
 use fanout_comm::Comm;
 use fanout_sample::{BatchKey, RangeOwners, Sampler};
-use std::collections::HashMap;
 
 /// One worker's share of a step's mini-batch.
 ///
@@ -56,6 +55,64 @@ impl SplitHop {
             .count() as u64;
         (local, self.indices.len() as u64 - local)
     }
+
+    /// Rows GSplit's pre-aggregation would send this worker at this hop instead of
+    /// `remote.len()`: one partial sum per (destination, other worker owning at least one of
+    /// its sources) pair. Fewer than `remote.len()` when remote edges of one destination meet
+    /// at one owner more often than remote sources feed several destinations.
+    pub fn preaggregated_rows(&self, own_rows: usize) -> u64 {
+        let mut first = Vec::with_capacity(self.remote_counts.len() + 1);
+        first.push(own_rows);
+        for &c in &self.remote_counts {
+            first.push(first[first.len() - 1] + c);
+        }
+        let owner = |s: usize| first.partition_point(|&f| f <= s) - 1;
+        let mut rows = 0u64;
+        let mut seen: Vec<usize> = Vec::new();
+        for d in self.indptr.windows(2) {
+            seen.clear();
+            for &s in &self.indices[d[0] as usize..d[1] as usize] {
+                let s = s as usize;
+                if s >= own_rows {
+                    let o = owner(s);
+                    if !seen.contains(&o) {
+                        seen.push(o);
+                    }
+                }
+            }
+            rows += seen.len() as u64;
+        }
+        rows
+    }
+}
+
+/// Reusable memory for [`sample_with`]: a table of one slot per vertex of the graph (4 bytes
+/// each, like the one-worker sampler's dense remapping table), cleared after every batch by
+/// visiting only the slots the batch touched.
+#[derive(Debug, Default)]
+pub struct SampleWorkspace {
+    slot: Vec<u32>,
+    touched: Vec<u32>,
+}
+
+const ABSENT: u32 = u32::MAX;
+
+/// [`sample_with`] with a fresh workspace (allocates a table of the graph's size).
+pub fn sample(
+    sampler: &dyn Sampler,
+    owners: &RangeOwners,
+    seeds: &[u32],
+    key: BatchKey,
+    comm: &dyn Comm,
+) -> Result<SplitBatch> {
+    sample_with(
+        &mut SampleWorkspace::default(),
+        sampler,
+        owners,
+        seeds,
+        key,
+        comm,
+    )
 }
 
 /// Samples this worker's share of the mini-batch of `seeds` (the whole step's, the same list on
@@ -64,7 +121,32 @@ impl SplitHop {
 /// the one-worker batch of `seeds` under `key`: the same edges, each computed by the owner of
 /// its destination. Errors: `owners` not having one part per worker, a vertex beyond its
 /// ranges, a sampler that cannot sample one hop at a time, and communication failures.
-pub fn sample(
+pub fn sample_with(
+    ws: &mut SampleWorkspace,
+    sampler: &dyn Sampler,
+    owners: &RangeOwners,
+    seeds: &[u32],
+    key: BatchKey,
+    comm: &dyn Comm,
+) -> Result<SplitBatch> {
+    let n = sampler.dataset().num_nodes() as usize;
+    if ws.slot.len() != n {
+        ws.slot = vec![ABSENT; n];
+    }
+    ws.touched.clear();
+    let result = sample_in(ws, sampler, owners, seeds, key, comm);
+    // Back to all-absent for the next batch, whatever happened.
+    for &v in &ws.touched {
+        ws.slot[v as usize] = ABSENT;
+    }
+    result
+}
+
+/// The body of [`sample_with`]: `ws.slot[v]` holds, for a vertex of this worker, its position
+/// in `owned`; for another worker's vertex requested at the current hop, its index in that
+/// worker's request list (reset between hops). Every slot set is listed in `ws.touched`.
+fn sample_in(
+    ws: &mut SampleWorkspace,
     sampler: &dyn Sampler,
     owners: &RangeOwners,
     seeds: &[u32],
@@ -78,28 +160,31 @@ pub fn sample(
             owners.parts()
         )));
     }
+    let n = ws.slot.len();
     let owner = |v: u32| {
-        owners.owner(v as u64).ok_or_else(|| {
-            ExecError::Invalid(format!(
-                "vertex {v} lies beyond the partition's id ranges; is the partition of this dataset?"
-            ))
-        })
+        owners
+            .owner(v as u64)
+            .filter(|_| (v as usize) < n)
+            .ok_or_else(|| {
+                ExecError::Invalid(format!(
+                    "vertex {v} lies beyond the partition's id ranges; is the partition of \
+                     this dataset?"
+                ))
+            })
     };
+    let SampleWorkspace { slot, touched } = ws;
     let mut owned = Vec::new();
     for &s in seeds {
         if owner(s)? == rank {
+            if slot[s as usize] != ABSENT {
+                return Err(ExecError::Invalid(
+                    "the step's seeds repeat a vertex".into(),
+                ));
+            }
+            slot[s as usize] = owned.len() as u32;
+            touched.push(s);
             owned.push(s);
         }
-    }
-    let mut pos: HashMap<u32, u32> = owned
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (v, i as u32))
-        .collect();
-    if pos.len() != owned.len() {
-        return Err(ExecError::Invalid(
-            "the step's seeds repeat a vertex".into(),
-        ));
     }
     let mut reach = vec![owned.len()];
     let mut hops = Vec::with_capacity(sampler.num_layers());
@@ -108,20 +193,22 @@ pub fn sample(
         // Sources: this worker's new vertices join `owned`; the others are requested from
         // their owners, each once per hop.
         let mut requests: Vec<Vec<u32>> = vec![Vec::new(); size];
-        let mut request_at: HashMap<u32, (usize, u32)> = HashMap::new();
+        let mut owner_of = Vec::with_capacity(e.ids.len());
         for &u in &e.ids {
             let o = owner(u)?;
-            if o == rank {
-                if let std::collections::hash_map::Entry::Vacant(slot) = pos.entry(u) {
-                    slot.insert(owned.len() as u32);
-                    owned.push(u);
-                }
-            } else {
-                request_at.entry(u).or_insert_with(|| {
-                    requests[o].push(u);
-                    (o, requests[o].len() as u32 - 1)
-                });
+            owner_of.push(o as u32);
+            let at = &mut slot[u as usize];
+            if *at != ABSENT {
+                continue;
             }
+            if o == rank {
+                *at = owned.len() as u32;
+                owned.push(u);
+            } else {
+                *at = requests[o].len() as u32;
+                requests[o].push(u);
+            }
+            touched.push(u);
         }
         let asked = comm.all_to_all_v(&requests.iter().map(|r| encode(r)).collect::<Vec<_>>())?;
         let mut serve = Vec::with_capacity(size);
@@ -134,11 +221,12 @@ pub fn sample(
                         "worker {p} asked worker {rank} for vertex {u}, which it does not own"
                     )));
                 }
-                let i = *pos.entry(u).or_insert_with(|| {
+                if slot[u as usize] == ABSENT {
+                    slot[u as usize] = owned.len() as u32;
+                    touched.push(u);
                     owned.push(u);
-                    owned.len() as u32 - 1
-                });
-                at.push(i);
+                }
+                at.push(slot[u as usize]);
             }
             serve.push(at);
         }
@@ -151,11 +239,20 @@ pub fn sample(
         let indices = e
             .ids
             .iter()
-            .map(|u| match request_at.get(u) {
-                Some(&(o, i)) => own_rows + first[o] + i,
-                None => pos[u],
+            .zip(&owner_of)
+            .map(|(&u, &o)| {
+                let at = slot[u as usize];
+                if o as usize == rank {
+                    at
+                } else {
+                    own_rows + first[o as usize] + at
+                }
             })
             .collect();
+        // Request indices are per hop: the next hop asks afresh.
+        for &u in requests.iter().flatten() {
+            slot[u as usize] = ABSENT;
+        }
         hops.push(SplitHop {
             indptr: e.indptr,
             indices,
@@ -195,4 +292,36 @@ fn decode(bytes: &[u8], from: usize) -> Result<Vec<u32>> {
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preaggregation_counts_one_row_per_destination_and_owner() {
+        // Worker 0 of 3 with 2 rows of its own; remote ids 2 and 3 belong to worker 1, 4 to
+        // worker 2. Destination 0 reads 0, 2, 3 (worker 1 twice: one partial sum); destination
+        // 1 reads 2, 4, 4 (workers 1 and 2: two).
+        let hop = SplitHop {
+            indptr: vec![0, 3, 6],
+            indices: vec![0, 2, 3, 2, 4, 4],
+            weights: None,
+            remote: vec![10, 11, 20],
+            remote_counts: vec![0, 2, 1],
+            serve: vec![vec![], vec![], vec![]],
+        };
+        assert_eq!(hop.local_and_remote_edges(2), (1, 5));
+        assert_eq!(hop.preaggregated_rows(2), 3);
+        // Without worker 1's second source, destination 0 still needs its one partial sum.
+        let fewer = SplitHop {
+            indptr: vec![0, 2, 4],
+            indices: vec![0, 2, 1, 3],
+            remote: vec![10, 20],
+            remote_counts: vec![0, 1, 1],
+            ..hop
+        };
+        assert_eq!(fewer.preaggregated_rows(2), 2);
+        assert_eq!(fewer.local_and_remote_edges(2), (2, 2));
+    }
 }

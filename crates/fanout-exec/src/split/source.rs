@@ -1,7 +1,7 @@
 //! The batch source of a split-parallel worker: every step's global batch, sampled together
 //! with the other workers, and the features of the vertices this worker owns.
 
-use super::sample::sample;
+use super::sample::{sample_with, SampleWorkspace};
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use crate::pipeline::{BatchSource, EpochStream, Prepared};
@@ -28,6 +28,7 @@ struct Inner {
     sampler: Arc<dyn Sampler>,
     owners: RangeOwners,
     extractor: Mutex<Box<dyn Extractor>>,
+    workspace: Mutex<SampleWorkspace>,
     comm: Box<dyn Comm>,
     seeds: Vec<u32>,
     loader: LoaderConfig,
@@ -65,6 +66,7 @@ impl SplitSource {
                 sampler,
                 owners,
                 extractor: Mutex::new(extractor),
+                workspace: Mutex::new(SampleWorkspace::default()),
                 comm,
                 seeds,
                 loader: LoaderConfig {
@@ -88,13 +90,22 @@ impl Inner {
             step: step as u64,
         };
         let t = Instant::now();
-        let share = sample(
-            self.sampler.as_ref(),
-            &self.owners,
-            seeds,
-            key,
-            self.comm.as_ref(),
-        )?;
+        let share = {
+            // A panic mid-batch could leave slots set: start from a clean table then.
+            let mut ws = self.workspace.lock().unwrap_or_else(|poisoned| {
+                let mut ws = poisoned.into_inner();
+                *ws = SampleWorkspace::default();
+                ws
+            });
+            sample_with(
+                &mut ws,
+                self.sampler.as_ref(),
+                &self.owners,
+                seeds,
+                key,
+                self.comm.as_ref(),
+            )?
+        };
         self.sample.add_since(t);
         let t = Instant::now();
         let mut features = Vec::new();

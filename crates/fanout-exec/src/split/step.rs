@@ -18,6 +18,11 @@ pub struct SplitStep {
     pub local_edges: u64,
     /// Edges this worker computed whose source another worker owns.
     pub remote_edges: u64,
+    /// Rows this worker received from others (one per distinct remote source and hop).
+    pub remote_rows: u64,
+    /// Rows it would receive with GSplit's pre-aggregation instead
+    /// ([`super::SplitHop::preaggregated_rows`]).
+    pub preaggregated_rows: u64,
     /// Bytes of rows (forward) and row gradients (backward) this worker sent to others.
     pub shuffled_bytes: u64,
     /// Seconds spent in the shuffles (waiting for the other workers included).
@@ -69,6 +74,8 @@ pub fn step<B: Backend>(
         let (local, remote) = hop.local_and_remote_edges(own_rows);
         out.local_edges += local;
         out.remote_edges += remote;
+        out.remote_rows += hop.remote.len() as u64;
+        out.preaggregated_rows += hop.preaggregated_rows(own_rows);
         blocks.push(be.prepare_block(&BlockRef {
             num_dst: batch.reach[h],
             num_src: own_rows + hop.remote.len(),
