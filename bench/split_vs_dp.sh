@@ -18,7 +18,7 @@ DATASETS=${DATASETS:-products cnr2000}
 EPOCHS=${EPOCHS:-4}
 THREADS=${THREADS:-1}
 SEEDS=${SEEDS:-1 2 3 4 5}
-ACC_DATASETS=${ACC_DATASETS:-cora citeseer}
+ACC_DATASETS=${ACC_DATASETS-cora citeseer}
 SETTINGS=(--model sage --fanouts 10,25 --batch-size 1024 --hidden 256 --lr 0.003 --eval-every 0)
 
 dataset() { # NAME: writes $OUT/NAME once

@@ -175,6 +175,13 @@ pub trait Comm: Send + Sync {
     /// themselves only (GNNLab's trainers). The new group's collectives and messages are
     /// separate from this group's.
     fn split(&self, color: usize) -> Result<Box<dyn Comm>>;
+    /// Whether two threads of this rank may run collectives at the same time, each on its own
+    /// communicator (this one and one made by [`Comm::split`]): true in process and under
+    /// `MPI_THREAD_MULTIPLE`, false under `MPI_THREAD_SERIALIZED` (one collective holds the
+    /// process-wide lock until every rank has joined it).
+    fn concurrent_collectives(&self) -> bool {
+        true
+    }
 }
 
 /// True when this process was started by an MPI launcher (`mpirun`/`mpiexec` of Open MPI or

@@ -308,6 +308,10 @@ impl Comm for MpiComm {
         "mpi"
     }
 
+    fn concurrent_collectives(&self) -> bool {
+        self.serialize.is_none()
+    }
+
     fn barrier(&self) -> Result<()> {
         let start = Instant::now();
         if self.size > 1 {

@@ -1,8 +1,11 @@
 //! Split parallelism against the one-worker step on the same mini-batch.
 
+use fanout_cache::{ExtractStats, Extractor, PlainExtractor};
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
 use fanout_exec::pipeline::Prepared;
-use fanout_exec::{split, train, Comm, LocalComm, RunEnv, StrategyKind, TrainConfig, Trainer};
+use fanout_exec::{
+    fit, split, train, Comm, FitConfig, LocalComm, RunEnv, StrategyKind, TrainConfig, Trainer,
+};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_sample::{BatchKey, RangeOwners, Sampler, SamplerKind, SamplerSpec};
 use fanout_synth::{generate, GenOptions, Preset};
@@ -266,4 +269,73 @@ fn split_training_equals_one_worker_training() {
         Err(e) => e.to_string(),
     };
     assert!(e.contains("has no METIS ranges"), "{e}");
+}
+
+/// Fails its `fail_at`-th extraction.
+struct FailingExtractor {
+    inner: PlainExtractor,
+    calls: usize,
+    fail_at: usize,
+}
+
+impl Extractor for FailingExtractor {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+    fn extract(&mut self, ids: &[u32], out: &mut Vec<f32>) -> fanout_graph::Result<ExtractStats> {
+        self.calls += 1;
+        if self.calls == self.fail_at {
+            return Err(fanout_graph::Error::Invalid(
+                "injected extract error".into(),
+            ));
+        }
+        self.inner.extract(ids, out)
+    }
+}
+
+#[test]
+fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
+    let (_dir, ds) = saved_tiny();
+    let n = ds.num_nodes();
+    let s = SamplerSpec::default()
+        .build(&ds, vec![4, 3, 3], SamplerKind::Khop)
+        .unwrap();
+    let owners = RangeOwners::new(vec![0, n / 3, n]).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for comm in LocalComm::group(2) {
+        let (ds, s, owners, tx) = (ds.clone(), s.clone(), owners.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let rank = comm.rank();
+            let ex = FailingExtractor {
+                inner: PlainExtractor::new(ds.clone()).unwrap(),
+                calls: 0,
+                // Worker 1 fails on the third step of the first epoch.
+                fail_at: if rank == 1 { 3 } else { usize::MAX },
+            };
+            let seeds = ds.train.to_vec();
+            let src =
+                split::SplitSource::new(s, owners, Box::new(ex), &comm, seeds, 40, 5).unwrap();
+            let mut t = trainer(&ds, ModelKind::Sage);
+            let cfg = FitConfig {
+                epochs: 2,
+                eval_every: 0,
+            };
+            let r = fit(&mut t, &src, None, None, cfg, &comm, &mut ());
+            if let Err(e) = &r {
+                comm.fail(&e.to_string());
+            }
+            drop(src);
+            let _ = tx.send((rank, r.map(|_| ()).map_err(|e| e.to_string())));
+        });
+    }
+    let mut errors = Vec::new();
+    for _ in 0..2 {
+        let (rank, r) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a worker hung after its peer failed");
+        errors.push((rank, r.unwrap_err()));
+    }
+    errors.sort();
+    assert!(errors[1].1.contains("injected extract error"), "{errors:?}");
+    assert!(errors[0].1.contains("injected extract error"), "{errors:?}");
 }

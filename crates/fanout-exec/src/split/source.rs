@@ -15,14 +15,18 @@ use std::time::Instant;
 /// of the one-worker pipeline with the same seed and batch size (the same seeds per step, the
 /// same keys), on every worker; each step's [`Prepared::split`] is this worker's share of the
 /// step's batch ([`super::sample`]) and its features are the rows of that share's own
-/// vertices, read through this worker's extractor (its cache). Batches are made when the
-/// training loop asks for them, on its thread: sampling exchanges requests with the other
-/// workers, and doing it on the training thread keeps every worker's communication in one
-/// order (and MPI's `SERIALIZED` threading safe), at the price of no overlap between
-/// preparation and training.
+/// vertices, read through this worker's extractor (its cache). Sampling talks to the other
+/// workers on a communicator of its own (split from the run's): where the communicator allows
+/// collectives on two threads at once ([`Comm::concurrent_collectives`]) a thread prepares up
+/// to [`PREFETCH`] steps ahead while the current one trains; under MPI's `SERIALIZED`
+/// threading, batches are made when the training loop asks for them, on its thread, with no
+/// overlap.
 pub struct SplitSource {
     inner: Arc<Inner>,
 }
+
+/// Steps a preparing thread may run ahead of training.
+pub const PREFETCH: usize = 2;
 
 struct Inner {
     sampler: Arc<dyn Sampler>,
@@ -83,6 +87,10 @@ impl SplitSource {
 }
 
 impl Inner {
+    /// One step's share. Called on a thread of no rayon pool (the preparing thread, or the
+    /// training loop's between steps): its collectives must never occupy a pool thread that
+    /// the training step of this worker needs while a peer waits for that step, which with
+    /// one-thread worker pools deadlocks. Its parallel loops run on rayon's global pool.
     fn prepare(&self, epoch: u64, step: usize, seeds: &[u32]) -> Result<Prepared> {
         let key = BatchKey {
             seed: self.loader.seed,
@@ -146,11 +154,36 @@ impl BatchSource for SplitSource {
         let inner = self.inner.clone();
         let steps = epoch_batches(&inner.seeds, &inner.loader, epoch);
         let total = steps.len();
-        let make = steps
-            .into_iter()
-            .enumerate()
-            .map(move |(step, seeds)| inner.prepare(epoch, step, &seeds));
-        EpochStream::on_demand(Box::new(make), total)
+        if !inner.comm.concurrent_collectives() {
+            let make = steps
+                .into_iter()
+                .enumerate()
+                .map(move |(step, seeds)| inner.prepare(epoch, step, &seeds));
+            return EpochStream::on_demand(Box::new(make), total);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH);
+        let spawned = std::thread::Builder::new()
+            .name("split-prepare".into())
+            .spawn(move || {
+                for (step, seeds) in steps.into_iter().enumerate() {
+                    let r = inner.prepare(epoch, step, &seeds);
+                    let failed = r.is_err();
+                    if tx.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+        match spawned {
+            // The thread is not joined when the stream is dropped: it may be inside a
+            // collective with the other workers' preparing threads, which end only once their
+            // own training threads give up; it ends by itself when its next send fails or a
+            // peer's communicator is gone.
+            Ok(_) => EpochStream::from_channel(rx, None, total),
+            Err(e) => {
+                let e = ExecError::Invalid(format!("cannot start a preparing thread: {e}"));
+                EpochStream::on_demand(Box::new(std::iter::once(Err(e))), total)
+            }
+        }
     }
 
     fn take_times(&self) -> (f64, f64) {
