@@ -88,6 +88,7 @@ fn split_workers(
     kind: ModelKind,
     seeds: &[u32],
     offsets: &[u64],
+    shuffle: split::Shuffle,
 ) -> Vec<(split::SplitStep, Vec<f32>)> {
     let owners = RangeOwners::new(offsets.to_vec()).unwrap();
     let comms = LocalComm::group(owners.parts());
@@ -97,7 +98,7 @@ fn split_workers(
             .map(|comm| {
                 let (owners, s) = (owners.clone(), s.clone());
                 scope.spawn(move || {
-                    let b = split::sample(s.as_ref(), &owners, seeds, KEY, &comm).unwrap();
+                    let b = split::sample(s.as_ref(), &owners, seeds, KEY, shuffle, &comm).unwrap();
                     let mut features = Vec::new();
                     let f = ds.features.as_ref().unwrap();
                     f.gather_into(&b.owned, &mut features);
@@ -128,32 +129,49 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
         let (loss, grads, edges) = one_worker(&ds, s.as_ref(), kind, &seeds);
         // Uneven ranges, and a worker that owns no seed at all (the last range holds none of
         // the first 120 training vertices only by chance, so one is made empty on purpose).
-        for offsets in [vec![0, n / 3, n], vec![0, n / 5, n / 2, n], vec![0, n, n]] {
-            let workers = split_workers(&ds, &s, kind, &seeds, &offsets);
+        let offsets_list = [vec![0, n / 3, n], vec![0, n / 5, n / 2, n], vec![0, n, n]];
+        let shuffles = if kind == ModelKind::Gat {
+            vec![split::Shuffle::Rows]
+        } else {
+            vec![split::Shuffle::Rows, split::Shuffle::PartialSums]
+        };
+        for (offsets, shuffle) in offsets_list
+            .iter()
+            .flat_map(|o| shuffles.iter().map(move |&s| (o.clone(), s)))
+        {
+            let workers = split_workers(&ds, &s, kind, &seeds, &offsets, shuffle);
+            let what = format!("{kind:?} {offsets:?} {shuffle:?}");
             for (r, g) in &workers {
                 assert!(
                     (r.step.loss - loss).abs() < 1e-5,
-                    "{kind:?} {offsets:?}: loss {} vs {loss}",
+                    "{what}: loss {} vs {loss}",
                     r.step.loss
                 );
                 let d = max_rel_diff(g, &grads);
-                assert!(d < 1e-4, "{kind:?} {offsets:?}: gradients differ by {d}");
+                assert!(d < 1e-4, "{what}: gradients differ by {d}");
             }
             // Every sampled edge is computed once, by one worker.
             let computed: u64 = workers
                 .iter()
                 .map(|(r, _)| r.local_edges + r.remote_edges)
                 .sum();
-            assert_eq!(computed, edges as u64, "{kind:?} {offsets:?}");
+            assert_eq!(computed, edges as u64, "{what}");
             let shuffled: u64 = workers.iter().map(|(r, _)| r.shuffled_bytes).sum();
             let remote: u64 = workers.iter().map(|(r, _)| r.remote_edges).sum();
-            assert_eq!(shuffled > 0, remote > 0, "{kind:?} {offsets:?}");
+            assert_eq!(shuffled > 0, remote > 0, "{what}");
             // Two or three non-empty ranges: some edges cross them, and rows were shuffled.
-            assert_eq!(
-                remote > 0,
-                offsets[1] < n,
-                "{kind:?} {offsets:?}: {remote} remote"
-            );
+            assert_eq!(remote > 0, offsets[1] < n, "{what}: {remote} remote");
+            // Partial sums send one row per (destination, owner) pair, as counted.
+            let rows: u64 = workers.iter().map(|(r, _)| r.remote_rows).sum();
+            let pre: u64 = workers.iter().map(|(r, _)| r.preaggregated_rows).sum();
+            if shuffle == split::Shuffle::PartialSums {
+                assert_eq!(rows, pre, "{what}");
+            } else {
+                assert!(
+                    pre <= remote && rows <= remote,
+                    "{what}: {rows} {pre} {remote}"
+                );
+            }
         }
     }
 }
@@ -168,13 +186,21 @@ fn unsplittable_samplers_and_mismatched_parts_are_refused() {
     let walks = SamplerSpec::default()
         .build(&ds, vec![3, 3], SamplerKind::Randomwalk)
         .unwrap();
-    let e = split::sample(walks.as_ref(), &owners, &seeds, KEY, &comm).unwrap_err();
+    let e = split::sample(
+        walks.as_ref(),
+        &owners,
+        &seeds,
+        KEY,
+        split::Shuffle::Rows,
+        &comm,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("cannot be split"), "{e}");
     let s = SamplerSpec::default()
         .build(&ds, vec![3, 3, 3], SamplerKind::Khop)
         .unwrap();
     let two = RangeOwners::new(vec![0, n / 2, n]).unwrap();
-    let e = split::sample(s.as_ref(), &two, &seeds, KEY, &comm).unwrap_err();
+    let e = split::sample(s.as_ref(), &two, &seeds, KEY, split::Shuffle::Rows, &comm).unwrap_err();
     assert!(
         e.to_string().contains("2 parts but the run has 1 workers"),
         "{e}"
@@ -313,8 +339,17 @@ fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
                 fail_at: if rank == 1 { 3 } else { usize::MAX },
             };
             let seeds = ds.train.to_vec();
-            let src =
-                split::SplitSource::new(s, owners, Box::new(ex), &comm, seeds, 40, 5).unwrap();
+            let src = split::SplitSource::new(
+                s,
+                owners,
+                Box::new(ex),
+                &comm,
+                seeds,
+                40,
+                5,
+                split::Shuffle::PartialSums,
+            )
+            .unwrap();
             let mut t = trainer(&ds, ModelKind::Sage);
             let cfg = FitConfig {
                 epochs: 2,

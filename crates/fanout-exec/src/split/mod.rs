@@ -22,6 +22,6 @@ mod sample;
 mod source;
 mod step;
 
-pub use sample::{sample, sample_with, SampleWorkspace, SplitBatch, SplitHop};
+pub use sample::{sample, sample_with, SampleWorkspace, Shuffle, SplitBatch, SplitHop};
 pub use source::SplitSource;
 pub use step::{step, SplitStep};

@@ -9,7 +9,7 @@ use fanout_sample::{BatchKey, RangeOwners, Sampler};
 /// Local ids: this worker's vertices are numbered in the order it reached them (`owned`), so
 /// the vertices reached within `h` hops are the prefix `owned[..reach[h]]` (`reach[0]`: its
 /// seeds, in the step's order). The block of hop `h` has those as destinations and, as sources,
-/// `owned[..reach[h + 1]]` followed by `hops[h].remote` (vertices of other workers).
+/// `owned[..reach[h + 1]]` followed by the rows other workers send ([`SplitHop`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SplitBatch {
     /// The key the step was sampled under.
@@ -31,21 +31,45 @@ pub struct SplitBatch {
 pub struct SplitHop {
     /// `reach[h] + 1` offsets into `indices`.
     pub indptr: Vec<u32>,
-    /// Local source of every edge: `< reach[h + 1]` for this worker's vertices, above for
-    /// `remote`.
+    /// Local source of every edge: `< reach[h + 1]` for this worker's vertices, above for the
+    /// rows other workers send (grouped by sender in rank order).
     pub indices: Vec<u32>,
     /// Per-edge weights (weighted sampling).
     pub weights: Option<Vec<f32>>,
-    /// Sources owned by other workers, grouped by owner in rank order.
+    /// [`Shuffle::Rows`]: the global ids of the remote sources, in the order of their rows;
+    /// empty with [`Shuffle::PartialSums`].
     pub remote: Vec<u32>,
-    /// How many of `remote` each rank owns (0 for this worker).
+    /// How many rows each rank sends this worker at this hop (0 for this worker).
     pub remote_counts: Vec<usize>,
-    /// For every rank, the positions in `owned` of the rows it reads from this worker at this
-    /// hop, in the order of its `remote` (empty for this worker).
+    /// For every rank, the positions in `owned` of the vertices whose rows it reads from this
+    /// worker at this hop (empty for this worker): one per row with [`Shuffle::Rows`], the
+    /// members of each partial sum with [`Shuffle::PartialSums`] (see `serve_groups`).
     pub serve: Vec<Vec<u32>>,
+    /// [`Shuffle::PartialSums`]: for every rank, `groups + 1` offsets into `serve[rank]`; group
+    /// `j` is the sources of one of that rank's destinations that this worker owns, one member
+    /// per edge (repeats kept). `None` with [`Shuffle::Rows`].
+    pub serve_groups: Option<Vec<Vec<u32>>>,
+}
+
+/// What crosses workers at each layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shuffle {
+    /// One row per remote source vertex and hop (GSplit's form for GAT, whose attention needs
+    /// every source).
+    Rows,
+    /// One row per (destination, owner of some of its sources) pair: the owner's sum of those
+    /// sources, weighted by the layer's coefficients (GSplit's pre-aggregation for GraphSAGE,
+    /// GCN and GIN). The destination's block gives that row one parallel edge per source it
+    /// replaces, so mean and sum aggregators see the one-worker degree.
+    PartialSums,
 }
 
 impl SplitHop {
+    /// Rows other workers send this worker at this hop.
+    pub fn remote_rows(&self) -> usize {
+        self.remote_counts.iter().sum()
+    }
+
     /// Edges whose source this worker owns, and edges whose source lives elsewhere.
     pub fn local_and_remote_edges(&self, own_rows: usize) -> (u64, u64) {
         let local = self
@@ -61,6 +85,9 @@ impl SplitHop {
     /// its sources) pair. Fewer than `remote.len()` when remote edges of one destination meet
     /// at one owner more often than remote sources feed several destinations.
     pub fn preaggregated_rows(&self, own_rows: usize) -> u64 {
+        if self.serve_groups.is_some() {
+            return self.remote_rows() as u64;
+        }
         let mut first = Vec::with_capacity(self.remote_counts.len() + 1);
         first.push(own_rows);
         for &c in &self.remote_counts {
@@ -103,21 +130,17 @@ pub fn sample(
     owners: &RangeOwners,
     seeds: &[u32],
     key: BatchKey,
+    shuffle: Shuffle,
     comm: &dyn Comm,
 ) -> Result<SplitBatch> {
-    sample_with(
-        &mut SampleWorkspace::default(),
-        sampler,
-        owners,
-        seeds,
-        key,
-        comm,
-    )
+    let mut ws = SampleWorkspace::default();
+    sample_with(&mut ws, sampler, owners, seeds, key, shuffle, comm)
 }
 
 /// Samples this worker's share of the mini-batch of `seeds` (the whole step's, the same list on
 /// every worker of `comm`) under `key`, exchanging requests with the other workers once per
-/// hop. Every worker must call it with the same arguments. The union of the workers' blocks is
+/// hop (the remote sources, or with [`Shuffle::PartialSums`] the groups of them each partial
+/// sum adds up). Every worker must call it with the same arguments. The union of the workers' blocks is
 /// the one-worker batch of `seeds` under `key`: the same edges, each computed by the owner of
 /// its destination. Errors: `owners` not having one part per worker, a vertex beyond its
 /// ranges, a sampler that cannot sample one hop at a time, and communication failures.
@@ -127,6 +150,7 @@ pub fn sample_with(
     owners: &RangeOwners,
     seeds: &[u32],
     key: BatchKey,
+    shuffle: Shuffle,
     comm: &dyn Comm,
 ) -> Result<SplitBatch> {
     let n = sampler.dataset().num_nodes() as usize;
@@ -134,7 +158,7 @@ pub fn sample_with(
         ws.slot = vec![ABSENT; n];
     }
     ws.touched.clear();
-    let result = sample_in(ws, sampler, owners, seeds, key, comm);
+    let result = sample_in(ws, sampler, owners, seeds, key, shuffle, comm);
     // Back to all-absent for the next batch, whatever happened.
     for &v in &ws.touched {
         ws.slot[v as usize] = ABSENT;
@@ -143,14 +167,16 @@ pub fn sample_with(
 }
 
 /// The body of [`sample_with`]: `ws.slot[v]` holds, for a vertex of this worker, its position
-/// in `owned`; for another worker's vertex requested at the current hop, its index in that
-/// worker's request list (reset between hops). Every slot set is listed in `ws.touched`.
+/// in `owned`; with [`Shuffle::Rows`], for another worker's vertex requested at the current
+/// hop, its row index in that worker's list (reset between hops). Every slot set is listed in
+/// `ws.touched`.
 fn sample_in(
     ws: &mut SampleWorkspace,
     sampler: &dyn Sampler,
     owners: &RangeOwners,
     seeds: &[u32],
     key: BatchKey,
+    shuffle: Shuffle,
     comm: &dyn Comm,
 ) -> Result<SplitBatch> {
     let (rank, size) = (comm.rank(), comm.size());
@@ -190,33 +216,80 @@ fn sample_in(
     let mut hops = Vec::with_capacity(sampler.num_layers());
     for h in 0..sampler.num_layers() {
         let e = sampler.sample_hop(&owned[..reach[h]], key, h)?;
-        // Sources: this worker's new vertices join `owned`; the others are requested from
-        // their owners, each once per hop.
-        let mut requests: Vec<Vec<u32>> = vec![Vec::new(); size];
+        // Sources: this worker's new vertices join `owned`; the others become rows their
+        // owners send: one per source (`Rows`), or one per destination and owner (`PartialSums`,
+        // the payload then holds each group as its size followed by its members).
+        let mut payload: Vec<Vec<u32>> = vec![Vec::new(); size];
+        let mut rows_of = vec![0u32; size];
+        let mut edge_row = vec![ABSENT; e.ids.len()];
         let mut owner_of = Vec::with_capacity(e.ids.len());
-        for &u in &e.ids {
-            let o = owner(u)?;
-            owner_of.push(o as u32);
-            let at = &mut slot[u as usize];
-            if *at != ABSENT {
-                continue;
+        let mut open: Vec<(usize, usize, u32)> = Vec::new();
+        for d in 0..e.indptr.len() - 1 {
+            open.clear();
+            for i in e.indptr[d] as usize..e.indptr[d + 1] as usize {
+                let u = e.ids[i];
+                let o = owner(u)?;
+                owner_of.push(o as u32);
+                if o == rank {
+                    if slot[u as usize] == ABSENT {
+                        slot[u as usize] = owned.len() as u32;
+                        touched.push(u);
+                        owned.push(u);
+                    }
+                    continue;
+                }
+                edge_row[i] = match shuffle {
+                    Shuffle::Rows => {
+                        let at = &mut slot[u as usize];
+                        if *at == ABSENT {
+                            *at = rows_of[o];
+                            rows_of[o] += 1;
+                            payload[o].push(u);
+                            touched.push(u);
+                        }
+                        *at
+                    }
+                    Shuffle::PartialSums => {
+                        let g = match open.iter().find(|x| x.0 == o) {
+                            Some(&(_, size_at, g)) => {
+                                payload[o][size_at] += 1;
+                                g
+                            }
+                            None => {
+                                let g = rows_of[o];
+                                rows_of[o] += 1;
+                                open.push((o, payload[o].len(), g));
+                                payload[o].push(1);
+                                g
+                            }
+                        };
+                        payload[o].push(u);
+                        g
+                    }
+                };
             }
-            if o == rank {
-                *at = owned.len() as u32;
-                owned.push(u);
-            } else {
-                *at = requests[o].len() as u32;
-                requests[o].push(u);
-            }
-            touched.push(u);
         }
-        let asked = comm.all_to_all_v(&requests.iter().map(|r| encode(r)).collect::<Vec<_>>())?;
+        let asked = comm.all_to_all_v(&payload.iter().map(|r| encode(r)).collect::<Vec<_>>())?;
         let mut serve = Vec::with_capacity(size);
+        let mut groups = Vec::with_capacity(size);
         for (p, bytes) in asked.iter().enumerate() {
-            let ids = decode(bytes, p)?;
-            let mut at = Vec::with_capacity(ids.len());
-            for u in ids {
-                if p == rank || owner(u)? != rank {
+            let words = decode(bytes, p)?;
+            if p == rank && !words.is_empty() {
+                return Err(ExecError::Invalid(format!(
+                    "worker {rank} sent itself {} requests",
+                    words.len()
+                )));
+            }
+            let (members, offsets) = match shuffle {
+                Shuffle::Rows => (words, None),
+                Shuffle::PartialSums => {
+                    let (m, o) = split_groups(&words, p)?;
+                    (m, Some(o))
+                }
+            };
+            let mut at = Vec::with_capacity(members.len());
+            for u in members {
+                if owner(u)? != rank {
                     return Err(ExecError::Invalid(format!(
                         "worker {p} asked worker {rank} for vertex {u}, which it does not own"
                     )));
@@ -229,37 +302,45 @@ fn sample_in(
                 at.push(slot[u as usize]);
             }
             serve.push(at);
+            groups.push(offsets.unwrap_or_default());
         }
         reach.push(owned.len());
         let own_rows = owned.len() as u32;
         let mut first = vec![0u32; size];
         for p in 1..size {
-            first[p] = first[p - 1] + requests[p - 1].len() as u32;
+            first[p] = first[p - 1] + rows_of[p - 1];
         }
         let indices = e
             .ids
             .iter()
             .zip(&owner_of)
-            .map(|(&u, &o)| {
-                let at = slot[u as usize];
+            .zip(&edge_row)
+            .map(|((&u, &o), &r)| {
                 if o as usize == rank {
-                    at
+                    slot[u as usize]
                 } else {
-                    own_rows + first[o as usize] + at
+                    own_rows + first[o as usize] + r
                 }
             })
             .collect();
-        // Request indices are per hop: the next hop asks afresh.
-        for &u in requests.iter().flatten() {
-            slot[u as usize] = ABSENT;
-        }
+        let remote = match shuffle {
+            Shuffle::Rows => {
+                // Row indices are per hop: the next hop asks afresh.
+                for &u in payload.iter().flatten() {
+                    slot[u as usize] = ABSENT;
+                }
+                payload.concat()
+            }
+            Shuffle::PartialSums => Vec::new(),
+        };
         hops.push(SplitHop {
             indptr: e.indptr,
             indices,
             weights: e.weights,
-            remote_counts: requests.iter().map(Vec::len).collect(),
-            remote: requests.concat(),
+            remote_counts: rows_of.iter().map(|&r| r as usize).collect(),
+            remote,
             serve,
+            serve_groups: (shuffle == Shuffle::PartialSums).then_some(groups),
         });
     }
     let ds = sampler.dataset();
@@ -275,6 +356,26 @@ fn sample_in(
         hops,
         labels,
     })
+}
+
+/// Splits a partial-sum payload (groups as their size then their members) into the members and
+/// `groups + 1` offsets; a size of 0 or one running past the end is an error naming `from`.
+fn split_groups(words: &[u32], from: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+    let (mut members, mut offsets) = (Vec::with_capacity(words.len()), vec![0u32]);
+    let mut i = 0;
+    while i < words.len() {
+        let k = words[i] as usize;
+        if k == 0 || k > words.len() - i - 1 {
+            return Err(ExecError::Invalid(format!(
+                "worker {from} sent a partial-sum group of {k} members with {} values left",
+                words.len() - i - 1
+            )));
+        }
+        members.extend_from_slice(&words[i + 1..i + 1 + k]);
+        offsets.push(members.len() as u32);
+        i += 1 + k;
+    }
+    Ok((members, offsets))
 }
 
 fn encode(ids: &[u32]) -> Vec<u8> {

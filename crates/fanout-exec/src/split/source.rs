@@ -1,7 +1,7 @@
 //! The batch source of a split-parallel worker: every step's global batch, sampled together
 //! with the other workers, and the features of the vertices this worker owns.
 
-use super::sample::{sample_with, SampleWorkspace};
+use super::sample::{sample_with, SampleWorkspace, Shuffle};
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use crate::pipeline::{BatchSource, EpochStream, Prepared};
@@ -33,6 +33,7 @@ struct Inner {
     owners: RangeOwners,
     extractor: Mutex<Box<dyn Extractor>>,
     workspace: Mutex<SampleWorkspace>,
+    shuffle: Shuffle,
     comm: Box<dyn Comm>,
     seeds: Vec<u32>,
     loader: LoaderConfig,
@@ -44,7 +45,9 @@ impl SplitSource {
     /// The source of worker `comm.rank()`: `seeds` are the whole training set, cut into steps
     /// of `batch_size` shuffled by `seed` as the one-worker pipeline cuts them. Sampling talks
     /// over a sub-communicator split from `comm` here, so every worker of `comm` must call
-    /// this together. Errors: `owners` without one part per worker, communication failures.
+    /// this together. `shuffle` says what crosses workers ([`Shuffle::Rows`] for GAT).
+    /// Errors: `owners` without one part per worker, communication failures.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         sampler: Arc<dyn Sampler>,
         owners: RangeOwners,
@@ -53,6 +56,7 @@ impl SplitSource {
         seeds: Vec<u32>,
         batch_size: usize,
         seed: u64,
+        shuffle: Shuffle,
     ) -> Result<Self> {
         if owners.parts() != comm.size() {
             return Err(ExecError::Invalid(format!(
@@ -71,6 +75,7 @@ impl SplitSource {
                 owners,
                 extractor: Mutex::new(extractor),
                 workspace: Mutex::new(SampleWorkspace::default()),
+                shuffle,
                 comm,
                 seeds,
                 loader: LoaderConfig {
@@ -111,6 +116,7 @@ impl Inner {
                 &self.owners,
                 seeds,
                 key,
+                self.shuffle,
                 self.comm.as_ref(),
             )?
         };

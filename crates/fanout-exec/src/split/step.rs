@@ -1,6 +1,6 @@
 //! Forward and backward of one split mini-batch, rows shuffled between layers.
 
-use super::sample::SplitBatch;
+use super::sample::{SplitBatch, SplitHop};
 use crate::error::{ExecError, Result};
 use crate::trainer::{BatchOutcome, Trainer};
 use fanout_comm::Comm;
@@ -74,24 +74,41 @@ pub fn step<B: Backend>(
         let (local, remote) = hop.local_and_remote_edges(own_rows);
         out.local_edges += local;
         out.remote_edges += remote;
-        out.remote_rows += hop.remote.len() as u64;
+        out.remote_rows += hop.remote_rows() as u64;
         out.preaggregated_rows += hop.preaggregated_rows(own_rows);
         blocks.push(be.prepare_block(&BlockRef {
             num_dst: batch.reach[h],
-            num_src: own_rows + hop.remote.len(),
+            num_src: own_rows + hop.remote_rows(),
             indptr: &hop.indptr,
             indices: &hop.indices,
             weights: hop.weights.as_deref(),
         })?);
     }
-    let scales = if model.config().kind == ModelKind::Gcn {
-        let t = Instant::now();
-        let s = gcn_source_scales(batch, comm)?;
-        comm_s += t.elapsed().as_secs_f64();
-        Some(s)
-    } else {
-        None
+    let gcn = model.config().kind == ModelKind::Gcn;
+    let partial = batch.hops.iter().any(|h| h.serve_groups.is_some());
+    if partial && model.config().kind == ModelKind::Gat {
+        return Err(ExecError::Invalid(
+            "GAT's attention needs every source row: sample with Shuffle::Rows".into(),
+        ));
+    }
+    // Each hop's factor per local source row (GCN), and per member of the partial sums this
+    // worker sends (1 / group size, GCN: over sqrt(size x the member's degree)).
+    let scales = match (gcn, partial) {
+        (true, false) => {
+            let t = Instant::now();
+            let s = gcn_source_scales(batch, comm)?;
+            comm_s += t.elapsed().as_secs_f64();
+            Some(s)
+        }
+        (true, true) => Some(gcn_partial_scales(batch)),
+        (false, _) => None,
     };
+    let coeffs: Vec<Vec<Vec<f32>>> = batch
+        .hops
+        .iter()
+        .enumerate()
+        .map(|(h, hop)| member_coefficients(hop, batch.reach[h + 1], gcn))
+        .collect();
     let mode = Mode::Train { dropout_key };
     let mut own = Tensor::new(batch.owned.len(), dim, features);
     let mut logits = None;
@@ -99,23 +116,29 @@ pub fn step<B: Backend>(
         let h = layers - 1 - i;
         let hop = &batch.hops[h];
         let d = own.cols();
-        // The rows other workers' edges read from this worker, then theirs for this one.
-        let send: Vec<Vec<f32>> = hop
-            .serve
-            .iter()
-            .map(|at| {
-                at.iter()
-                    .flat_map(|&r| own.row(r as usize))
-                    .copied()
-                    .collect()
-            })
-            .collect();
+        // The rows other workers' edges read from this worker (or their partial sums), then
+        // theirs for this one.
+        let send: Vec<Vec<f32>> = match &hop.serve_groups {
+            None => hop
+                .serve
+                .iter()
+                .map(|at| {
+                    at.iter()
+                        .flat_map(|&r| own.row(r as usize))
+                        .copied()
+                        .collect()
+                })
+                .collect(),
+            Some(groups) => (0..hop.serve.len())
+                .map(|p| partial_sums(&own, &hop.serve[p], &groups[p], &coeffs[h][p]))
+                .collect(),
+        };
         out.shuffled_bytes += send.iter().map(|s| 4 * s.len() as u64).sum::<u64>();
         let t = Instant::now();
         let got = comm.all_to_all_v_f32(&send)?;
         comm_s += t.elapsed().as_secs_f64();
         let own_rows = batch.reach[h + 1];
-        let mut src = Vec::with_capacity((own_rows + hop.remote.len()) * d);
+        let mut src = Vec::with_capacity((own_rows + hop.remote_rows()) * d);
         src.extend_from_slice(&own.data()[..own_rows * d]);
         for (p, rows) in got.iter().enumerate() {
             if rows.len() != hop.remote_counts[p] * d {
@@ -130,7 +153,7 @@ pub fn step<B: Backend>(
         if let Some(s) = &scales {
             scale_rows(&mut src, d, &s[h]);
         }
-        let x = be.upload_owned(Tensor::new(own_rows + hop.remote.len(), d, src));
+        let x = be.upload_owned(Tensor::new(own_rows + hop.remote_rows(), d, src));
         let y = model.forward_layer(i, block, x, mode, Some(&batch.owned))?;
         if i + 1 == layers {
             logits = Some(y);
@@ -205,19 +228,26 @@ pub fn step<B: Backend>(
         comm_s += t.elapsed().as_secs_f64();
         let mut mine = dx.data()[..own_rows * d].to_vec();
         for (p, rows) in got.iter().enumerate() {
-            if rows.len() != hop.serve[p].len() * d {
+            let groups = hop.serve_groups.as_ref().map(|g| &g[p]);
+            let expected = groups.map_or(hop.serve[p].len(), |g| g.len().saturating_sub(1));
+            if rows.len() != expected * d {
                 return Err(ExecError::Invalid(format!(
-                    "worker {p} sent {} gradient values for {} rows of width {d}",
+                    "worker {p} sent {} gradient values for {expected} rows of width {d}",
                     rows.len(),
-                    hop.serve[p].len()
                 )));
             }
-            for (&r, row) in hop.serve[p].iter().zip(rows.chunks_exact(d.max(1))) {
-                let r = r as usize;
-                mine[r * d..(r + 1) * d]
-                    .iter_mut()
-                    .zip(row)
-                    .for_each(|(a, b)| *a += b);
+            // A row's gradient goes to each vertex it was made of, times that vertex's
+            // coefficient in it (1 for a plain row).
+            for (j, row) in rows.chunks_exact(d.max(1)).enumerate() {
+                let (lo, hi) = groups.map_or((j, j + 1), |g| (g[j] as usize, g[j + 1] as usize));
+                for m in lo..hi {
+                    let r = hop.serve[p][m] as usize;
+                    let c = coeffs[h][p].get(m).copied().unwrap_or(1.0);
+                    mine[r * d..(r + 1) * d]
+                        .iter_mut()
+                        .zip(row)
+                        .for_each(|(a, b)| *a += c * b);
+                }
             }
         }
         g = be.upload_owned(Tensor::new(own_rows, d, mine));
@@ -250,7 +280,7 @@ fn gcn_source_scales(batch: &SplitBatch, comm: &dyn Comm) -> Result<Vec<Vec<f32>
     let mut out = Vec::with_capacity(batch.hops.len());
     for (h, hop) in batch.hops.iter().enumerate() {
         let own_rows = batch.reach[h + 1];
-        let mut local = vec![0f32; own_rows + hop.remote.len()];
+        let mut local = vec![0f32; own_rows + hop.remote_rows()];
         for &s in &hop.indices {
             local[s as usize] += 1.0;
         }
@@ -301,4 +331,93 @@ fn gcn_source_scales(batch: &SplitBatch, comm: &dyn Comm) -> Result<Vec<Vec<f32>
         out.push(scale);
     }
     Ok(out)
+}
+
+/// The partial sums one peer reads: group `j` is the members `serve[groups[j]..groups[j + 1]]`
+/// (positions of rows of `own`), each times its coefficient.
+fn partial_sums(own: &Tensor, serve: &[u32], groups: &[u32], coeff: &[f32]) -> Vec<f32> {
+    let d = own.cols();
+    let mut out = vec![0f32; groups.len().saturating_sub(1) * d];
+    for (j, row) in out.chunks_exact_mut(d.max(1)).enumerate() {
+        for m in groups[j] as usize..groups[j + 1] as usize {
+            let c = coeff[m];
+            row.iter_mut()
+                .zip(own.row(serve[m] as usize))
+                .for_each(|(a, &x)| *a += c * x);
+        }
+    }
+    out
+}
+
+/// For every peer, the coefficient of each member of the partial sums this worker sends it at
+/// this hop (empty for plain rows): the sum of `k` members stands for `k` parallel edges, so
+/// mean and sum layers need `1 / k`; GCN, which divides by the source's degree in the
+/// receiving block (`k`), needs `1 / sqrt(k * global degree)`, the global degree being the
+/// member's edges in this worker's own block plus its memberships in every peer's sums.
+fn member_coefficients(hop: &SplitHop, own_rows: usize, gcn: bool) -> Vec<Vec<f32>> {
+    let Some(groups) = &hop.serve_groups else {
+        return vec![Vec::new(); hop.serve.len()];
+    };
+    let degree = gcn.then(|| own_global_degrees(hop, own_rows));
+    groups
+        .iter()
+        .zip(&hop.serve)
+        .map(|(g, members)| {
+            let mut c = vec![0f32; members.len()];
+            for w in g.windows(2) {
+                let k = (w[1] - w[0]) as f32;
+                for m in w[0] as usize..w[1] as usize {
+                    c[m] = match &degree {
+                        None => 1.0 / k,
+                        Some(deg) => 1.0 / (k * deg[members[m] as usize].max(1.0)).sqrt(),
+                    };
+                }
+            }
+            c
+        })
+        .collect()
+}
+
+/// With partial sums, every edge out of this worker's vertices is visible here: in its own
+/// block, or as a membership in a peer's sum. Their count per own row is the vertex's
+/// out-degree in the whole step's block.
+fn own_global_degrees(hop: &SplitHop, own_rows: usize) -> Vec<f32> {
+    let mut deg = vec![0f32; own_rows];
+    for &s in &hop.indices {
+        if (s as usize) < own_rows {
+            deg[s as usize] += 1.0;
+        }
+    }
+    for &r in hop.serve.iter().flatten() {
+        deg[r as usize] += 1.0;
+    }
+    deg
+}
+
+/// GCN with partial sums: the factor of each local source row of every hop. Own rows take
+/// `sqrt(local / global degree)` as in [`gcn_source_scales`]; the peers' rows are already
+/// scaled by their senders ([`member_coefficients`]), so theirs is 1.
+fn gcn_partial_scales(batch: &SplitBatch) -> Vec<Vec<f32>> {
+    batch
+        .hops
+        .iter()
+        .enumerate()
+        .map(|(h, hop)| {
+            let own_rows = batch.reach[h + 1];
+            let global = own_global_degrees(hop, own_rows);
+            let mut local = vec![0f32; own_rows];
+            for &s in &hop.indices {
+                if (s as usize) < own_rows {
+                    local[s as usize] += 1.0;
+                }
+            }
+            let mut scale: Vec<f32> = local
+                .iter()
+                .zip(&global)
+                .map(|(&l, &g)| (l.max(1.0) / g.max(1.0)).sqrt())
+                .collect();
+            scale.resize(own_rows + hop.remote_rows(), 1.0);
+            scale
+        })
+        .collect()
 }
