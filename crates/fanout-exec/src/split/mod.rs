@@ -13,10 +13,11 @@
 //! of all workers and the parameter gradients are summed across workers, so a split step equals
 //! the one-worker step on the same batch, up to rounding.
 //!
-//! Rows are shuffled as they are (the "send source rows" form GSplit uses for GAT); the partial
-//! sums GSplit pre-aggregates for GraphSAGE and GCN would send fewer rows where several remote
-//! edges of one source meet at one worker. GCN's `norm="both"` needs each source's out-degree
-//! over all workers' blocks: [`step`] sums them at the owners first and rescales the rows.
+//! What crosses workers is a [`Shuffle`]: source rows (GAT, whose attention needs each source),
+//! or GSplit's pre-aggregated partial sums, one per (destination, owner) pair, read through
+//! parallel edges so the layers need no change (GraphSAGE, GCN, GIN). GCN's `norm="both"` needs
+//! each source's out-degree over all workers' blocks: [`step`] counts them at the owners and
+//! rescales rows accordingly.
 
 mod sample;
 mod source;
