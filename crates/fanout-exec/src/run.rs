@@ -895,13 +895,6 @@ pub(crate) fn build_cache(
             (CacheSize::Rows(rows), Some((t, z)))
         }
     };
-    let cache = CacheConfig {
-        policy,
-        size,
-        match_previous: c.match_reorder,
-        seed: cfg.seed,
-        ranking: plan.cache_ranking(ds, policy),
-    };
     let pre = PreSampling {
         sampler: sampler.clone(),
         seeds: &plan.train_seeds,
@@ -911,6 +904,35 @@ pub(crate) fn build_cache(
             seed: cfg.seed,
             ..LoaderConfig::default()
         },
+    };
+    let mut ranking = plan.cache_ranking(ds, policy);
+    if let (Some(_), Some((_, own)), Some(p)) = (&plan.split, &plan.part, policy) {
+        // A split worker only ever reads its own range's rows: its cache ranks them alone,
+        // in the policy's order over the whole graph (degree is already ranked in the part).
+        let full = match p {
+            _ if ranking.is_some() => None,
+            Policy::Random => Some(fanout_cache::policy::random_ranking(
+                ds.num_nodes() as usize,
+                cfg.seed,
+            )),
+            Policy::PreSC(k) => Some(fanout_cache::presc::presc_ranking(
+                sampler,
+                pre.seeds,
+                &pre.loader,
+                k,
+            )?),
+            _ => None,
+        };
+        if let (Some(full), Some(&lo), Some(&hi)) = (full, own.first(), own.last()) {
+            ranking = Some(full.into_iter().filter(|v| (lo..=hi).contains(v)).collect());
+        }
+    }
+    let cache = CacheConfig {
+        policy,
+        size,
+        match_previous: c.match_reorder,
+        seed: cfg.seed,
+        ranking,
     };
     let (ex, summary) = build_extractor(ds.clone(), &cache, Some(&pre))?;
     let how = match &auto {

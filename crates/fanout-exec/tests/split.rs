@@ -274,6 +274,42 @@ fn split_training_equals_one_worker_training() {
             );
         }
     }
+    // A PreSC cache ranks only the worker's own range (it never reads other rows): rank 0 of
+    // [0, n/3, n] caches at most its n/3 vertices though half the graph would fit. Caching
+    // changes where bytes come from, not the result.
+    write_offsets(&ds, &[0, n / 3, n]);
+    let cached = |mut c: TrainConfig| {
+        c.cache.policy = "presc".into();
+        c.cache.ratio = "0.5".into();
+        c
+    };
+    let single = run(&cached(config(
+        &ds,
+        1,
+        StrategyKind::Single,
+        ModelKind::Sage,
+    )));
+    let split = run(&cached(config(
+        &ds,
+        2,
+        StrategyKind::Split,
+        ModelKind::Sage,
+    )));
+    let rows = split.cache["rows"].as_u64().unwrap();
+    assert!(
+        rows > 0 && rows <= n / 3,
+        "rank 0 caches {rows} rows of its {}",
+        n / 3
+    );
+    assert!(split.metrics.epochs.iter().all(|e| e.hit_rate > 0.0));
+    for (a, b) in single.metrics.epochs.iter().zip(&split.metrics.epochs) {
+        assert!(
+            (a.loss - b.loss).abs() < 1e-4,
+            "cached: loss {} vs {}",
+            a.loss,
+            b.loss
+        );
+    }
     // The number of parts must be the number of workers; a dataset without ranges is refused.
     write_offsets(&ds, &[0, n / 2, n]);
     let e = match train(
