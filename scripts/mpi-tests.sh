@@ -237,6 +237,9 @@ for np in 2 3; do
     --lr 0.01 --strategy split)
   same_run "split training under mpirun equals --workers $np" "$np" "${SPLIT[@]}"
 done
+# GCN (degrees counted at the owners, partial sums) and GAT (source rows) take other paths.
+same_run "split GCN training under mpirun equals --workers 3" 3 "${SPLIT[@]}" --model gcn
+same_run "split GAT training under mpirun equals --workers 3" 3 "${SPLIT[@]}" --model gat
 run_np "split training under MPI_THREAD_SERIALIZED, 3 ranks" 3 \
   -x FANOUT_MPI_THREADS=serialized "$FANOUT" --quiet train "${SPLIT[@]}" --threads 1
 rm -rf "$DATA"
