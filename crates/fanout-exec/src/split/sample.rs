@@ -411,6 +411,7 @@ mod tests {
             remote: vec![10, 11, 20],
             remote_counts: vec![0, 2, 1],
             serve: vec![vec![], vec![], vec![]],
+            serve_groups: None,
         };
         assert_eq!(hop.local_and_remote_edges(2), (1, 5));
         assert_eq!(hop.preaggregated_rows(2), 3);
