@@ -140,9 +140,9 @@ pub fn sample(
 /// Samples this worker's share of the mini-batch of `seeds` (the whole step's, the same list on
 /// every worker of `comm`) under `key`, exchanging requests with the other workers once per
 /// hop (the remote sources, or with [`Shuffle::PartialSums`] the groups of them each partial
-/// sum adds up). Every worker must call it with the same arguments. The union of the workers' blocks is
-/// the one-worker batch of `seeds` under `key`: the same edges, each computed by the owner of
-/// its destination. Errors: `owners` not having one part per worker, a vertex beyond its
+/// sum adds up). Every worker must call it with the same arguments. The union of the workers'
+/// blocks is the one-worker batch of `seeds` under `key`: the same edges, each computed by the
+/// owner of its destination. Errors: `owners` not having one part per worker, a vertex beyond its
 /// ranges, a sampler that cannot sample one hop at a time, and communication failures.
 pub fn sample_with(
     ws: &mut SampleWorkspace,
