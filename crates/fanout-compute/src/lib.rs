@@ -40,7 +40,7 @@ pub mod tensor;
 
 pub use backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
 pub use block::{BlockDims, BlockRef};
-pub use cpu::huge_pages::HugePageAlloc;
+pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::MachineRates;
 pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};

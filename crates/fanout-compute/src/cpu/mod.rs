@@ -10,6 +10,8 @@ mod dense;
 pub mod gemm;
 pub mod graph;
 pub mod huge_pages;
+#[cfg(target_os = "linux")]
+mod large_blocks;
 mod loss;
 mod optim;
 pub(crate) mod par;
