@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::Aggregation;
 use crate::block::{BlockDims, BlockRef};
 use crate::cpu::par::{
-    add_slice, axpy_slice, dot_slice, par_dst_edges, par_rows, prefetch_row, PREFETCH_AHEAD,
+    add_slice, axpy_slice, dot_slice, par_dst_edges, par_rows, par_rows_new, prefetch_row,
+    PREFETCH_AHEAD,
 };
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -190,8 +191,7 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
     let heads = heads_of(coeff, dims.num_edges, cols, "spmm");
     let f = cols / heads;
     let idx = b.indices();
-    let mut out = Tensor::zeros(dims.num_dst, cols);
-    par_rows(out.data_mut(), cols, |d, row| {
+    let out = par_rows_new(dims.num_dst, cols, |d, row| {
         for e in b.edges(d) {
             if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
                 prefetch_row(x.row(ahead as usize));
@@ -208,7 +208,7 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
             }
         }
     });
-    out
+    Tensor::new(dims.num_dst, cols, out)
 }
 
 /// See [`crate::Backend::spmm_backward_x`].
@@ -219,8 +219,7 @@ pub(crate) fn spmm_backward_x(b: &CpuBlock, coeff: Option<&Tensor>, grad: &Tenso
     let heads = heads_of(coeff, dims.num_edges, cols, "spmm_backward_x");
     let f = cols / heads;
     let t = b.transposed();
-    let mut out = Tensor::zeros(dims.num_src, cols);
-    par_rows(out.data_mut(), cols, |s, row| {
+    let out = par_rows_new(dims.num_src, cols, |s, row| {
         for i in t.indptr[s] as usize..t.indptr[s + 1] as usize {
             if let Some(&ahead) = t.dst.get(i + PREFETCH_AHEAD) {
                 prefetch_row(grad.row(ahead as usize));
@@ -237,7 +236,7 @@ pub(crate) fn spmm_backward_x(b: &CpuBlock, coeff: Option<&Tensor>, grad: &Tenso
             }
         }
     });
-    out
+    Tensor::new(dims.num_src, cols, out)
 }
 
 /// See [`crate::Backend::spmm_backward_coeff`].
@@ -294,13 +293,12 @@ pub(crate) fn edge_sum_to_src(b: &CpuBlock, e: &Tensor) -> Tensor {
         "edge_sum_to_src: rows != num_edges"
     );
     let t = b.transposed();
-    let mut out = Tensor::zeros(dims.num_src, e.cols());
-    par_rows(out.data_mut(), e.cols(), |s, row| {
+    let out = par_rows_new(dims.num_src, e.cols(), |s, row| {
         for i in t.indptr[s] as usize..t.indptr[s + 1] as usize {
             add_slice(e.row(t.eid[i] as usize), row);
         }
     });
-    out
+    Tensor::new(dims.num_src, e.cols(), out)
 }
 
 /// See [`crate::Backend::edge_sum_to_dst`].
@@ -311,13 +309,12 @@ pub(crate) fn edge_sum_to_dst(b: &CpuBlock, e: &Tensor) -> Tensor {
         dims.num_edges,
         "edge_sum_to_dst: rows != num_edges"
     );
-    let mut out = Tensor::zeros(dims.num_dst, e.cols());
-    par_rows(out.data_mut(), e.cols(), |d, row| {
+    let out = par_rows_new(dims.num_dst, e.cols(), |d, row| {
         for i in b.edges(d) {
             add_slice(e.row(i), row);
         }
     });
-    out
+    Tensor::new(dims.num_dst, e.cols(), out)
 }
 
 /// See [`crate::Backend::edge_softmax`].

@@ -28,6 +28,36 @@ where
         .for_each(|(r, row)| f(r, row));
 }
 
+/// A new `rows x cols` row-major vector: each row is zeroed and then given to `f(r, row)`,
+/// in parallel as [`par_rows`] does. Zeroing a row just before `f` accumulates into it keeps
+/// it in cache, where a zero-filled tensor followed by [`par_rows`] passes over the whole
+/// output twice.
+pub(crate) fn par_rows_new<F>(rows: usize, cols: usize, f: F) -> Vec<f32>
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    let len = rows * cols;
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    if cols > 0 {
+        let min = (2048 / cols).max(1);
+        v.spare_capacity_mut()[..len]
+            .par_chunks_mut(cols)
+            .enumerate()
+            .with_min_len(min)
+            .for_each(|(r, row)| {
+                row.fill(MaybeUninit::new(0.0));
+                // SAFETY: every element of `row` was just initialised; `MaybeUninit<f32>`
+                // has the layout of `f32`.
+                let row = unsafe { &mut *(row as *mut [MaybeUninit<f32>] as *mut [f32]) };
+                f(r, row);
+            });
+    }
+    // SAFETY: the chunks cover all `len` elements (`cols > 0`; else `len == 0`) and each
+    // was zeroed before `f` saw it.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// Calls `f(d, slice)` for every destination `d` of a CSR with offsets `indptr`, where `slice`
 /// is `out[indptr[d] * width..indptr[d + 1] * width]` (the rows of `d`'s edges in an edge
 /// tensor `width` wide). Destinations are grouped into tasks of about `EDGES_PER_TASK` edges.
