@@ -323,8 +323,8 @@ impl<B: Backend> Model<B> {
     /// Layer `i` alone, then (in training, below the last layer) its dropout: what
     /// [`Model::forward_rows`] does at layer `i`, for callers that move rows between layers
     /// (split parallelism). `h_src` holds the rows of `block`'s sources; `row_ids`, when given,
-    /// the global vertex id of each of them (the output rows are their first
-    /// `num_dst`), keying the dropout masks as in [`Model::forward_rows`]. `Err` if `i` is not
+    /// names at least the first `num_dst` of them by global vertex id (the output rows are
+    /// those), keying the dropout masks as in [`Model::forward_rows`]. `Err` if `i` is not
     /// a layer or a shape does not match.
     pub fn forward_layer(
         &mut self,

@@ -142,15 +142,19 @@ pub struct SplitEpoch {
     pub local_edges: u64,
     /// Edges it computed whose source another worker owns (each needs a shuffled row).
     pub remote_edges: u64,
-    /// Rows it received from other workers (one per distinct remote source and hop).
+    /// Rows it received from other workers: with source rows one per remote source, reading
+    /// worker and hop; with partial sums one per (destination, other owner) pair and hop.
     #[serde(default)]
     pub remote_rows: u64,
-    /// Rows it would have received with GSplit's pre-aggregated partial sums instead.
+    /// Rows it would receive with GSplit's pre-aggregated partial sums (equal to
+    /// `remote_rows` when partial sums are what it received).
     #[serde(default)]
     pub preaggregated_rows: u64,
-    /// Bytes of rows (forward) and row gradients (backward) it sent to other workers.
+    /// Bytes of rows (forward) and row gradients (backward) it sent to other workers (GCN's
+    /// degree exchanges not included).
     pub shuffled_bytes: u64,
-    /// Seconds in the shuffles, waiting for other workers included.
+    /// Seconds in the shuffles, waiting for other workers included, and in the step's other
+    /// exchanges (the loss sum, GCN's degrees).
     pub shuffle_s: f64,
 }
 

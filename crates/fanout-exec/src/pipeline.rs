@@ -396,7 +396,8 @@ impl BatchSource for Pipeline {
 }
 
 /// The prepared batches of one epoch, in the order [`Pipeline::epoch`] describes. Yields `Err`
-/// for a batch that failed to sample and ends after it.
+/// for a batch that failed to sample and ends after it; a producer that stops before the
+/// epoch's last batch without sending an error (it panicked) also ends the stream with `Err`.
 pub struct EpochStream {
     rx: Option<Receiver<Result<Prepared>>>,
     handle: Option<JoinHandle<()>>,
@@ -404,6 +405,9 @@ pub struct EpochStream {
     /// [`EpochStream::on_demand`]).
     make: Option<OnDemand>,
     total: usize,
+    /// Items received from `rx` so far, and whether one was an error.
+    received: usize,
+    errored: bool,
 }
 
 /// A producer run in the consuming thread, one batch per call.
@@ -423,6 +427,8 @@ impl EpochStream {
             handle,
             make: None,
             total,
+            received: 0,
+            errored: false,
         }
     }
 
@@ -436,6 +442,8 @@ impl EpochStream {
             handle: None,
             make: Some(make),
             total,
+            received: 0,
+            errored: false,
         }
     }
 
@@ -457,15 +465,25 @@ impl Iterator for EpochStream {
             return make.next();
         }
         match self.rx.as_ref()?.recv() {
-            Ok(item) => Some(item),
+            Ok(item) => {
+                self.received += 1;
+                self.errored |= item.is_err();
+                Some(item)
+            }
             Err(_) => {
-                // The extract thread ended: normally, or by a panic, which we report.
+                // The producer ended: normally, or by a panic, which we report.
                 self.rx = None;
-                let h = self.handle.take()?;
-                match h.join() {
-                    Ok(()) => None,
-                    Err(_) => Some(Err(ExecError::Invalid("the extract stage panicked".into()))),
+                if let Some(h) = self.handle.take() {
+                    if h.join().is_err() {
+                        return Some(Err(ExecError::Invalid("the extract stage panicked".into())));
+                    }
                 }
+                (self.received < self.total && !self.errored).then(|| {
+                    Err(ExecError::Invalid(format!(
+                        "the batch producer stopped after {} of {} batches without an error",
+                        self.received, self.total
+                    )))
+                })
             }
         }
     }

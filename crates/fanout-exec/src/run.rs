@@ -680,12 +680,7 @@ pub fn train_worker(
             plan.train_seeds.clone(),
             plan.batch_size,
             cfg.seed,
-            // GAT's attention needs every source row; the others add partial sums.
-            if cfg.model == fanout_compute::ModelKind::Gat {
-                crate::split::Shuffle::Rows
-            } else {
-                crate::split::Shuffle::PartialSums
-            },
+            crate::split::Shuffle::for_model(cfg.model),
         )?),
         None => Box::new(Pipeline::new(
             sampler.clone(),

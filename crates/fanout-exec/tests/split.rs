@@ -4,10 +4,11 @@ use fanout_cache::{ExtractStats, Extractor, PlainExtractor};
 use fanout_compute::{Adam, CpuBackend, Model, ModelConfig, ModelKind};
 use fanout_exec::pipeline::Prepared;
 use fanout_exec::{
-    fit, split, train, Comm, FitConfig, LocalComm, RunEnv, StrategyKind, TrainConfig, Trainer,
+    fit, split, train, BatchOutcome, Comm, FitConfig, LocalComm, RunEnv, StrategyKind, TrainConfig,
+    Trainer,
 };
 use fanout_graph::{Dataset, NoProgress};
-use fanout_sample::{BatchKey, RangeOwners, Sampler, SamplerKind, SamplerSpec};
+use fanout_sample::{BatchKey, MiniBatch, RangeOwners, Sampler, SamplerKind, SamplerSpec};
 use fanout_synth::{generate, GenOptions, Preset};
 use std::sync::Arc;
 
@@ -32,19 +33,36 @@ fn trainer(ds: &Dataset, kind: ModelKind) -> Trainer<CpuBackend> {
     )
 }
 
-fn gradients(t: &Trainer<CpuBackend>) -> Vec<f32> {
-    let mut g = Vec::new();
-    t.gradients_into(1.0, &mut g);
-    g
+/// Parameter gradients by name, in the model's order.
+type Grads = Vec<(String, Vec<f32>)>;
+
+/// Every parameter's gradient, by name.
+fn gradients(t: &Trainer<CpuBackend>) -> Grads {
+    t.model()
+        .named_params()
+        .into_iter()
+        .map(|(name, p)| (name, p.grad.data().to_vec()))
+        .collect()
 }
 
+/// The largest difference between `a` and `b`, relative to the largest magnitude in `b`.
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let scale = a.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
+    let scale = b.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs() / scale)
         .fold(0.0, f32::max)
+}
+
+/// [`max_rel_diff`] tensor by tensor (a wrong small gradient, a bias or GIN's eps, is not
+/// hidden by a large one elsewhere), with the name of the worst tensor.
+fn max_rel_diff_each(a: &Grads, b: &Grads) -> (f32, String) {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((name, x), (_, y))| (max_rel_diff(x, y), name.clone()))
+        .fold((0.0, String::new()), |m, d| if d.0 > m.0 { d } else { m })
 }
 
 const KEY: BatchKey = BatchKey {
@@ -54,15 +72,15 @@ const KEY: BatchKey = BatchKey {
 };
 const DROPOUT_KEY: u64 = 77;
 
-/// The one-worker step: (mean loss, gradients, sampled edges).
+/// The one-worker step: (its outcome, gradients, the batch).
 fn one_worker(
     ds: &Arc<Dataset>,
     s: &dyn Sampler,
     kind: ModelKind,
     seeds: &[u32],
-) -> (f64, Vec<f32>, usize) {
+) -> (BatchOutcome, Grads, MiniBatch) {
     let batch = s.sample(seeds, KEY).unwrap();
-    let edges = batch.num_edges();
+    let kept = batch.clone();
     let mut features = Vec::new();
     ds.features
         .as_ref()
@@ -78,7 +96,7 @@ fn one_worker(
     };
     let mut t = trainer(ds, kind);
     let o = t.compute_gradients(p, DROPOUT_KEY).unwrap();
-    (o.loss, gradients(&t), edges)
+    (o, gradients(&t), kept)
 }
 
 /// Every worker's split step, in threads over an in-process group.
@@ -89,7 +107,7 @@ fn split_workers(
     seeds: &[u32],
     offsets: &[u64],
     shuffle: split::Shuffle,
-) -> Vec<(split::SplitStep, Vec<f32>)> {
+) -> Vec<(split::SplitStep, Grads)> {
     let owners = RangeOwners::new(offsets.to_vec()).unwrap();
     let comms = LocalComm::group(owners.parts());
     std::thread::scope(|scope| {
@@ -112,6 +130,52 @@ fn split_workers(
     })
 }
 
+/// Distinct (destination, owner of one of its sources) pairs whose owner is not the
+/// destination's, over every block of the one-worker batch: the rows partial sums send.
+fn cross_pairs(b: &MiniBatch, owners: &RangeOwners) -> u64 {
+    let owner = |local: u32| owners.owner(b.input_nodes[local as usize] as u64).unwrap();
+    let mut pairs = 0;
+    for blk in &b.blocks {
+        for d in 0..blk.num_dst {
+            let od = owner(d as u32);
+            let mut others: Vec<usize> = blk
+                .row(d)
+                .iter()
+                .map(|&s| owner(s))
+                .filter(|&o| o != od)
+                .collect();
+            others.sort_unstable();
+            others.dedup();
+            pairs += others.len() as u64;
+        }
+    }
+    pairs
+}
+
+/// Distinct (vertex, hop) sources owned by another worker than their destination's: the rows
+/// source-row shuffles send.
+fn cross_sources(b: &MiniBatch, owners: &RangeOwners) -> u64 {
+    let owner = |local: u32| owners.owner(b.input_nodes[local as usize] as u64).unwrap();
+    let mut rows = 0;
+    for blk in &b.blocks {
+        // A source is sent once to each other worker that has a destination reading it.
+        let mut sent: Vec<(u32, usize)> = Vec::new();
+        for d in 0..blk.num_dst {
+            let od = owner(d as u32);
+            sent.extend(
+                blk.row(d)
+                    .iter()
+                    .filter(|&&s| owner(s) != od)
+                    .map(|&s| (s, od)),
+            );
+        }
+        sent.sort_unstable();
+        sent.dedup();
+        rows += sent.len() as u64;
+    }
+    rows
+}
+
 #[test]
 fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
     let (_dir, ds) = saved_tiny();
@@ -125,16 +189,17 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
         ModelKind::Gcn,
         ModelKind::Gat,
         ModelKind::Gin,
+        ModelKind::PinSage,
     ] {
-        let (loss, grads, edges) = one_worker(&ds, s.as_ref(), kind, &seeds);
+        let (outcome, grads, batch) = one_worker(&ds, s.as_ref(), kind, &seeds);
         // Uneven ranges, and a worker that owns no seed at all (the last range holds none of
         // the first 120 training vertices only by chance, so one is made empty on purpose).
         let offsets_list = [vec![0, n / 3, n], vec![0, n / 5, n / 2, n], vec![0, n, n]];
-        let shuffles = if kind == ModelKind::Gat {
-            vec![split::Shuffle::Rows]
-        } else {
-            vec![split::Shuffle::Rows, split::Shuffle::PartialSums]
-        };
+        let mut shuffles = vec![split::Shuffle::Rows];
+        if split::Shuffle::partial_sums_fit(kind) {
+            shuffles.push(split::Shuffle::PartialSums);
+        }
+        assert_eq!(split::Shuffle::for_model(kind), *shuffles.last().unwrap());
         for (offsets, shuffle) in offsets_list
             .iter()
             .flat_map(|o| shuffles.iter().map(move |&s| (o.clone(), s)))
@@ -143,35 +208,85 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
             let what = format!("{kind:?} {offsets:?} {shuffle:?}");
             for (r, g) in &workers {
                 assert!(
-                    (r.step.loss - loss).abs() < 1e-5,
-                    "{what}: loss {} vs {loss}",
-                    r.step.loss
+                    (r.step.loss - outcome.loss).abs() < 1e-5,
+                    "{what}: loss {} vs {}",
+                    r.step.loss,
+                    outcome.loss
                 );
-                let d = max_rel_diff(g, &grads);
-                assert!(d < 1e-4, "{what}: gradients differ by {d}");
+                assert_eq!(r.step.labelled, outcome.labelled, "{what}");
+                assert_eq!(r.step.correct, outcome.correct, "{what}");
+                let (d, name) = max_rel_diff_each(g, &grads);
+                assert!(d < 1e-4, "{what}: gradient of {name} differs by {d}");
             }
+            // The workers' own seeds partition the step's.
+            let mine: usize = workers.iter().map(|(r, _)| r.mine.labelled).sum();
+            assert_eq!(mine, outcome.labelled, "{what}");
             // Every sampled edge is computed once, by one worker.
             let computed: u64 = workers
                 .iter()
                 .map(|(r, _)| r.local_edges + r.remote_edges)
                 .sum();
-            assert_eq!(computed, edges as u64, "{what}");
+            assert_eq!(computed, batch.num_edges() as u64, "{what}");
             let shuffled: u64 = workers.iter().map(|(r, _)| r.shuffled_bytes).sum();
             let remote: u64 = workers.iter().map(|(r, _)| r.remote_edges).sum();
             assert_eq!(shuffled > 0, remote > 0, "{what}");
             // Two or three non-empty ranges: some edges cross them, and rows were shuffled.
             assert_eq!(remote > 0, offsets[1] < n, "{what}: {remote} remote");
-            // Partial sums send one row per (destination, owner) pair, as counted.
+            // Rows received: one per (destination, owner) pair with partial sums, one per
+            // (source, reading worker) with source rows, counted here from the one-worker batch.
+            let owners = RangeOwners::new(offsets.clone()).unwrap();
             let rows: u64 = workers.iter().map(|(r, _)| r.remote_rows).sum();
-            let pre: u64 = workers.iter().map(|(r, _)| r.preaggregated_rows).sum();
-            if shuffle == split::Shuffle::PartialSums {
-                assert_eq!(rows, pre, "{what}");
-            } else {
-                assert!(
-                    pre <= remote && rows <= remote,
-                    "{what}: {rows} {pre} {remote}"
-                );
-            }
+            let expected = match shuffle {
+                split::Shuffle::PartialSums => cross_pairs(&batch, &owners),
+                split::Shuffle::Rows => cross_sources(&batch, &owners),
+            };
+            assert_eq!(rows, expected, "{what}: rows received");
+        }
+    }
+}
+
+/// PinSAGE transforms each source row before summing and GAT weighs it by attention: a
+/// split step refuses partial sums for them rather than compute a different model.
+#[test]
+fn partial_sums_are_refused_for_models_that_transform_sources() {
+    let (_dir, ds) = saved_tiny();
+    let s: Arc<dyn Sampler> = SamplerSpec::default()
+        .build(&ds, vec![3, 3, 3], SamplerKind::Khop)
+        .unwrap();
+    let n = ds.num_nodes();
+    let seeds: Vec<u32> = ds.train.iter().copied().take(40).collect();
+    let owners = RangeOwners::new(vec![0, n / 2, n]).unwrap();
+    for kind in [ModelKind::PinSage, ModelKind::Gat] {
+        assert!(!split::Shuffle::partial_sums_fit(kind));
+        let errors: Vec<String> = std::thread::scope(|scope| {
+            let handles: Vec<_> = LocalComm::group(2)
+                .into_iter()
+                .map(|comm| {
+                    let (owners, s, seeds, ds) = (owners.clone(), s.clone(), &seeds, &ds);
+                    scope.spawn(move || {
+                        let b = split::sample(
+                            s.as_ref(),
+                            &owners,
+                            seeds,
+                            KEY,
+                            split::Shuffle::PartialSums,
+                            &comm,
+                        )
+                        .unwrap();
+                        let f = ds.features.as_ref().unwrap();
+                        let mut features = Vec::new();
+                        f.gather_into(&b.owned, &mut features);
+                        let mut t = trainer(ds, kind);
+                        let e = split::step(&mut t, &b, features, f.dim, &comm, DROPOUT_KEY)
+                            .unwrap_err();
+                        e.to_string()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for e in errors {
+            assert!(e.contains("partial sums"), "{kind:?}: {e}");
         }
     }
 }
@@ -226,6 +341,11 @@ fn config(ds: &Dataset, workers: usize, strategy: StrategyKind, model: ModelKind
         workers,
         seed: 5,
         strategy: Some(strategy),
+        // k-hop for every model (PinSAGE's default random walks cannot be split).
+        sampler: SamplerSpec {
+            kind: Some(SamplerKind::Khop),
+            ..SamplerSpec::default()
+        },
         ..TrainConfig::default()
     }
 }
@@ -242,7 +362,13 @@ fn split_training_equals_one_worker_training() {
     let (_dir, ds) = saved_tiny();
     let n = ds.num_nodes();
     let run = |cfg: &TrainConfig| train(cfg, &RunEnv::default(), &mut ()).unwrap();
-    for model in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+    for model in [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::Gat,
+        ModelKind::Gin,
+        ModelKind::PinSage,
+    ] {
         let single = run(&config(&ds, 1, StrategyKind::Single, model));
         for offsets in [vec![0, n], vec![0, n / 3, n], vec![0, n / 4, n / 2, n]] {
             write_offsets(&ds, &offsets);
@@ -333,11 +459,12 @@ fn split_training_equals_one_worker_training() {
     assert!(e.contains("has no METIS ranges"), "{e}");
 }
 
-/// Fails its `fail_at`-th extraction.
+/// Fails its `fail_at`-th extraction: returns an error, or panics if `panic`.
 struct FailingExtractor {
     inner: PlainExtractor,
     calls: usize,
     fail_at: usize,
+    panic: bool,
 }
 
 impl Extractor for FailingExtractor {
@@ -346,6 +473,9 @@ impl Extractor for FailingExtractor {
     }
     fn extract(&mut self, ids: &[u32], out: &mut Vec<f32>) -> fanout_graph::Result<ExtractStats> {
         self.calls += 1;
+        if self.calls == self.fail_at && self.panic {
+            panic!("injected extract panic");
+        }
         if self.calls == self.fail_at {
             return Err(fanout_graph::Error::Invalid(
                 "injected extract error".into(),
@@ -355,8 +485,19 @@ impl Extractor for FailingExtractor {
     }
 }
 
+/// An error or a panic while one worker prepares a step ends every worker with its message
+/// (a panicking preparing thread once left its peers waiting in a sampling collective).
 #[test]
 fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
+    for (panic, message) in [
+        (false, "injected extract error"),
+        (true, "injected extract panic"),
+    ] {
+        one_worker_fails_to_prepare(panic, message);
+    }
+}
+
+fn one_worker_fails_to_prepare(panic: bool, message: &str) {
     let (_dir, ds) = saved_tiny();
     let n = ds.num_nodes();
     let s = SamplerSpec::default()
@@ -373,6 +514,7 @@ fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
                 calls: 0,
                 // Worker 1 fails on the third step of the first epoch.
                 fail_at: if rank == 1 { 3 } else { usize::MAX },
+                panic,
             };
             let seeds = ds.train.to_vec();
             let src = split::SplitSource::new(
@@ -407,6 +549,6 @@ fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
         errors.push((rank, r.unwrap_err()));
     }
     errors.sort();
-    assert!(errors[1].1.contains("injected extract error"), "{errors:?}");
-    assert!(errors[0].1.contains("injected extract error"), "{errors:?}");
+    assert!(errors[1].1.contains(message), "{errors:?}");
+    assert!(errors[0].1.contains(message), "{errors:?}");
 }

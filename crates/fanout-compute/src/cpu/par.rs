@@ -38,8 +38,8 @@ where
 {
     let len = rows * cols;
     let mut v: Vec<f32> = Vec::with_capacity(len);
-    if cols > 0 {
-        let min = (2048 / cols).max(1);
+    if let Some(per_task) = 2048usize.checked_div(cols) {
+        let min = per_task.max(1);
         v.spare_capacity_mut()[..len]
             .par_chunks_mut(cols)
             .enumerate()

@@ -2,6 +2,7 @@
 
 use crate::error::{ExecError, Result};
 use fanout_comm::Comm;
+use fanout_compute::ModelKind;
 use fanout_sample::{BatchKey, RangeOwners, Sampler};
 
 /// One worker's share of a step's mini-batch.
@@ -62,6 +63,26 @@ pub enum Shuffle {
     /// GCN and GIN). The destination's block gives that row one parallel edge per source it
     /// replaces, so mean and sum aggregators see the one-worker degree.
     PartialSums,
+}
+
+impl Shuffle {
+    /// Whether a model's layers may be fed partial sums: those whose aggregation is a
+    /// coefficient-weighted sum of the source rows themselves (GraphSAGE mean, GCN, GIN sum).
+    /// GAT weighs each source by attention and PinSAGE transforms each source row before
+    /// summing, so a sum of inputs cannot stand in for their messages.
+    pub fn partial_sums_fit(kind: ModelKind) -> bool {
+        matches!(kind, ModelKind::Sage | ModelKind::Gcn | ModelKind::Gin)
+    }
+
+    /// What a model exchanges: [`Shuffle::PartialSums`] where
+    /// [`partial_sums_fit`](Shuffle::partial_sums_fit), else [`Shuffle::Rows`].
+    pub fn for_model(kind: ModelKind) -> Shuffle {
+        if Shuffle::partial_sums_fit(kind) {
+            Shuffle::PartialSums
+        } else {
+            Shuffle::Rows
+        }
+    }
 }
 
 impl SplitHop {
@@ -143,7 +164,9 @@ pub fn sample(
 /// sum adds up). Every worker must call it with the same arguments. The union of the workers'
 /// blocks is the one-worker batch of `seeds` under `key`: the same edges, each computed by the
 /// owner of its destination. Errors: `owners` not having one part per worker, a vertex beyond its
-/// ranges, a sampler that cannot sample one hop at a time, and communication failures.
+/// ranges, a sampler that cannot sample one hop at a time, repeated seeds, and communication
+/// failures. Some of these fail on one worker only: a caller that gets `Err` must call
+/// [`Comm::fail`], or the other workers wait in their next exchange.
 pub fn sample_with(
     ws: &mut SampleWorkspace,
     sampler: &dyn Sampler,
@@ -305,6 +328,14 @@ fn sample_in(
             groups.push(offsets.unwrap_or_default());
         }
         reach.push(owned.len());
+        // Local source ids are 32-bit, as in the one-worker batch.
+        let rows = owned.len() as u64 + rows_of.iter().map(|&r| r as u64).sum::<u64>();
+        if rows > u32::MAX as u64 {
+            return Err(ExecError::Invalid(format!(
+                "a hop of this split batch has {rows} source rows, more than 32-bit local ids \
+                 can number; use smaller batches"
+            )));
+        }
         let own_rows = owned.len() as u32;
         let mut first = vec![0u32; size];
         for p in 1..size {

@@ -18,14 +18,15 @@ use std::time::Instant;
 /// vertices, read through this worker's extractor (its cache). Sampling talks to the other
 /// workers on a communicator of its own (split from the run's): where the communicator allows
 /// collectives on two threads at once ([`Comm::concurrent_collectives`]) a thread prepares up
-/// to [`PREFETCH`] steps ahead while the current one trains; under MPI's `SERIALIZED`
+/// to [`PREFETCH`] + 1 steps ahead while the current one trains; under MPI's `SERIALIZED`
 /// threading, batches are made when the training loop asks for them, on its thread, with no
 /// overlap.
 pub struct SplitSource {
     inner: Arc<Inner>,
 }
 
-/// Steps a preparing thread may run ahead of training.
+/// Prepared steps queued for training; the preparing thread works on one more meanwhile, so
+/// it runs up to `PREFETCH + 1` steps ahead.
 pub const PREFETCH: usize = 2;
 
 struct Inner {
@@ -172,7 +173,21 @@ impl BatchSource for SplitSource {
             .name("split-prepare".into())
             .spawn(move || {
                 for (step, seeds) in steps.into_iter().enumerate() {
-                    let r = inner.prepare(epoch, step, &seeds);
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        inner.prepare(epoch, step, &seeds)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        Err(ExecError::Invalid(format!(
+                            "preparing split step {step} panicked: {}",
+                            panic_message(panic.as_ref())
+                        )))
+                    });
+                    if let Err(e) = &r {
+                        // The other workers' preparing threads may be waiting for this one
+                        // in a sampling collective: wake them with the error (under MPI this
+                        // ends the job with the message).
+                        inner.comm.fail(&e.to_string());
+                    }
                     let failed = r.is_err();
                     if tx.send(r).is_err() || failed {
                         return;
@@ -195,4 +210,13 @@ impl BatchSource for SplitSource {
     fn take_times(&self) -> (f64, f64) {
         (self.inner.sample.take(), self.inner.extract.take())
     }
+}
+
+/// The text of a panic's payload (`panic!` with a message gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
 }

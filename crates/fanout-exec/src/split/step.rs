@@ -1,6 +1,6 @@
 //! Forward and backward of one split mini-batch, rows shuffled between layers.
 
-use super::sample::{SplitBatch, SplitHop};
+use super::sample::{Shuffle, SplitBatch, SplitHop};
 use crate::error::{ExecError, Result};
 use crate::trainer::{BatchOutcome, Trainer};
 use fanout_comm::Comm;
@@ -18,14 +18,18 @@ pub struct SplitStep {
     pub local_edges: u64,
     /// Edges this worker computed whose source another worker owns.
     pub remote_edges: u64,
-    /// Rows this worker received from others (one per distinct remote source and hop).
+    /// Rows this worker received from others: with [`super::Shuffle::Rows`] one per remote
+    /// source, reading worker and hop; with [`super::Shuffle::PartialSums`] one per
+    /// (destination, other owner) pair and hop.
     pub remote_rows: u64,
-    /// Rows it would receive with GSplit's pre-aggregation instead
-    /// ([`super::SplitHop::preaggregated_rows`]).
+    /// Rows it would receive with GSplit's pre-aggregation
+    /// ([`super::SplitHop::preaggregated_rows`]; equal to `remote_rows` with partial sums).
     pub preaggregated_rows: u64,
-    /// Bytes of rows (forward) and row gradients (backward) this worker sent to others.
+    /// Bytes of rows (forward) and row gradients (backward) this worker sent to others (GCN's
+    /// degree exchanges not included).
     pub shuffled_bytes: u64,
-    /// Seconds spent in the shuffles (waiting for the other workers included).
+    /// Seconds spent in the shuffles (waiting for the other workers included) and the step's
+    /// other exchanges (the loss sum, GCN's degrees).
     pub shuffle_s: f64,
     /// Seconds spent in the gradient all-reduce.
     pub allreduce_s: f64,
@@ -43,7 +47,10 @@ pub struct SplitStep {
 /// first sum their blocks' out-degrees at each source's owner, and every source row is scaled
 /// by `sqrt(local degree / global degree)` on its way into the layer (and its gradient on the
 /// way out), which turns the local normalisation into the global one. Errors: shapes that do
-/// not match the model, and communication failures.
+/// not match the model, a model that cannot take partial sums given them, labels out of range,
+/// and communication failures. Some of these fail on one worker only: a caller that gets
+/// `Err` must call [`Comm::fail`] (as `fanout_exec::train` does), or the other workers wait in
+/// their next collective.
 pub fn step<B: Backend>(
     trainer: &mut Trainer<B>,
     batch: &SplitBatch,
@@ -86,10 +93,12 @@ pub fn step<B: Backend>(
     }
     let gcn = model.config().kind == ModelKind::Gcn;
     let partial = batch.hops.iter().any(|h| h.serve_groups.is_some());
-    if partial && model.config().kind == ModelKind::Gat {
-        return Err(ExecError::Invalid(
-            "GAT's attention needs every source row: sample with Shuffle::Rows".into(),
-        ));
+    if partial && !Shuffle::partial_sums_fit(model.config().kind) {
+        return Err(ExecError::Invalid(format!(
+            "{:?} layers cannot take partial sums (attention or per-source transforms need \
+             every source row): sample with Shuffle::Rows",
+            model.config().kind
+        )));
     }
     // Each hop's factor per local source row (GCN), and per member of the partial sums this
     // worker sends (1 / group size, GCN: over sqrt(size x the member's degree)).
@@ -242,7 +251,11 @@ pub fn step<B: Backend>(
                 let (lo, hi) = groups.map_or((j, j + 1), |g| (g[j] as usize, g[j + 1] as usize));
                 for m in lo..hi {
                     let r = hop.serve[p][m] as usize;
-                    let c = coeffs[h][p].get(m).copied().unwrap_or(1.0);
+                    let c = if groups.is_some() {
+                        coeffs[h][p][m]
+                    } else {
+                        1.0
+                    };
                     mine[r * d..(r + 1) * d]
                         .iter_mut()
                         .zip(row)
