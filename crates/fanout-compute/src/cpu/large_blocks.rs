@@ -148,9 +148,19 @@ pub fn cached_bytes() -> usize {
     FREE.lock().map(|f| f.bytes()).unwrap_or(0)
 }
 
-/// The capacity a request of `size` bytes gets: whole huge pages, or `None` if that overflows.
+/// The capacity a request of `size` bytes gets, or `None` if that overflows: `size` rounded up
+/// to a size class, classes spaced an eighth of a power of two apart (and whole huge pages).
+/// A step's buffers vary by a few percent from batch to batch; without classes a request a
+/// little larger than every kept block maps a fresh one, and kept blocks pile up in sizes
+/// just too small (seen with 4096-wide features: the gathered matrix took fresh pages for
+/// several epochs). At most an eighth of a block is never touched by its request.
 fn capacity_for(size: usize) -> Option<usize> {
-    size.checked_next_multiple_of(HUGE_PAGE)
+    let top = if size == 0 {
+        0
+    } else {
+        1usize << (usize::BITS - 1 - size.leading_zeros())
+    };
+    size.checked_next_multiple_of((top / 8).max(HUGE_PAGE))
 }
 
 /// The capacity of a block from [`alloc`], from its header.
@@ -308,6 +318,21 @@ mod tests {
         let mut starts: Vec<usize> = std::iter::from_fn(|| f.take(MB).map(|b| b.0)).collect();
         starts.sort_unstable();
         assert_eq!(starts, (2..=SLOTS + 1).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn capacities_are_whole_huge_pages_in_classes_an_eighth_apart() {
+        assert_eq!(capacity_for(4 * MB), Some(4 * MB));
+        assert_eq!(capacity_for(5 * MB + 3), Some(6 * MB));
+        assert_eq!(capacity_for(64 * MB), Some(64 * MB));
+        assert_eq!(capacity_for(64 * MB + 1), Some(72 * MB));
+        assert_eq!(capacity_for(470 * MB), Some(480 * MB));
+        assert_eq!(capacity_for(usize::MAX), None);
+        for size in (1..4000).map(|i| i * 997 * 1024) {
+            let c = capacity_for(size).unwrap();
+            assert!(c >= size && c % HUGE_PAGE == 0, "{size} -> {c}");
+            assert!(c - size < (size / 8).max(HUGE_PAGE), "{size} -> {c}");
+        }
     }
 
     #[test]
