@@ -330,7 +330,7 @@ mod tests {
         assert_eq!(capacity_for(usize::MAX), None);
         for size in (1..4000).map(|i| i * 997 * 1024) {
             let c = capacity_for(size).unwrap();
-            assert!(c >= size && c % HUGE_PAGE == 0, "{size} -> {c}");
+            assert!(c >= size && c.is_multiple_of(HUGE_PAGE), "{size} -> {c}");
             assert!(c - size < (size / 8).max(HUGE_PAGE), "{size} -> {c}");
         }
     }
