@@ -125,6 +125,11 @@ pub struct TrainArgs {
     /// --prefetch) batches ahead, so up to 2N sampled batches are held in memory.
     #[arg(long, value_name = "N")]
     pub reorder_window: Option<usize>,
+    /// Build every batch's whole input matrix even where the first layer could aggregate its
+    /// input straight from the stored features (GraphSAGE without a cache); the results are
+    /// the same bit for bit, this only spends more memory traffic (for comparisons).
+    #[arg(long)]
+    pub no_fuse_input: bool,
     /// Where the features are read from during training: a copy in huge-page memory (faster
     /// random row gathers; auto copies when they take at most a quarter of available memory,
     /// and at most 16 GiB) or the memory-mapped dataset file [default: auto].
@@ -243,6 +248,7 @@ impl TrainArgs {
         set(&mut c.threads, self.threads.map(Some));
         set(&mut c.eval_every, self.eval_every);
         set(&mut c.prefetch, self.prefetch);
+        c.fuse_input &= !self.no_fuse_input;
         set(&mut c.cache.policy, self.cache_policy.clone());
         set(&mut c.cache.ratio, self.cache_ratio.clone());
         set(

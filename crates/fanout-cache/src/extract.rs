@@ -54,6 +54,27 @@ pub trait Extractor: Send {
     /// `input_nodes`, in order. Errors, before reading any row and leaving the extractor's
     /// state as it was, if an id is not a vertex of the dataset.
     fn extract(&mut self, input_nodes: &[u32], out: &mut Vec<f32>) -> Result<ExtractStats>;
+
+    /// For a model whose first layer needs only its destinations' rows and their aggregate:
+    /// fills `dst` with the rows of `input_nodes[..num_dst]` and `agg` with
+    /// [`fanout_graph::Features::aggregate_into`] of the input block (`indptr`, `indices` over
+    /// positions in `input_nodes`, per-edge `coeff`), without materialising the other rows.
+    /// `None` where the extractor cannot (a cache or reuse serves rows from elsewhere, f16
+    /// storage): the caller then calls [`Extractor::extract`]. The default is `None`.
+    /// Errors as [`Extractor::extract`].
+    #[allow(clippy::too_many_arguments)]
+    fn extract_aggregated(
+        &mut self,
+        _input_nodes: &[u32],
+        _num_dst: usize,
+        _indptr: &[u32],
+        _indices: &[u32],
+        _coeff: Option<&[f32]>,
+        _dst: &mut Vec<f32>,
+        _agg: &mut Vec<f32>,
+    ) -> Option<Result<ExtractStats>> {
+        None
+    }
 }
 
 /// Checks that every id of `input_nodes` is a vertex of `ds` (one vectorised pass; the rows
@@ -104,5 +125,47 @@ impl Extractor for PlainExtractor {
             bytes_from_host: bytes,
             ..ExtractStats::default()
         })
+    }
+
+    fn extract_aggregated(
+        &mut self,
+        input_nodes: &[u32],
+        num_dst: usize,
+        indptr: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        dst: &mut Vec<f32>,
+        agg: &mut Vec<f32>,
+    ) -> Option<Result<ExtractStats>> {
+        let f = self.ds.features.as_ref().expect("checked in new");
+        if f.dtype() != fanout_graph::FeatDtype::F32 || num_dst > input_nodes.len() {
+            return None;
+        }
+        if let Err(e) = check_input_nodes(&self.ds, input_nodes) {
+            return Some(Err(e));
+        }
+        if indices.iter().any(|&i| i as usize >= input_nodes.len())
+            || indptr.len() != num_dst + 1
+            || coeff.is_some_and(|c| c.len() != indices.len())
+        {
+            return Some(Err(Error::Invalid(format!(
+                "feature aggregation: a block of {num_dst} destinations over {} input nodes \
+                 has an edge to no input node, or offsets or coefficients of the wrong length",
+                input_nodes.len()
+            ))));
+        }
+        f.gather_into(&input_nodes[..num_dst], dst);
+        if !f.aggregate_into(input_nodes, indptr, indices, coeff, agg) {
+            return None;
+        }
+        // Rows read from the store: the destinations' and one per edge.
+        let rows = (num_dst + indices.len()) as u64;
+        let bytes = rows * f.row_bytes() as u64;
+        Some(Ok(ExtractStats {
+            rows,
+            bytes_total: bytes,
+            bytes_from_host: bytes,
+            ..ExtractStats::default()
+        }))
     }
 }

@@ -45,7 +45,7 @@ pub use cpu::rates::MachineRates;
 pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};
 pub use layers::{
-    Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, Layer, Param,
+    Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param,
     PinSageLayer, SageLayer,
 };
 pub use model::{Mode, Model, ModelConfig, ModelKind, PaperSetting};

@@ -7,7 +7,8 @@ use crate::backend::Backend;
 use crate::block::BlockRef;
 use crate::error::{ComputeError, Result};
 use crate::layers::{
-    Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, Layer, Param, PinSageLayer, SageLayer,
+    Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param, PinSageLayer,
+    SageLayer,
 };
 
 /// Stream tags, so initialisation and dropout never share random numbers.
@@ -320,6 +321,41 @@ impl<B: Backend> Model<B> {
         Ok(h)
     }
 
+    /// The first layer's [`InputPlan`]: where it is `Some` and says so for block 0, the
+    /// caller may run [`Model::forward_rows_aggregated`] instead of [`Model::forward_rows`].
+    pub fn input_plan(&self) -> Option<InputPlan> {
+        self.layers.first().and_then(|l| l.input_plan())
+    }
+
+    /// [`Model::forward_rows`] with block 0's input given as its destinations' rows `x_dst`
+    /// and their aggregate `agg` by [`Model::input_plan`] (both `num_dst x in_dim`) instead of
+    /// every source row: the same logits and training state, bit for bit, without the
+    /// source rows ever being materialised. `input_ids` names at least the `num_dst` rows.
+    /// `Err` if the first layer has no input plan for block 0, or on a shape mismatch.
+    pub fn forward_rows_aggregated(
+        &mut self,
+        blocks: &[B::Block],
+        x_dst: B::Tensor,
+        agg: B::Tensor,
+        mode: Mode,
+        input_ids: Option<&[u32]>,
+    ) -> Result<B::Tensor> {
+        let n = self.layers.len();
+        if blocks.len() != n {
+            return Err(ComputeError::State(format!(
+                "model has {n} layers but was given {} blocks",
+                blocks.len()
+            )));
+        }
+        let train = matches!(mode, Mode::Train { .. });
+        let h = self.layers[0].forward_aggregated(&blocks[0], x_dst, agg, train)?;
+        let mut h = self.after_layer(0, h, mode, input_ids);
+        for (i, block) in blocks.iter().enumerate().skip(1) {
+            h = self.forward_layer(i, block, h, mode, input_ids)?;
+        }
+        Ok(h)
+    }
+
     /// Layer `i` alone, then (in training, below the last layer) its dropout: what
     /// [`Model::forward_rows`] does at layer `i`, for callers that move rows between layers
     /// (split parallelism). `h_src` holds the rows of `block`'s sources; `row_ids`, when given,
@@ -338,17 +374,29 @@ impl<B: Backend> Model<B> {
         let layer = self.layers.get_mut(i).ok_or_else(|| {
             ComputeError::State(format!("layer {i} asked of a model of {n} layers"))
         })?;
-        let mut h = layer.forward(block, h_src, matches!(mode, Mode::Train { .. }))?;
+        let h = layer.forward(block, h_src, matches!(mode, Mode::Train { .. }))?;
+        Ok(self.after_layer(i, h, mode, row_ids))
+    }
+
+    /// What follows layer `i`'s output `h`: in training, below the last layer, its dropout
+    /// (mask kept for backward).
+    fn after_layer(
+        &mut self,
+        i: usize,
+        mut h: B::Tensor,
+        mode: Mode,
+        row_ids: Option<&[u32]>,
+    ) -> B::Tensor {
         self.masks[i] = None;
         if let Mode::Train { dropout_key } = mode {
-            if i + 1 < n && self.config.dropout > 0.0 {
+            if i + 1 < self.layers.len() && self.config.dropout > 0.0 {
                 let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
                 let (out, mask) = self.be.dropout(&h, self.config.dropout, key, row_ids);
                 h = out;
                 self.masks[i] = Some(mask);
             }
         }
-        Ok(h)
+        h
     }
 
     /// Back-propagates the gradient of the loss with respect to the logits through the last

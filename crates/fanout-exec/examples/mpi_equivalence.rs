@@ -32,6 +32,7 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
         extract,
         remote: None,
         split: None,
+        input_agg: None,
     }
 }
 

@@ -163,6 +163,12 @@ pub struct TrainConfig {
     pub eval_every: u64,
     /// Batches queued between pipeline stages.
     pub prefetch: usize,
+    /// Aggregate the first layer's input where the features are stored, when the model
+    /// aggregates it first (GraphSAGE; per batch by its order rule) and the features are read
+    /// straight from the dataset (no cache, no Match-Reorder, f32 rows; single-worker and
+    /// data-parallel runs): the batch's whole input matrix is then never built. The same
+    /// results bit for bit; `false` builds it (for comparison).
+    pub fuse_input: bool,
     /// The sampler (`kind = None`: random walks for PinSAGE, k-hop otherwise).
     pub sampler: SamplerSpec,
     /// The feature cache.
@@ -203,6 +209,7 @@ impl Default for TrainConfig {
             threads: None,
             eval_every: 1,
             prefetch: 2,
+            fuse_input: true,
             sampler: SamplerSpec::default(),
             cache: CacheSpec::default(),
             feature_residency: Residency::Auto,

@@ -119,6 +119,7 @@ pub fn measure_trial_batch<B: Backend>(
         remote: None,
         extract,
         split: None,
+        input_agg: None,
     };
     trainer.trial_step(p, 0)?;
     let step_peak = probe.peak().saturating_sub(start);

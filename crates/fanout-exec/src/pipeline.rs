@@ -18,6 +18,7 @@ use crate::buffers::BufferPool;
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use fanout_cache::{reorder_batches, ExtractStats, Extractor};
+use fanout_compute::{Backend, BlockDims, CpuBackend, InputPlan};
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, BatchPlan, Loader, LoaderConfig, MiniBatch, Sampler};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -82,6 +83,13 @@ pub struct PipelineConfig {
     /// The rayon pool sampling and extraction run on (`None`: the global pool). In-process
     /// workers each get their own.
     pub pool: Option<Arc<rayon::ThreadPool>>,
+    /// The model's first layer's [`InputPlan`] (`fanout_compute::Model::input_plan`): where it
+    /// aggregates a batch's input first and the extractor can aggregate where the rows are
+    /// stored ([`Extractor::extract_aggregated`]), the extract stage hands over block 0's
+    /// destination rows and their aggregate ([`Prepared::input_agg`]) instead of every input
+    /// row, sparing the writing and reading back of the whole input matrix. `None`: always
+    /// every row. Only for consumers that train or evaluate a model with this plan.
+    pub input_plan: Option<InputPlan>,
 }
 
 impl Default for PipelineConfig {
@@ -97,6 +105,7 @@ impl Default for PipelineConfig {
             reorder_window: 0,
             plan: BatchPlan::Whole,
             pool: None,
+            input_plan: None,
         }
     }
 }
@@ -162,6 +171,11 @@ pub struct Prepared {
     /// holds the step's key, this worker's seeds (`input_nodes`: the vertices of the share)
     /// and labels but no blocks, and `features` the rows of the share's own vertices.
     pub split: Option<Box<crate::split::SplitBatch>>,
+    /// `Some`: the extract stage aggregated block 0's input where the rows are stored
+    /// ([`PipelineConfig::input_plan`]): `features` then holds only block 0's destination
+    /// rows and this their aggregate (same shape), which the trainer feeds to
+    /// [`fanout_compute::Model::forward_rows_aggregated`].
+    pub input_agg: Option<Vec<f32>>,
 }
 
 /// Sample and extract stages over one seed set (the training set, or a set to evaluate).
@@ -180,6 +194,7 @@ pub struct Pipeline {
     sample_clock: Arc<StageClock>,
     extract_clock: Arc<StageClock>,
     buffers: Arc<BufferPool>,
+    input_plan: Option<InputPlan>,
 }
 
 impl Pipeline {
@@ -222,6 +237,7 @@ impl Pipeline {
             extract_clock: Arc::new(StageClock::default()),
             // Enough for the batches in flight plus the one the consumer holds.
             buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
+            input_plan: cfg.input_plan,
         })
     }
 
@@ -264,6 +280,7 @@ impl Pipeline {
         let clock = self.extract_clock.clone();
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
+        let input_plan = self.input_plan;
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
             // ended with the panic's message, and the extractor's state is not trusted again.
@@ -279,7 +296,15 @@ impl Pipeline {
                 let t = Instant::now();
                 let mut features = buffers.take();
                 let exr: &mut dyn Extractor = &mut **ex;
-                let mut gather = || exr.extract(&batch.input_nodes, &mut features);
+                let mut input_agg = None;
+                let mut gather = || {
+                    if let Some(r) = extract_aggregated(exr, input_plan, &batch, &mut features) {
+                        let (stats, agg) = r?;
+                        input_agg = Some(agg);
+                        return Ok(stats);
+                    }
+                    exr.extract(&batch.input_nodes, &mut features)
+                };
                 let s = match &pool {
                     Some(p) => p.install(gather),
                     None => gather(),
@@ -292,6 +317,7 @@ impl Pipeline {
                     extract: s?,
                     remote: None,
                     split: None,
+                    input_agg,
                 })
             };
             loop {
@@ -498,4 +524,40 @@ impl Drop for EpochStream {
             let _ = h.join();
         }
     }
+}
+
+/// Block 0's destination rows (into `features`) and their aggregate by `plan`, read where
+/// the rows are stored, when `plan` aggregates this batch's input first and the extractor can;
+/// `None` otherwise (the caller extracts every input row).
+fn extract_aggregated(
+    ex: &mut dyn Extractor,
+    plan: Option<InputPlan>,
+    batch: &MiniBatch,
+    features: &mut Vec<f32>,
+) -> Option<fanout_graph::Result<(ExtractStats, Vec<f32>)>> {
+    let b0 = batch.blocks.first()?;
+    let dims = BlockDims {
+        num_dst: b0.num_dst,
+        num_src: b0.num_src,
+        num_edges: b0.num_edges(),
+    };
+    let aggregation = plan?.for_block(dims)?;
+    // The coefficients the layer itself uses (the same code computes them), so the aggregate
+    // is bit-identical to the layer's own.
+    let cpu = CpuBackend;
+    let block = cpu
+        .prepare_block(&crate::trainer::block_refs(std::slice::from_ref(b0))[0])
+        .ok()?;
+    let coeff = cpu.edge_coefficients(&block, aggregation);
+    let mut agg = Vec::new();
+    let r = ex.extract_aggregated(
+        &batch.input_nodes,
+        b0.num_dst,
+        &b0.indptr,
+        &b0.indices,
+        coeff.as_ref().map(|c| c.data()),
+        features,
+        &mut agg,
+    )?;
+    Some(r.map(|s| (s, agg)))
 }

@@ -665,6 +665,11 @@ pub fn train_worker(
         },
         plan: plan.train_plan,
         pool: pool.clone(),
+        input_plan: if cfg.fuse_input {
+            trainer.model().input_plan()
+        } else {
+            None
+        },
     };
     let (extractor, cache_json, cache_line) =
         build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;

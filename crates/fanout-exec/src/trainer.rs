@@ -120,12 +120,21 @@ impl<B: Backend> Trainer<B> {
 
     fn forward(&mut self, p: Prepared, mode: Mode) -> Result<B::Tensor> {
         let blocks = self.model.prepare_blocks(&block_refs(&p.batch.blocks))?;
-        let rows = p.batch.input_nodes.len();
-        let x = Tensor::new(rows, p.dim, p.features);
         let be = self.model.backend().clone();
         // Dropout is keyed by vertex id, so data-parallel workers drop what the one-worker
         // union batch would.
         let ids = Some(&p.batch.input_nodes[..]);
+        if let Some(agg) = p.input_agg {
+            // Block 0's destination rows and their aggregate (the extract stage aggregated).
+            let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
+            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features));
+            let agg = be.upload_owned(Tensor::new(rows, p.dim, agg));
+            return Ok(self
+                .model
+                .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);
+        }
+        let rows = p.batch.input_nodes.len();
+        let x = Tensor::new(rows, p.dim, p.features);
         Ok(self
             .model
             .forward_rows(&blocks, be.upload_owned(x), mode, ids)?)

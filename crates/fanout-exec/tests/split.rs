@@ -93,6 +93,7 @@ fn one_worker(
         extract: Default::default(),
         remote: None,
         split: None,
+        input_agg: None,
     };
     let mut t = trainer(ds, kind);
     let o = t.compute_gradients(p, DROPOUT_KEY).unwrap();

@@ -352,6 +352,69 @@ impl Features {
         unsafe { out.set_len(len) };
     }
 
+    /// Replaces `out`'s contents with the aggregated rows of a block read straight from the
+    /// store: row `d` (for each of the `indptr.len() - 1` destinations) is the sum over the
+    /// block's edges `e` into `d` of `coeff[e] * row(ids[indices[e]])` (plain sum without
+    /// `coeff`), added edge by edge in order from zero, which is how the compute layer's
+    /// aggregation adds the rows of a gathered matrix, so the result is bit-identical to
+    /// gathering `ids` and aggregating them. Saves writing and reading back the block's whole
+    /// source matrix when only the aggregate is needed. Returns `false` without touching `out`
+    /// for f16 storage (the caller gathers instead). Panics if an index or id is out of range
+    /// (callers check ids first).
+    pub fn aggregate_into(
+        &self,
+        ids: &[u32],
+        indptr: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        out: &mut Vec<f32>,
+    ) -> bool {
+        let FeatData::F32(a) = &self.data else {
+            return false;
+        };
+        let d = self.dim;
+        let rows = indptr.len().saturating_sub(1);
+        let len = rows * d;
+        out.clear();
+        if d == 0 {
+            return true;
+        }
+        out.reserve(len);
+        let row = |e: usize| {
+            let v = ids[indices[e] as usize] as usize;
+            &a[v * d..(v + 1) * d]
+        };
+        out.spare_capacity_mut()[..len]
+            .par_chunks_mut(d)
+            .enumerate()
+            .with_min_len((2048 / d).max(1))
+            .for_each(|(r, o)| {
+                // Zeroed here, in cache, rather than in a separate pass over `out`.
+                o.fill(std::mem::MaybeUninit::new(0.0));
+                // SAFETY: every element was just initialised; `MaybeUninit<f32>` has the
+                // layout of `f32`.
+                let o = unsafe { &mut *(o as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+                let (lo, hi) = (indptr[r] as usize, indptr[r + 1] as usize);
+                for e in lo..hi {
+                    if let Some(&ahead) = indices.get(e + GATHER_PREFETCH_AHEAD) {
+                        self.prefetch_row(ids[ahead as usize] as usize);
+                    }
+                    let x = row(e);
+                    match coeff {
+                        None => o.iter_mut().zip(x).for_each(|(y, &x)| *y += x),
+                        Some(c) => {
+                            let w = c[e];
+                            o.iter_mut().zip(x).for_each(|(y, &x)| *y += w * x);
+                        }
+                    }
+                }
+            });
+        // SAFETY: the `rows` chunks of `d` elements cover all `len` elements and each was
+        // zeroed before accumulating (a panic on a bad index unwinds before this line).
+        unsafe { out.set_len(len) };
+        true
+    }
+
     /// Hints the CPU to load stored row `v` (each 64-byte line) without waiting: rows are read
     /// in random order, so a gather is bound by memory latency (about 170 ns per 400-byte row
     /// on one core) unless the next rows' misses overlap the current copy. Fanout-compute's

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use fanout_rand::Rng;
 
-use crate::backend::Backend;
+use crate::backend::{Aggregation, Backend};
 use crate::block::BlockDims;
 use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
@@ -82,6 +82,52 @@ pub trait Layer<B: Backend>: Send + Sync {
     fn params_mut(&mut self) -> Vec<&mut Param<B>>;
     /// Drops the forward cache (frees its memory).
     fn clear_cache(&mut self);
+    /// When this layer starts by aggregating its input rows and then needs nothing of its
+    /// input but the destinations' rows and that aggregate ([`InputPlan`]), so a caller may
+    /// aggregate where the rows are stored and call [`Layer::forward_aggregated`]; `None`
+    /// otherwise (the default).
+    fn input_plan(&self) -> Option<InputPlan> {
+        None
+    }
+    /// [`Layer::forward`] given, instead of `h_src`, its first `num_dst` rows and their
+    /// aggregate over `block` by [`Layer::input_plan`] (both `num_dst x in_dim`): the
+    /// same output and cache as `forward` on the whole `h_src`, bit for bit. `Err` for a layer
+    /// without an input aggregation for this block, or on a shape mismatch.
+    fn forward_aggregated(
+        &mut self,
+        block: &B::Block,
+        _h_dst: B::Tensor,
+        _agg: B::Tensor,
+        _train: bool,
+    ) -> Result<B::Tensor> {
+        let _ = block;
+        Err(ComputeError::State(format!(
+            "{} layers take their whole input, not a pre-aggregated one",
+            self.kind()
+        )))
+    }
+}
+
+/// For which blocks a layer aggregates its input first and with what: the destinations' rows
+/// and the aggregate of `aggregation` over the block are then all it reads of its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputPlan {
+    /// The aggregation applied to the input rows.
+    pub aggregation: Aggregation,
+    /// The layer's order rule.
+    pub order: AggregateOrder,
+    /// Input and output widths (the order rule's other arguments).
+    pub in_dim: usize,
+    /// See `in_dim`.
+    pub out_dim: usize,
+}
+
+impl InputPlan {
+    /// The aggregation to apply for a block of `dims`, or `None` where the layer projects
+    /// its whole input first (then it needs every input row).
+    pub fn for_block(&self, dims: BlockDims) -> Option<Aggregation> {
+        (!self.order.project_first(dims, self.in_dim, self.out_dim)).then_some(self.aggregation)
+    }
 }
 
 /// The nonlinearity a layer applies to its output.

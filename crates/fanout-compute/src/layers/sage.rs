@@ -4,10 +4,10 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, acc_bias, check_grad, check_input, glorot_gain, no_cache, Activation, AggregateOrder,
-    Layer, Param, RELU_GAIN,
+    InputPlan, Layer, Param, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
-use crate::error::Result;
+use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
 
 /// GraphSAGE layer, mean aggregator (DGL `SAGEConv(aggregator_type="mean")`):
@@ -73,6 +73,50 @@ impl<B: Backend> SageLayer<B> {
     }
 }
 
+impl<B: Backend> SageLayer<B> {
+    /// The aggregate-first forward from the destinations' rows and their mean aggregate.
+    fn forward_from_aggregate(
+        &mut self,
+        block: &B::Block,
+        coeff: Option<B::Tensor>,
+        h_dst: B::Tensor,
+        agg: B::Tensor,
+        train: bool,
+    ) -> B::Tensor {
+        let be = &self.be;
+        let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
+        be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out);
+        self.finish(block, coeff, h_dst, agg, false, out, train)
+    }
+
+    /// Bias, activation, and (in training) the cache for backward.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        block: &B::Block,
+        coeff: Option<B::Tensor>,
+        h_dst: B::Tensor,
+        neigh_in: B::Tensor,
+        project_first: bool,
+        mut out: B::Tensor,
+        train: bool,
+    ) -> B::Tensor {
+        let be = &self.be;
+        be.add_bias(&mut out, &self.bias.value);
+        let (out, act_in) = self.act.forward_keep(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            coeff,
+            h_dst,
+            neigh_in,
+            project_first,
+            out_shape: be.shape(&out),
+            act_in,
+        });
+        out
+    }
+}
+
 impl<B: Backend> Layer<B> for SageLayer<B> {
     fn kind(&self) -> &'static str {
         "sage"
@@ -89,30 +133,53 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         let dims = check_input(be, "sage", block, &h_src, self.in_dim)?;
         let coeff = be.edge_coefficients(block, Aggregation::Mean);
         let h_dst = be.prefix_rows(&h_src, dims.num_dst);
-        let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
-        let project_first = self.order.project_first(dims, self.in_dim, self.out_dim);
-        let neigh_in = if project_first {
+        if self.order.project_first(dims, self.in_dim, self.out_dim) {
+            let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
             let z = be.matmul(&h_src, false, &self.w_neigh.value, false);
             let agg = be.spmm(block, coeff.as_ref(), &z);
             be.axpy(1.0, &agg, &mut out);
-            h_src
+            Ok(self.finish(block, coeff, h_dst, h_src, true, out, train))
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out);
-            agg
-        };
-        be.add_bias(&mut out, &self.bias.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
-            block: block.clone(),
-            coeff,
-            h_dst,
-            neigh_in,
-            project_first,
-            out_shape: be.shape(&out),
-            act_in,
-        });
-        Ok(out)
+            Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
+        }
+    }
+
+    fn input_plan(&self) -> Option<InputPlan> {
+        Some(InputPlan {
+            aggregation: Aggregation::Mean,
+            order: self.order,
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+        })
+    }
+
+    fn forward_aggregated(
+        &mut self,
+        block: &B::Block,
+        h_dst: B::Tensor,
+        agg: B::Tensor,
+        train: bool,
+    ) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = be.block_dims(block);
+        if self.input_plan().and_then(|p| p.for_block(dims)).is_none() {
+            return Err(ComputeError::State(
+                "sage: this block is projected before aggregating; pass the whole input".into(),
+            ));
+        }
+        for (what, t) in [("h_dst", &h_dst), ("aggregate", &agg)] {
+            let got = be.shape(t);
+            if got != (dims.num_dst, self.in_dim) {
+                return Err(ComputeError::shape(
+                    format!("sage forward {what}"),
+                    (dims.num_dst, self.in_dim),
+                    got,
+                ));
+            }
+        }
+        let coeff = be.edge_coefficients(block, Aggregation::Mean);
+        Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {

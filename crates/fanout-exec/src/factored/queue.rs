@@ -180,6 +180,7 @@ impl Producer<'_> {
                     extract,
                     remote: None,
                     split: None,
+                    input_agg: None,
                 })
             }
             Some((&KIND_CLAIM, rest)) if rest.len() == 8 => {
@@ -204,6 +205,7 @@ impl Producer<'_> {
                     extract: ExtractStats::default(),
                     remote: Some(rank),
                     split: None,
+                    input_agg: None,
                 })
             }
             _ => Err(bad(format!(

@@ -192,6 +192,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             reorder_window: 0,
             plan: BatchPlan::Whole,
             pool: pool.clone(),
+            input_plan: None,
         };
         let (extractor, cache_json, line) =
             build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
@@ -395,6 +396,7 @@ fn trial(
             extract,
             remote: None,
             split: None,
+            input_agg: None,
         };
         let t = Instant::now();
         on_pool(pool, || trainer.trial_step(p, 0))?;
@@ -644,6 +646,7 @@ impl SamplingJob<'_> {
                 extract,
                 remote: None,
                 split: None,
+                input_agg: None,
             };
             let key = (epoch << 32) | step as u64;
             let trainer = &mut *sb.trainer;

@@ -145,6 +145,7 @@ impl Inner {
             extract,
             remote: None,
             split: Some(Box::new(share)),
+            input_agg: None,
         })
     }
 }
