@@ -137,7 +137,10 @@ fn cache_and_match_change_bytes_not_results() {
     let (plain, cached) = (t.path().join("plain.json"), t.path().join("cached.json"));
     // Rows gathered one per input node in both runs (the fused input would read one per
     // edge instead, and a cache turns it off), so the byte counts compare.
-    ok(&small(&ds, &["--no-fuse-input", "--metrics-out", s(&plain)]));
+    ok(&small(
+        &ds,
+        &["--no-fuse-input", "--metrics-out", s(&plain)],
+    ));
     let out = ok(&small(
         &ds,
         &[

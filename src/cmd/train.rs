@@ -89,8 +89,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub save_model: Option<PathBuf>,
     /// Continue the run saved in CKPT (by --save-model) up to --epochs, with the same model,
-    /// dataset and settings (only --epochs, --threads, --prefetch, --eval-every and
-    /// --feature-residency may change). The result equals the uninterrupted run's. Metrics
+    /// dataset and settings (only --epochs, --threads, --prefetch, --eval-every,
+    /// --feature-residency and --no-fuse-input may change). The result equals the uninterrupted run's. Metrics
     /// list the resumed epochs only. Not for --strategy factored or hybrid.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,

@@ -318,6 +318,7 @@ fn load_resume(
     then.prefetch = cfg.prefetch;
     then.eval_every = cfg.eval_every;
     then.feature_residency = cfg.feature_residency;
+    then.fuse_input = cfg.fuse_input;
     if let Some(d) = then.first_difference(cfg) {
         return Err(bad(format!(
             "it was written by a run with other settings ({d}, checkpoint vs this run); \
