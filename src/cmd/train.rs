@@ -90,8 +90,9 @@ pub struct TrainArgs {
     pub save_model: Option<PathBuf>,
     /// Continue the run saved in CKPT (by --save-model) up to --epochs, with the same model,
     /// dataset and settings (only --epochs, --threads, --prefetch, --eval-every,
-    /// --feature-residency and --no-fuse-input may change). The result equals the uninterrupted run's. Metrics
-    /// list the resumed epochs only. Not for --strategy factored or hybrid.
+    /// --feature-residency and --no-fuse-input may change). The result equals the
+    /// uninterrupted run's. Metrics list the resumed epochs only. Not for --strategy factored
+    /// or hybrid.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
     /// Batches queued between pipeline stages [default: 2].
@@ -126,7 +127,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub reorder_window: Option<usize>,
     /// Build every batch's whole input matrix even where the first layer could aggregate its
-    /// input straight from the stored features (GraphSAGE without a cache); the results are
+    /// input straight from the stored features (GraphSAGE, GCN; no cache); the results are
     /// the same bit for bit, this only spends more memory traffic (for comparisons).
     #[arg(long)]
     pub no_fuse_input: bool,

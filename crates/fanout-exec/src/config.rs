@@ -164,7 +164,7 @@ pub struct TrainConfig {
     /// Batches queued between pipeline stages.
     pub prefetch: usize,
     /// Aggregate the first layer's input where the features are stored, when the model
-    /// aggregates it first (GraphSAGE; per batch by its order rule) and the features are read
+    /// aggregates it first (GraphSAGE, GCN; per batch by its order rule) and the features are read
     /// straight from the dataset (no cache, no Match-Reorder, f32 rows; single-worker and
     /// data-parallel runs): the batch's whole input matrix is then never built. The same
     /// results bit for bit; `false` builds it (for comparison).

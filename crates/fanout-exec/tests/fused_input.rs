@@ -2,7 +2,7 @@
 //! against the plain path it replaces: the same aggregate bit for bit, the same training, and
 //! fewer rows written.
 
-use fanout_compute::{Aggregation, Backend, CpuBackend, Model, ModelConfig, ModelKind, Tensor};
+use fanout_compute::{Backend, CpuBackend, Model, ModelConfig, ModelKind, Tensor};
 use fanout_exec::{block_refs, train, Pipeline, PipelineConfig, RunEnv, StrategyKind, TrainConfig};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler};
@@ -38,16 +38,26 @@ fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipel
 #[test]
 fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows() {
     let (_dir, ds) = saved_tiny();
+    for kind in [ModelKind::Sage, ModelKind::Gcn] {
+        aggregates_equal(&ds, kind);
+    }
+    // Models that project every source row first have no plan.
+    let dim = ds.features.as_ref().unwrap().dim;
+    for kind in [ModelKind::Gat, ModelKind::Gin, ModelKind::PinSage] {
+        let mc = ModelConfig::new(kind, dim, 16, ds.meta.num_class as usize, 2);
+        assert!(Model::new(CpuBackend, mc).unwrap().input_plan().is_none());
+    }
+}
+
+fn aggregates_equal(ds: &Arc<Dataset>, kind: ModelKind) {
     let dim = ds.features.as_ref().unwrap().dim;
     let model = Model::new(
         CpuBackend,
-        ModelConfig::new(ModelKind::Sage, dim, 16, ds.meta.num_class as usize, 2),
+        ModelConfig::new(kind, dim, 16, ds.meta.num_class as usize, 2),
     )
     .unwrap();
-    let plan = model
-        .input_plan()
-        .expect("GraphSAGE aggregates its input first");
-    let (fused, plain) = (pipeline(&ds, Some(plan)), pipeline(&ds, None));
+    let plan = model.input_plan().expect("aggregates its input first");
+    let (fused, plain) = (pipeline(ds, Some(plan)), pipeline(ds, None));
     let mut batches = 0;
     for (f, p) in fused.epoch(0).zip(plain.epoch(0)) {
         let (f, p) = (f.unwrap(), p.unwrap());
@@ -60,7 +70,7 @@ fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows()
         // The aggregate: what the layer computes from the whole gathered matrix.
         let be = CpuBackend;
         let block = be.prepare_block(&block_refs(&p.batch.blocks)[0]).unwrap();
-        let coeff = be.edge_coefficients(&block, Aggregation::Mean);
+        let coeff = be.edge_coefficients(&block, plan.aggregation);
         let x = Tensor::new(p.batch.input_nodes.len(), dim, p.features);
         let want = be.spmm(&block, coeff.as_ref(), &x);
         assert_eq!(agg, want.data(), "bit for bit");
@@ -75,10 +85,10 @@ fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows()
     assert_eq!(batches, fused.num_batches());
 }
 
-fn config(ds: &Dataset, fuse: bool, workers: usize) -> TrainConfig {
+fn config(ds: &Dataset, model: ModelKind, fuse: bool, workers: usize) -> TrainConfig {
     TrainConfig {
         dataset: Some(ds.dir.clone()),
-        model: ModelKind::Sage,
+        model,
         fanouts: Some(vec![4, 3]),
         batch_size: Some(48),
         hidden: Some(16),
@@ -100,16 +110,30 @@ fn config(ds: &Dataset, fuse: bool, workers: usize) -> TrainConfig {
 #[test]
 fn training_with_the_fused_input_equals_training_without() {
     let (_dir, ds) = saved_tiny();
-    for workers in [1, 2] {
-        let run = |fuse| train(&config(&ds, fuse, workers), &RunEnv::default(), &mut ()).unwrap();
+    for (model, workers) in [
+        (ModelKind::Sage, 1),
+        (ModelKind::Sage, 2),
+        (ModelKind::Gcn, 1),
+    ] {
+        let run = |fuse| {
+            let cfg = config(&ds, model, fuse, workers);
+            train(&cfg, &RunEnv::default(), &mut ()).unwrap()
+        };
         let (fused, plain) = (run(true), run(false));
         for (a, b) in fused.metrics.epochs.iter().zip(&plain.metrics.epochs) {
-            assert_eq!(a.loss, b.loss, "{workers} workers, epoch {}", a.epoch);
+            assert_eq!(
+                a.loss, b.loss,
+                "{model:?} {workers} workers, epoch {}",
+                a.epoch
+            );
             assert_eq!(a.train_acc, b.train_acc);
             // The plain run read each input row once; the fused one each destination's row
             // and one per edge of block 0, so it did take the fused path.
             assert_eq!(b.extract.rows, b.input_nodes);
-            assert_ne!(a.extract.rows, b.extract.rows, "{workers} workers");
+            assert_ne!(
+                a.extract.rows, b.extract.rows,
+                "{model:?} {workers} workers"
+            );
         }
         assert_eq!(fused.metrics.test_acc, plain.metrics.test_acc);
         for ((_, a), (_, b)) in fused
@@ -118,7 +142,11 @@ fn training_with_the_fused_input_equals_training_without() {
             .iter()
             .zip(plain.model.named_params().iter())
         {
-            assert_eq!(a.value.data(), b.value.data(), "{workers} workers");
+            assert_eq!(
+                a.value.data(),
+                b.value.data(),
+                "{model:?} {workers} workers"
+            );
         }
     }
 }

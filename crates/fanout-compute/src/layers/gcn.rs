@@ -4,10 +4,10 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, AggregateOrder,
-    Layer, Param,
+    InputPlan, Layer, Param,
 };
 use crate::backend::{Aggregation, Backend};
-use crate::error::Result;
+use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
 
 /// GCN layer, DGL `GraphConv(norm="both")` on a block:
@@ -64,6 +64,44 @@ impl<B: Backend> GcnLayer<B> {
     }
 }
 
+impl<B: Backend> GcnLayer<B> {
+    /// The aggregate-first forward from the normalised aggregate of the input rows.
+    fn forward_from_aggregate(
+        &mut self,
+        block: &B::Block,
+        coeff: Option<B::Tensor>,
+        agg: B::Tensor,
+        train: bool,
+    ) -> B::Tensor {
+        let out = self.be.matmul(&agg, false, &self.weight.value, false);
+        self.finish(block, coeff, agg, false, out, train)
+    }
+
+    /// Bias, activation, and (in training) the cache for backward.
+    fn finish(
+        &mut self,
+        block: &B::Block,
+        coeff: Option<B::Tensor>,
+        input: B::Tensor,
+        project_first: bool,
+        mut out: B::Tensor,
+        train: bool,
+    ) -> B::Tensor {
+        let be = &self.be;
+        be.add_bias(&mut out, &self.bias.value);
+        let (out, act_in) = self.act.forward_keep(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            coeff,
+            input,
+            project_first,
+            out_shape: be.shape(&out),
+            act_in,
+        });
+        out
+    }
+}
+
 impl<B: Backend> Layer<B> for GcnLayer<B> {
     fn kind(&self) -> &'static str {
         "gcn"
@@ -79,25 +117,50 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         let be = &self.be;
         let dims = check_input(be, "gcn", block, &h_src, self.in_dim)?;
         let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
-        let project_first = self.order.project_first(dims, self.in_dim, self.out_dim);
-        let (mut out, input) = if project_first {
+        if self.order.project_first(dims, self.in_dim, self.out_dim) {
             let z = be.matmul(&h_src, false, &self.weight.value, false);
-            (be.spmm(block, coeff.as_ref(), &z), h_src)
+            let out = be.spmm(block, coeff.as_ref(), &z);
+            Ok(self.finish(block, coeff, h_src, true, out, train))
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            (be.matmul(&agg, false, &self.weight.value, false), agg)
-        };
-        be.add_bias(&mut out, &self.bias.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
-            block: block.clone(),
-            coeff,
-            input,
-            project_first,
-            out_shape: be.shape(&out),
-            act_in,
-        });
-        Ok(out)
+            Ok(self.forward_from_aggregate(block, coeff, agg, train))
+        }
+    }
+
+    fn input_plan(&self) -> Option<InputPlan> {
+        Some(InputPlan {
+            aggregation: Aggregation::GcnBoth,
+            order: self.order,
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+        })
+    }
+
+    /// GCN reads only the aggregate (`h_dst` is not used).
+    fn forward_aggregated(
+        &mut self,
+        block: &B::Block,
+        _h_dst: B::Tensor,
+        agg: B::Tensor,
+        train: bool,
+    ) -> Result<B::Tensor> {
+        let be = &self.be;
+        let dims = be.block_dims(block);
+        if self.input_plan().and_then(|p| p.for_block(dims)).is_none() {
+            return Err(ComputeError::State(
+                "gcn: this block is projected before aggregating; pass the whole input".into(),
+            ));
+        }
+        let got = be.shape(&agg);
+        if got != (dims.num_dst, self.in_dim) {
+            return Err(ComputeError::shape(
+                "gcn forward aggregate",
+                (dims.num_dst, self.in_dim),
+                got,
+            ));
+        }
+        let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
+        Ok(self.forward_from_aggregate(block, coeff, agg, train))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
