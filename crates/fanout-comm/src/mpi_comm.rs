@@ -494,7 +494,11 @@ impl Comm for MpiComm {
     /// Prints `fanout: rank R: message` on stderr and calls `MPI_Abort` with error code 1, which
     /// ends every process of the job (`mpirun` exits non-zero). Never returns.
     fn fail(&self, message: &str) {
-        eprintln!("fanout: rank {}: {message}", self.rank);
+        // One write: `eprintln!` writes its pieces separately (stderr is unbuffered), and
+        // mpirun's own abort banner could land between them.
+        use std::io::Write;
+        let line = format!("fanout: rank {}: {message}\n", self.rank);
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
         self.comm.abort(1)
     }
 
