@@ -18,7 +18,7 @@ use crate::buffers::BufferPool;
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 use fanout_cache::{reorder_batches, ExtractStats, Extractor};
-use fanout_compute::{Backend, BlockDims, CpuBackend, InputPlan};
+use fanout_compute::{Backend, CpuBackend, InputPlan};
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, BatchPlan, Loader, LoaderConfig, MiniBatch, Sampler};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -536,18 +536,12 @@ fn extract_aggregated(
     features: &mut Vec<f32>,
 ) -> Option<fanout_graph::Result<(ExtractStats, Vec<f32>)>> {
     let b0 = batch.blocks.first()?;
-    let dims = BlockDims {
-        num_dst: b0.num_dst,
-        num_src: b0.num_src,
-        num_edges: b0.num_edges(),
-    };
-    let aggregation = plan?.for_block(dims)?;
+    let refs = crate::trainer::block_refs(std::slice::from_ref(b0));
+    let aggregation = plan?.for_block(refs[0].dims())?;
     // The coefficients the layer itself uses (the same code computes them), so the aggregate
     // is bit-identical to the layer's own.
     let cpu = CpuBackend;
-    let block = cpu
-        .prepare_block(&crate::trainer::block_refs(std::slice::from_ref(b0))[0])
-        .ok()?;
+    let block = cpu.prepare_block(&refs[0]).ok()?;
     let coeff = cpu.edge_coefficients(&block, aggregation);
     let mut agg = Vec::new();
     let r = ex.extract_aggregated(

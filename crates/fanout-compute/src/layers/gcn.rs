@@ -3,11 +3,11 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, AggregateOrder,
-    InputPlan, Layer, Param,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot, no_cache, Activation,
+    AggregateOrder, InputPlan, Layer, Param,
 };
 use crate::backend::{Aggregation, Backend};
-use crate::error::{ComputeError, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// GCN layer, DGL `GraphConv(norm="both")` on a block:
@@ -77,6 +77,16 @@ impl<B: Backend> GcnLayer<B> {
         self.finish(block, coeff, agg, false, out, train)
     }
 
+    /// Its input plan: aggregate first (GcnBoth) where its order rule says so.
+    fn plan(&self) -> InputPlan {
+        InputPlan {
+            aggregation: Aggregation::GcnBoth,
+            order: self.order,
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+        }
+    }
+
     /// Bias, activation, and (in training) the cache for backward.
     fn finish(
         &mut self,
@@ -128,12 +138,7 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
     }
 
     fn input_plan(&self) -> Option<InputPlan> {
-        Some(InputPlan {
-            aggregation: Aggregation::GcnBoth,
-            order: self.order,
-            in_dim: self.in_dim,
-            out_dim: self.out_dim,
-        })
+        Some(self.plan())
     }
 
     /// GCN reads only the aggregate (`h_dst` is not used).
@@ -145,21 +150,9 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         train: bool,
     ) -> Result<B::Tensor> {
         let be = &self.be;
-        let dims = be.block_dims(block);
-        if self.input_plan().and_then(|p| p.for_block(dims)).is_none() {
-            return Err(ComputeError::State(
-                "gcn: this block is projected before aggregating; pass the whole input".into(),
-            ));
-        }
-        let got = be.shape(&agg);
-        if got != (dims.num_dst, self.in_dim) {
-            return Err(ComputeError::shape(
-                "gcn forward aggregate",
-                (dims.num_dst, self.in_dim),
-                got,
-            ));
-        }
-        let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
+        let plan = self.plan();
+        let aggregation = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
+        let coeff = be.edge_coefficients(block, aggregation);
         Ok(self.forward_from_aggregate(block, coeff, agg, train))
     }
 

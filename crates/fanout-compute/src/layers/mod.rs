@@ -259,6 +259,35 @@ pub(crate) fn check_input<B: Backend>(
     Ok(dims)
 }
 
+/// Checks a pre-aggregated input ([`Layer::forward_aggregated`]): that `plan` aggregates
+/// `block` first, and that each named tensor is `num_dst x in_dim`. Returns the aggregation
+/// (the coefficients to cache for backward).
+pub(crate) fn check_aggregated<B: Backend>(
+    be: &B,
+    kind: &str,
+    block: &B::Block,
+    plan: InputPlan,
+    inputs: &[(&str, &B::Tensor)],
+) -> Result<Aggregation> {
+    let dims = be.block_dims(block);
+    let aggregation = plan.for_block(dims).ok_or_else(|| {
+        ComputeError::State(format!(
+            "{kind}: this block is projected before aggregating; pass the whole input"
+        ))
+    })?;
+    for (what, t) in inputs {
+        let got = be.shape(t);
+        if got != (dims.num_dst, plan.in_dim) {
+            return Err(ComputeError::shape(
+                format!("{kind} forward {what}"),
+                (dims.num_dst, plan.in_dim),
+                got,
+            ));
+        }
+    }
+    Ok(aggregation)
+}
+
 /// Checks `grad_out` against the cached forward's output shape.
 pub(crate) fn check_grad<B: Backend>(
     be: &B,
@@ -293,4 +322,67 @@ pub(crate) fn acc_at_b<B: Backend>(be: &B, a: &B::Tensor, b: &B::Tensor, p: &mut
 pub(crate) fn acc_bias<B: Backend>(be: &B, g: &B::Tensor, p: &mut Param<B>) {
     let s = be.sum_rows(g);
     be.axpy(1.0, &s, &mut p.grad);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::BlockRef;
+    use crate::cpu::CpuBackend;
+
+    /// A pre-aggregated input gives the whole input's output bit for bit, and a wrong shape or
+    /// a block the layer projects first is refused by name.
+    #[test]
+    fn forward_aggregated_equals_forward_and_refuses_what_it_cannot_take() {
+        let be = CpuBackend;
+        // 2 destinations, 5 sources, 6 edges.
+        let (indptr, indices) = ([0u32, 4, 6], [1u32, 2, 3, 4, 0, 4]);
+        let block = be
+            .prepare_block(&BlockRef {
+                num_dst: 2,
+                num_src: 5,
+                indptr: &indptr,
+                indices: &indices,
+                weights: None,
+            })
+            .unwrap();
+        let x = Tensor::from_fn(5, 3, |i, j| (i * 3 + j) as f32 * 0.25 - 1.0);
+        for kind in ["sage", "gcn"] {
+            let make = |order| -> Box<dyn Layer<CpuBackend>> {
+                let mut rng = Rng::new(7);
+                match kind {
+                    "sage" => Box::new(
+                        super::SageLayer::new(be, 3, 2, Activation::Relu, &mut rng)
+                            .with_order(order),
+                    ),
+                    _ => Box::new(
+                        super::GcnLayer::new(be, 3, 2, Activation::Relu, &mut rng)
+                            .with_order(order),
+                    ),
+                }
+            };
+            let mut layer = make(AggregateOrder::AggregateFirst);
+            let want = layer.forward(&block, x.clone(), false).unwrap();
+            let agg_kind = layer.input_plan().unwrap().for_block(be.block_dims(&block));
+            let coeff = be.edge_coefficients(&block, agg_kind.unwrap());
+            let agg = be.spmm(&block, coeff.as_ref(), &x);
+            let h_dst = be.prefix_rows(&x, 2);
+            let got = layer
+                .forward_aggregated(&block, h_dst.clone(), agg.clone(), false)
+                .unwrap();
+            assert_eq!(got.data(), want.data(), "{kind}");
+            let short = Tensor::zeros(1, 3);
+            let e = layer
+                .forward_aggregated(&block, h_dst.clone(), short, false)
+                .unwrap_err();
+            assert!(e.to_string().contains("aggregate"), "{kind}: {e}");
+            let e = make(AggregateOrder::ProjectFirst)
+                .forward_aggregated(&block, h_dst, agg, false)
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("projected before aggregating"),
+                "{kind}: {e}"
+            );
+        }
+    }
 }

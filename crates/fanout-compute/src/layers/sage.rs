@@ -3,11 +3,11 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot_gain, no_cache, Activation, AggregateOrder,
-    InputPlan, Layer, Param, RELU_GAIN,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot_gain, no_cache,
+    Activation, AggregateOrder, InputPlan, Layer, Param, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
-use crate::error::{ComputeError, Result};
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// GraphSAGE layer, mean aggregator (DGL `SAGEConv(aggregator_type="mean")`):
@@ -89,6 +89,16 @@ impl<B: Backend> SageLayer<B> {
         self.finish(block, coeff, h_dst, agg, false, out, train)
     }
 
+    /// Its input plan: aggregate first (Mean) where its order rule says so.
+    fn plan(&self) -> InputPlan {
+        InputPlan {
+            aggregation: Aggregation::Mean,
+            order: self.order,
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+        }
+    }
+
     /// Bias, activation, and (in training) the cache for backward.
     #[allow(clippy::too_many_arguments)]
     fn finish(
@@ -146,12 +156,7 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
     }
 
     fn input_plan(&self) -> Option<InputPlan> {
-        Some(InputPlan {
-            aggregation: Aggregation::Mean,
-            order: self.order,
-            in_dim: self.in_dim,
-            out_dim: self.out_dim,
-        })
+        Some(self.plan())
     }
 
     fn forward_aggregated(
@@ -162,23 +167,15 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         train: bool,
     ) -> Result<B::Tensor> {
         let be = &self.be;
-        let dims = be.block_dims(block);
-        if self.input_plan().and_then(|p| p.for_block(dims)).is_none() {
-            return Err(ComputeError::State(
-                "sage: this block is projected before aggregating; pass the whole input".into(),
-            ));
-        }
-        for (what, t) in [("h_dst", &h_dst), ("aggregate", &agg)] {
-            let got = be.shape(t);
-            if got != (dims.num_dst, self.in_dim) {
-                return Err(ComputeError::shape(
-                    format!("sage forward {what}"),
-                    (dims.num_dst, self.in_dim),
-                    got,
-                ));
-            }
-        }
-        let coeff = be.edge_coefficients(block, Aggregation::Mean);
+        let plan = self.plan();
+        let aggregation = check_aggregated(
+            be,
+            "sage",
+            block,
+            plan,
+            &[("h_dst", &h_dst), ("aggregate", &agg)],
+        )?;
+        let coeff = be.edge_coefficients(block, aggregation);
         Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
     }
 
