@@ -53,8 +53,8 @@ fn is_large(layout: &Layout) -> bool {
         && layout.align() <= LARGE_ALIGN
 }
 
-/// The alignment of large blocks (one huge page).
-const LARGE_ALIGN: usize = 2 << 20;
+/// The alignment of large blocks (one huge page of x86-64 and aarch64 with 4 KiB base pages).
+pub(crate) const LARGE_ALIGN: usize = 2 << 20;
 
 #[cfg(target_os = "linux")]
 unsafe fn large_alloc(size: usize, zeroed: bool) -> *mut u8 {

@@ -19,8 +19,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// The huge page size of x86-64 and aarch64 with 4 KiB base pages.
-pub(crate) const HUGE_PAGE: usize = 2 << 20;
+/// The huge page size: blocks are aligned to it and sized in whole huge pages.
+pub(crate) const HUGE_PAGE: usize = super::huge_pages::LARGE_ALIGN;
 const PAGE: usize = 4096;
 /// At most this many blocks are kept.
 const SLOTS: usize = 64;
@@ -336,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_are_aligned_and_reused_and_zeroed_when_asked() {
+    fn blocks_are_aligned_and_zeroed_when_asked_even_if_reused() {
         // SAFETY: blocks are written within their sizes and handed back once each.
         unsafe {
             let p = alloc(5 * MB + 3, false);
