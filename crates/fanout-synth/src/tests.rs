@@ -13,9 +13,14 @@ struct Sample {
     cfg: PresetConfig,
     ds: Dataset,
     summary: GenSummary,
+    /// `verify` of the files as written, run before they were deleted.
+    verified: Result<(), String>,
 }
 
-/// Each preset generated once (seed 1) and shared by the tests.
+/// Each preset generated once (seed 1) and shared by the tests. The files are verified and then
+/// deleted at once: statics are never dropped, so a self-deleting directory held here would
+/// stay behind in the temporary folder after every test run; the opened dataset's memory maps
+/// keep the data readable after the unlink.
 fn sample(p: Preset) -> &'static Sample {
     static CACHE: [OnceLock<Sample>; 5] = [const { OnceLock::new() }; 5];
     let i = Preset::ALL.iter().position(|&q| q == p).unwrap();
@@ -26,8 +31,19 @@ fn sample(p: Preset) -> &'static Sample {
             seed: 1,
             ..GenOptions::default()
         };
-        let (ds, summary) = generate(&cfg, &opts, None, &NoProgress).unwrap();
-        Sample { cfg, ds, summary }
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join(p.to_string());
+        let (ds, summary) = generate(&cfg, &opts, Some(&out), &NoProgress).unwrap();
+        let verified = verify(&out, &NoProgress)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        drop(tmp);
+        Sample {
+            cfg,
+            ds,
+            summary,
+            verified,
+        }
     })
 }
 
@@ -53,9 +69,14 @@ fn gini(sorted: &[u64]) -> f64 {
 #[test]
 fn every_preset_is_simple_symmetric_verified_and_on_target() {
     for p in Preset::ALL {
-        let Sample { cfg, ds, summary } = sample(p);
+        let Sample {
+            cfg,
+            ds,
+            summary,
+            verified,
+        } = sample(p);
         let n = ds.num_nodes();
-        verify(&ds.dir, &NoProgress).unwrap_or_else(|e| panic!("{p}: {e}"));
+        verified.as_ref().unwrap_or_else(|e| panic!("{p}: {e}"));
         assert_eq!(ds.topology.in_degrees(), ds.topology.out_degrees(), "{p}");
         for v in 0..n {
             let row: Vec<u64> = ds.topology.row(v).iter().collect();
@@ -124,7 +145,9 @@ fn degree_skew_follows_the_datasets() {
 #[test]
 fn splits_have_exact_sizes_and_are_disjoint() {
     for p in Preset::ALL {
-        let Sample { cfg, ds, summary } = sample(p);
+        let Sample {
+            cfg, ds, summary, ..
+        } = sample(p);
         let n = ds.num_nodes() as f64;
         let f = cfg.split;
         let sets = [&ds.train, &ds.valid, &ds.test];
