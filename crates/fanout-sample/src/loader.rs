@@ -336,7 +336,13 @@ impl Iterator for EpochIter {
 
 impl Drop for EpochIter {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
+        // Set under the lock: a worker checks `stop` and then waits while holding it, so a
+        // flag set and notified in between (without the lock) would be a lost wake-up and
+        // the join below would hang (seen once in CI as a test stuck in a dropped pipeline).
+        {
+            let _st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.stop.store(true, Ordering::Relaxed);
+        }
         self.shared.cv.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -503,6 +509,28 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert!(out[0].is_ok());
         assert!(out[1].as_ref().unwrap_err().to_string().contains("500"));
+    }
+
+    #[test]
+    fn dropping_an_epoch_while_workers_wait_for_room_never_hangs() {
+        // Prefetch 1 and four workers: at the drop, most workers wait for room. Repeated so a
+        // lost wake-up (the stop flag set without the lock, between a worker's check and its
+        // wait) shows as a hang, which the watchdog turns into a failure.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let l = loader(4, 1, None);
+            for e in 0..5000 {
+                let mut it = l.epoch(e);
+                assert!(it.next().unwrap().is_ok());
+                drop(it);
+            }
+            let _ = tx.send(());
+        });
+        let done = rx.recv_timeout(std::time::Duration::from_secs(120));
+        assert!(
+            done.is_ok(),
+            "dropping an epoch hung (or the test thread failed)"
+        );
     }
 
     #[test]
