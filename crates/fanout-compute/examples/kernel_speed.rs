@@ -35,6 +35,14 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let width: usize = match std::env::args().nth(2).map(|s| s.parse()) {
+        None => 128,
+        Some(Ok(n)) if n > 0 => n,
+        _ => {
+            eprintln!("kernel_speed: WIDTH must be a positive integer");
+            std::process::exit(2);
+        }
+    };
     println!("threads {}, rows {rows}", rayon::current_num_threads());
     for (label, m, k, n, ta) in [
         (
@@ -77,7 +85,7 @@ fn main() {
     // 256) with G as sparse as behind a ReLU and dropout: the dense products against the
     // zero-skipping kernel that lists G's non-zeros once for both. Alternating rounds, so that
     // load changes hit both; median of the rounds' medians.
-    let (xd, xa) = (filled(rows, 128), filled(rows, 128));
+    let (xd, xa) = (filled(rows, width), filled(rows, width));
     let pcts: &[u64] = if fanout_compute::cpu::sparse_grad::available() {
         &[10, 22, 30, 40, 50]
     } else {
@@ -96,8 +104,8 @@ fn main() {
                 0.0
             }
         });
-        let (mut cd, mut ca) = (Tensor::zeros(128, 256), Tensor::zeros(128, 256));
-        let (mut sd, mut sa) = (Tensor::zeros(128, 256), Tensor::zeros(128, 256));
+        let (mut cd, mut ca) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
+        let (mut sd, mut sa) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
         let (mut dense, mut sparse) = (Vec::new(), Vec::new());
         for _ in 0..7 {
             dense.push(median_s(|| {
@@ -112,7 +120,7 @@ fn main() {
         sparse.sort_by(f64::total_cmp);
         let (dense, sparse) = (dense[3], sparse[3]);
         println!(
-            "X_dst^T G + A^T G, G {:2.0}% non-zero (2 x 128 x rows . rows x 256): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
+            "X_dst^T G + A^T G, G {:2.0}% non-zero (2 x {width} x rows . rows x 256): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
             100.0 * density(&g, 1),
             dense * 1e3,
             sparse * 1e3,
