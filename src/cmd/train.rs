@@ -127,7 +127,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub reorder_window: Option<usize>,
     /// Build every batch's whole input matrix even where the first layer could aggregate its
-    /// input straight from the stored features (GraphSAGE, GCN; no cache); the results are
+    /// input straight from the stored features (GraphSAGE, GCN, GIN; no cache); the results are
     /// the same bit for bit, this only spends more memory traffic (for comparisons).
     #[arg(long)]
     pub no_fuse_input: bool,

@@ -164,10 +164,10 @@ pub struct TrainConfig {
     /// Batches queued between pipeline stages.
     pub prefetch: usize,
     /// Aggregate the first layer's input where the features are stored, when the model
-    /// aggregates it first (GraphSAGE, GCN; per batch by its order rule) and the features are read
-    /// straight from the dataset (no cache, no Match-Reorder, f32 rows; single-worker and
-    /// data-parallel runs): the batch's whole input matrix is then never built. The same
-    /// results bit for bit; `false` builds it (for comparison).
+    /// aggregates it first (GraphSAGE and GCN per batch by their order rule, GIN always) and the
+    /// features are read straight from the dataset (no cache, no Match-Reorder, f32 rows;
+    /// single-worker and data-parallel runs): the batch's whole input matrix is then never
+    /// built. The same results bit for bit; `false` builds it (for comparison).
     pub fuse_input: bool,
     /// The sampler (`kind = None`: random walks for PinSAGE, k-hop otherwise).
     pub sampler: SamplerSpec,

@@ -38,12 +38,12 @@ fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipel
 #[test]
 fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows() {
     let (_dir, ds) = saved_tiny();
-    for kind in [ModelKind::Sage, ModelKind::Gcn] {
+    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gin] {
         aggregates_equal(&ds, kind);
     }
     // Models that project every source row first have no plan.
     let dim = ds.features.as_ref().unwrap().dim;
-    for kind in [ModelKind::Gat, ModelKind::Gin, ModelKind::PinSage] {
+    for kind in [ModelKind::Gat, ModelKind::PinSage] {
         let mc = ModelConfig::new(kind, dim, 16, ds.meta.num_class as usize, 2);
         assert!(Model::new(CpuBackend, mc).unwrap().input_plan().is_none());
     }
@@ -114,6 +114,8 @@ fn training_with_the_fused_input_equals_training_without() {
         (ModelKind::Sage, 1),
         (ModelKind::Sage, 2),
         (ModelKind::Gcn, 1),
+        (ModelKind::Gin, 1),
+        (ModelKind::Gin, 2),
     ] {
         let run = |fuse| {
             let cfg = config(&ds, model, fuse, workers);

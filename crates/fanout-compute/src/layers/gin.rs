@@ -3,9 +3,10 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, Layer, Param,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot, no_cache, Activation,
+    AggregateOrder, InputPlan, Layer, Param,
 };
-use crate::backend::Backend;
+use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -76,6 +77,48 @@ impl<B: Backend> GinLayer<B> {
     pub fn hidden(&self) -> usize {
         self.hidden
     }
+
+    /// Its input plan: always a plain sum first (the MLP reads only `a`).
+    fn plan(&self) -> InputPlan {
+        InputPlan {
+            aggregation: Aggregation::Sum,
+            order: AggregateOrder::AggregateFirst,
+            in_dim: self.in_dim,
+            out_dim: self.hidden,
+        }
+    }
+
+    /// The forward from the neighbours' sum `agg` and the destinations' own rows `h_dst`
+    /// (`num_dst x in_dim` each): adds `(1 + eps) h_dst` to `agg`, then the MLP.
+    fn forward_from_sum(
+        &mut self,
+        block: &B::Block,
+        h_dst: B::Tensor,
+        mut agg: B::Tensor,
+        train: bool,
+    ) -> B::Tensor {
+        let be = &self.be;
+        // The scalar is read back once per forward (a device sync on an accelerator).
+        let eps = be.download(&self.eps.value).data()[0];
+        let rows = be.shape(&h_dst).0;
+        be.axpy_prefix(1.0 + eps, &h_dst, &mut agg, rows);
+        let mut hid = be.matmul(&agg, false, &self.w1.value, false);
+        be.add_bias(&mut hid, &self.b1.value);
+        let hid = be.relu(&hid);
+        let mut out = be.matmul(&hid, false, &self.w2.value, false);
+        be.add_bias(&mut out, &self.b2.value);
+        let (out, act_in) = self.act.forward_keep(be, out);
+        self.cache = train.then(|| Cache {
+            block: block.clone(),
+            eps,
+            h_dst,
+            agg,
+            hid,
+            out_shape: be.shape(&out),
+            act_in,
+        });
+        out
+    }
 }
 
 impl<B: Backend> Layer<B> for GinLayer<B> {
@@ -92,26 +135,31 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gin", block, &h_src, self.in_dim)?;
-        // The scalar is read back once per forward (a device sync on an accelerator).
-        let eps = be.download(&self.eps.value).data()[0];
-        let mut agg = be.spmm(block, None, &h_src);
-        be.axpy_prefix(1.0 + eps, &h_src, &mut agg, dims.num_dst);
-        let mut hid = be.matmul(&agg, false, &self.w1.value, false);
-        be.add_bias(&mut hid, &self.b1.value);
-        let hid = be.relu(&hid);
-        let mut out = be.matmul(&hid, false, &self.w2.value, false);
-        be.add_bias(&mut out, &self.b2.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
-            block: block.clone(),
-            eps,
-            h_dst: be.prefix_rows(&h_src, dims.num_dst),
-            agg,
-            hid,
-            out_shape: be.shape(&out),
-            act_in,
-        });
-        Ok(out)
+        let agg = be.spmm(block, None, &h_src);
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
+        Ok(self.forward_from_sum(block, h_dst, agg, train))
+    }
+
+    fn input_plan(&self) -> Option<InputPlan> {
+        Some(self.plan())
+    }
+
+    fn forward_aggregated(
+        &mut self,
+        block: &B::Block,
+        h_dst: B::Tensor,
+        agg: B::Tensor,
+        train: bool,
+    ) -> Result<B::Tensor> {
+        let plan = self.plan();
+        check_aggregated(
+            &self.be,
+            "gin",
+            block,
+            plan,
+            &[("h_dst", &h_dst), ("aggregate", &agg)],
+        )?;
+        Ok(self.forward_from_sum(block, h_dst, agg, train))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
