@@ -33,11 +33,11 @@ echo "== numpy, pytest, maturin (PyPI)"
 # download.pytorch.org, which CI cannot reach). `pip install --no-deps torch` plus its
 # pure-Python dependencies does not work: libtorch.so links libtorch_cuda.so, which needs
 # libcudart, cuBLAS, cuDNN, NCCL, ... from the nvidia-* wheels, so `import torch` fails. So torch
-# is installed with its dependencies (about 4 GB unpacked; 52 s here with a warm network, pip's
-# cache is not used, see below). It runs on the CPU without a GPU or driver.
+# is installed with its dependencies (about 5.5 GB unpacked with torch 2.15; 52 s here with a
+# warm network; pip's cache is not used, see below). It runs on the CPU without a GPU or driver.
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "== torch (PyPI, with its CUDA runtime wheels; CPU use needs no GPU)"
-  # Needs about 4 GB unpacked plus the downloads in pip's temporary folder; without pip's
+  # Needs about 5.5 GB unpacked plus the downloads in pip's temporary folder; without pip's
   # cache, so the wheels are not kept a second time (a clean CI machine starts without one).
   df -h "$VENV" "${TMPDIR:-/tmp}" | sed 's/^/   /'
   "${PIP[@]}" install --no-cache-dir torch

@@ -78,7 +78,8 @@ impl<B: Backend> GinLayer<B> {
         self.hidden
     }
 
-    /// Its input plan: always a plain sum first (the MLP reads only `a`).
+    /// Its input plan: always a plain sum first (then it reads only that sum and the
+    /// destinations' own rows).
     fn plan(&self) -> InputPlan {
         InputPlan {
             aggregation: Aggregation::Sum,
