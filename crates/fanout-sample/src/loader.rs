@@ -524,6 +524,9 @@ mod tests {
                 assert!(it.next().unwrap().is_ok());
                 drop(it);
             }
+            // Dropped before reporting: the test process may end as soon as this is received,
+            // and a loader still alive then would leave its temporary dataset behind.
+            drop(l);
             let _ = tx.send(());
         });
         let done = rx.recv_timeout(std::time::Duration::from_secs(120));
