@@ -12,6 +12,9 @@ use fanout_sample::{near_equal_part, BatchKey, KHopConfig, KHopSampler, RemapKin
 use fanout_synth::{generate, GenOptions, Preset};
 use std::sync::Arc;
 
+mod common;
+use common::saved_tiny;
+
 fn tiny(nodes: u64) -> Arc<Dataset> {
     let cfg = Preset::Tiny.config(Some(nodes));
     let (ds, _) = generate(&cfg, &GenOptions::default(), None, &NoProgress).unwrap();
@@ -190,18 +193,9 @@ fn config(ds: &Dataset, workers: usize) -> TrainConfig {
     }
 }
 
-fn saved_tiny() -> (tempfile::TempDir, Arc<Dataset>) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny");
-    let cfg = Preset::Tiny.config(Some(800));
-    generate(&cfg, &GenOptions::default(), Some(&out), &NoProgress).unwrap();
-    let ds = Arc::new(Dataset::open(&out).unwrap());
-    (dir, ds)
-}
-
 #[test]
 fn in_process_workers_train_the_one_worker_model() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     let one = train(&config(&ds, 1), &RunEnv::default(), &mut ()).unwrap();
     let params = |m: &Model<CpuBackend>| -> Vec<f32> {
         m.named_params()
@@ -260,7 +254,7 @@ fn a_failing_worker_stops_the_group_with_its_message() {
 
 #[test]
 fn workers_refuse_different_configs_and_bad_partitions() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     // Different configs: the check happens before any training.
     let results: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = LocalComm::group(2)
@@ -314,7 +308,7 @@ fn workers_refuse_different_configs_and_bad_partitions() {
 fn partitioned_workers_sample_inside_their_part() {
     use fanout_graph::{partition_training_set, PartitionMethod};
     use fanout_sample::{Loader, LoaderConfig, SamplerKind};
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     let p = partition_training_set(&ds, PartitionMethod::PaGraph, 3, 2, 0, &NoProgress).unwrap();
     p.write(&ds, "pg3", false).unwrap();
     let mut cfg = config(&ds, 3);

@@ -2,18 +2,10 @@
 
 use fanout_compute::{CpuBackend, Model};
 use fanout_exec::{train, FactoredSpec, RunEnv, StrategyKind, TrainConfig, TrainOutcome};
-use fanout_graph::{Dataset, NoProgress};
-use fanout_synth::{generate, GenOptions, Preset};
-use std::sync::Arc;
+use fanout_graph::Dataset;
 
-fn saved_tiny() -> (tempfile::TempDir, Arc<Dataset>) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny");
-    let cfg = Preset::Tiny.config(Some(800));
-    generate(&cfg, &GenOptions::default(), Some(&out), &NoProgress).unwrap();
-    let ds = Arc::new(Dataset::open(&out).unwrap());
-    (dir, ds)
-}
+mod common;
+use common::saved_tiny;
 
 fn config(ds: &Dataset, workers: usize, strategy: StrategyKind) -> TrainConfig {
     TrainConfig {
@@ -81,7 +73,7 @@ fn assert_same_training(a: &TrainOutcome, b: &TrainOutcome, what: &str) {
 
 #[test]
 fn one_worker_factored_is_the_single_worker_run() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     let single = run(&config(&ds, 1, StrategyKind::Single));
     let f = run(&factored(&ds, 1, None, true));
     // The same batches in the same order through the same step: bit-identical.
@@ -95,7 +87,7 @@ fn one_worker_factored_is_the_single_worker_run() {
 
 #[test]
 fn factored_steps_equal_data_parallel_steps_whatever_the_allocation() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     for workers in [2, 3] {
         let dp = run(&config(&ds, workers, StrategyKind::DataParallel));
         for samplers in 1..workers {
@@ -114,7 +106,7 @@ fn factored_steps_equal_data_parallel_steps_whatever_the_allocation() {
 
 #[test]
 fn switching_trains_every_slice_once_and_changes_no_step() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     // One sampler far faster than one trainer: it finishes each epoch's share early and, as
     // a standby, claims queued slices while the profit is positive.
     let dp = run(&config(&ds, 2, StrategyKind::DataParallel));
@@ -137,7 +129,7 @@ fn switching_trains_every_slice_once_and_changes_no_step() {
 
 #[test]
 fn hybrid_routes_change_who_samples_not_the_steps() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(800);
     let dp = run(&config(&ds, 3, StrategyKind::DataParallel));
     let cfg = TrainConfig {
         strategy: Some(StrategyKind::Hybrid),

@@ -4,19 +4,12 @@
 
 use fanout_compute::{Backend, CpuBackend, Model, ModelConfig, ModelKind, Tensor};
 use fanout_exec::{block_refs, train, Pipeline, PipelineConfig, RunEnv, StrategyKind, TrainConfig};
-use fanout_graph::{Dataset, NoProgress};
+use fanout_graph::Dataset;
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler};
-use fanout_synth::{generate, GenOptions, Preset};
 use std::sync::Arc;
 
-fn saved_tiny() -> (tempfile::TempDir, Arc<Dataset>) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny");
-    let cfg = Preset::Tiny.config(Some(700));
-    generate(&cfg, &GenOptions::default(), Some(&out), &NoProgress).unwrap();
-    let ds = Arc::new(Dataset::open(&out).unwrap());
-    (dir, ds)
-}
+mod common;
+use common::saved_tiny;
 
 fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipeline {
     let cfg = KHopConfig {
@@ -37,7 +30,7 @@ fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipel
 
 #[test]
 fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(700);
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gin] {
         aggregates_equal(&ds, kind);
     }
@@ -109,7 +102,7 @@ fn config(ds: &Dataset, model: ModelKind, fuse: bool, workers: usize) -> TrainCo
 
 #[test]
 fn training_with_the_fused_input_equals_training_without() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(700);
     for (model, workers) in [
         (ModelKind::Sage, 1),
         (ModelKind::Sage, 2),

@@ -7,19 +7,12 @@ use fanout_exec::{
     fit, split, train, BatchOutcome, Comm, FitConfig, LocalComm, RunEnv, StrategyKind, TrainConfig,
     Trainer,
 };
-use fanout_graph::{Dataset, NoProgress};
+use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, MiniBatch, RangeOwners, Sampler, SamplerKind, SamplerSpec};
-use fanout_synth::{generate, GenOptions, Preset};
 use std::sync::Arc;
 
-fn saved_tiny() -> (tempfile::TempDir, Arc<Dataset>) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny");
-    let cfg = Preset::Tiny.config(Some(900));
-    generate(&cfg, &GenOptions::default(), Some(&out), &NoProgress).unwrap();
-    let ds = Arc::new(Dataset::open(&out).unwrap());
-    (dir, ds)
-}
+mod common;
+use common::saved_tiny;
 
 fn trainer(ds: &Dataset, kind: ModelKind) -> Trainer<CpuBackend> {
     let classes = ds.meta.num_class as usize;
@@ -179,7 +172,7 @@ fn cross_sources(b: &MiniBatch, owners: &RangeOwners) -> u64 {
 
 #[test]
 fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(900);
     let s = SamplerSpec::default()
         .build(&ds, vec![5, 4, 3], SamplerKind::Khop)
         .unwrap();
@@ -250,7 +243,7 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
 /// split step refuses partial sums for them rather than compute a different model.
 #[test]
 fn partial_sums_are_refused_for_models_that_transform_sources() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(900);
     let s: Arc<dyn Sampler> = SamplerSpec::default()
         .build(&ds, vec![3, 3, 3], SamplerKind::Khop)
         .unwrap();
@@ -294,7 +287,7 @@ fn partial_sums_are_refused_for_models_that_transform_sources() {
 
 #[test]
 fn unsplittable_samplers_and_mismatched_parts_are_refused() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(900);
     let n = ds.num_nodes();
     let owners = RangeOwners::new(vec![0, n]).unwrap();
     let comm = LocalComm::group(1).pop().unwrap();
@@ -360,7 +353,7 @@ fn params(m: &Model<CpuBackend>) -> Vec<f32> {
 
 #[test]
 fn split_training_equals_one_worker_training() {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(900);
     let n = ds.num_nodes();
     let run = |cfg: &TrainConfig| train(cfg, &RunEnv::default(), &mut ()).unwrap();
     for model in [
@@ -499,7 +492,7 @@ fn one_worker_failing_to_prepare_ends_every_worker_with_an_error() {
 }
 
 fn one_worker_fails_to_prepare(panic: bool, message: &str) {
-    let (_dir, ds) = saved_tiny();
+    let (_dir, ds) = saved_tiny(900);
     let n = ds.num_nodes();
     let s = SamplerSpec::default()
         .build(&ds, vec![4, 3, 3], SamplerKind::Khop)
