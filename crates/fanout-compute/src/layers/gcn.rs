@@ -151,8 +151,7 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
     ) -> Result<B::Tensor> {
         let be = &self.be;
         let plan = self.plan();
-        let aggregation = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
-        let coeff = be.edge_coefficients(block, aggregation);
+        let coeff = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
         Ok(self.forward_from_aggregate(block, coeff, agg, train))
     }
 

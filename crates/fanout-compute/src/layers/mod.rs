@@ -260,15 +260,15 @@ pub(crate) fn check_input<B: Backend>(
 }
 
 /// Checks a pre-aggregated input ([`Layer::forward_aggregated`]): that `plan` aggregates
-/// `block` first, and that each named tensor is `num_dst x in_dim`. Returns the aggregation
-/// (the coefficients to cache for backward).
+/// `block` first, and that each named tensor is `num_dst x in_dim`. Returns the edge
+/// coefficients of that aggregation (`None` for a plain sum), to cache for backward.
 pub(crate) fn check_aggregated<B: Backend>(
     be: &B,
     kind: &str,
     block: &B::Block,
     plan: InputPlan,
     inputs: &[(&str, &B::Tensor)],
-) -> Result<Aggregation> {
+) -> Result<Option<B::Tensor>> {
     let dims = be.block_dims(block);
     let aggregation = plan.for_block(dims).ok_or_else(|| {
         ComputeError::State(format!(
@@ -285,7 +285,7 @@ pub(crate) fn check_aggregated<B: Backend>(
             ));
         }
     }
-    Ok(aggregation)
+    Ok(be.edge_coefficients(block, aggregation))
 }
 
 /// Checks `grad_out` against the cached forward's output shape.

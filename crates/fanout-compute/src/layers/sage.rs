@@ -168,14 +168,13 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
     ) -> Result<B::Tensor> {
         let be = &self.be;
         let plan = self.plan();
-        let aggregation = check_aggregated(
+        let coeff = check_aggregated(
             be,
             "sage",
             block,
             plan,
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
-        let coeff = be.edge_coefficients(block, aggregation);
         Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
     }
 
