@@ -43,9 +43,10 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
     }
     let mut rng = Rng::new(11);
     // (rows of G, columns of A, columns of G): rows not a multiple of the 8-row tiles or the
-    // 64-row blocks, A widths that exercise every strip width (64, 32, 16, 8) and the masked
-    // tail (100 = 64 + 32 + 4, 56 = 32 + 16 + 8, 37 = 32 + 5), G widths with partial 8-column
-    // tiles and more than one 64-column task.
+    // 64-row blocks, A widths that exercise full 64-float strips and tails of every vector
+    // count, with and without a masked last vector (100 = 64 + 36, 56, 37, 63, 65, 602 =
+    // 9 x 64 + 26, 8, 16, 1, 5), G widths with partial 8-column tiles and more than one
+    // 64-column task.
     let shapes = [
         (1, 1, 1),
         (9, 5, 7),
@@ -55,6 +56,10 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
         (64, 8, 8),
         (150, 56, 70),
         (40, 16, 24),
+        (71, 63, 9),
+        (70, 65, 17),
+        (90, 602, 20),
+        (33, 120, 8),
     ];
     for &(m, k, n) in &shapes {
         for density in [0.0, 0.05, 0.22, 0.6, 1.0] {

@@ -86,7 +86,10 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
         .map(|t| {
             let j0 = t * COL_BLOCK;
             let j1 = (j0 + COL_BLOCK).min(n);
-            let mut ct: Vec<Vec<f32>> = a.iter().map(|a| vec![0.0; (j1 - j0) * a.cols()]).collect();
+            let mut ct: Vec<Vec<f32>> = a
+                .iter()
+                .map(|a| vec![0.0; (j1 - j0) * padded(a.cols())])
+                .collect();
             accumulate(&a, g, j0, j1, &mut ct);
             ct
         })
@@ -96,8 +99,8 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
         for ((_, c), ct) in pairs.iter_mut().zip(part) {
             let k = c.rows();
             let cd = c.data_mut();
-            for (jj, col) in ct.chunks_exact(k.max(1)).enumerate() {
-                for (kk, &s) in col.iter().enumerate() {
+            for (jj, col) in ct.chunks_exact(padded(k).max(1)).enumerate() {
+                for (kk, &s) in col[..k].iter().enumerate() {
                     let out = &mut cd[kk * n + j0 + jj];
                     *out = if beta == 0.0 {
                         alpha * s
@@ -108,6 +111,12 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
             }
         }
     }
+}
+
+/// `k` rounded up to whole 8-float vectors: the row length of a task's `C^T` strips, so that
+/// every strip loads and stores whole vectors (the lanes past `k` stay zero and are dropped).
+fn padded(k: usize) -> usize {
+    k.div_ceil(8) * 8
 }
 
 /// The task body: `x86::accumulate` (the caller asserted [`available`]).
@@ -258,8 +267,9 @@ mod x86 {
         ]
     }
 
-    /// `ct[i][(j - j0) * k_i + kk] += sum_r A_i[r, kk] * G[r, j]` over G's non-zeros in
-    /// columns `j0..j1`, for every `A_i` in `a` (`ct[i]` is `(j1 - j0) x k_i` row-major),
+    /// `ct[i][(j - j0) * kp_i + kk] += sum_r A_i[r, kk] * G[r, j]` over G's non-zeros in
+    /// columns `j0..j1`, for every `A_i` in `a` (`ct[i]` is `(j1 - j0) x kp_i` row-major, with
+    /// `kp_i` = `A_i`'s columns rounded up to a multiple of 8; the pad lanes stay as they are),
     /// adding in increasing `r` for every element.
     ///
     /// # Safety
@@ -283,98 +293,98 @@ mod x86 {
             extract_block(g.data(), n, i0, ib, j0, w, &mut rows, &mut vals, &mut cnt);
             for (a, ct) in a.iter().zip(ct.iter_mut()) {
                 let k = a.cols();
-                assert_eq!(ct.len(), w * k);
+                let kp = super::padded(k);
+                assert_eq!(ct.len(), w * kp);
                 let ablock = a.data().as_ptr().add(i0 * k);
+                let lists = Lists {
+                    rows: &rows,
+                    vals: &vals,
+                    cnt: &cnt,
+                };
                 let mut kc = 0;
-                // Strips of 8, 4, 2 and 1 vectors, then one masked partial vector.
+                // Strips of eight vectors (held in registers across a column's non-zeros),
+                // then one strip of the 1..=8 vectors left, its last vector loaded masked
+                // when `k` is not a multiple of 8. One strip for the whole tail keeps as many
+                // independent accumulator chains as it has vectors: separate 4-, 2-, 1-vector
+                // and masked strips (as before) each waited on the FMA latency, and at k = 100
+                // the 36-float tail cost as much as the 64-float strip.
                 while kc + 64 <= k {
-                    strip::<8>(ablock, k, kc, &rows, &vals, &cnt, ct);
+                    strip::<8>(ablock, k, kp, kc, 8, &lists, ct);
                     kc += 64;
                 }
-                if kc + 32 <= k {
-                    strip::<4>(ablock, k, kc, &rows, &vals, &cnt, ct);
-                    kc += 32;
-                }
-                if kc + 16 <= k {
-                    strip::<2>(ablock, k, kc, &rows, &vals, &cnt, ct);
-                    kc += 16;
-                }
-                if kc + 8 <= k {
-                    strip::<1>(ablock, k, kc, &rows, &vals, &cnt, ct);
-                    kc += 8;
-                }
-                if kc < k {
-                    strip_partial(ablock, k, kc, &rows, &vals, &cnt, ct);
+                let left = k - kc;
+                match left.div_ceil(8) {
+                    0 => {}
+                    1 => strip::<1>(ablock, k, kp, kc, left, &lists, ct),
+                    2 => strip::<2>(ablock, k, kp, kc, left - 8, &lists, ct),
+                    3 => strip::<3>(ablock, k, kp, kc, left - 16, &lists, ct),
+                    4 => strip::<4>(ablock, k, kp, kc, left - 24, &lists, ct),
+                    5 => strip::<5>(ablock, k, kp, kc, left - 32, &lists, ct),
+                    6 => strip::<6>(ablock, k, kp, kc, left - 40, &lists, ct),
+                    7 => strip::<7>(ablock, k, kp, kc, left - 48, &lists, ct),
+                    _ => strip::<8>(ablock, k, kp, kc, left - 56, &lists, ct),
                 }
             }
         }
     }
 
-    /// For every column `j` of the task: `ct[j * k + kc..][..8 * NV] += v * A[r, kc..][..8 * NV]`
-    /// over the column's listed non-zeros `(r, v)`, holding the strip in registers.
+    /// One row block's non-zeros per column of the task (see [`extract_block`]).
+    struct Lists<'a> {
+        rows: &'a [u32],
+        vals: &'a [f32],
+        cnt: &'a [usize],
+    }
+
+    /// For every column `j` of the task: `ct[j * kp + kc..][..8 * NV] += v * A[r, kc..][..8 * NV]`
+    /// over the column's listed non-zeros `(r, v)`, holding the strip in registers. Only the
+    /// first `last` lanes of the last vector are read from A (the rest count as zeros).
     ///
     /// # Safety
-    /// AVX2 and FMA; `kc + 8 * NV <= k`; `ablock` points at the block's first row of A (row
-    /// stride `k`) and every listed row is inside A; `ct` is `cnt.len() x k`.
+    /// AVX2 and FMA; `last` in `1..=8`; `kc + 8 * (NV - 1) + last <= k`, `kc + 8 * NV <= kp`;
+    /// `ablock` points at the block's first row of A (row stride `k`) and every listed row is
+    /// inside A; `ct` is `cnt.len() x kp`.
     #[inline(always)]
     unsafe fn strip<const NV: usize>(
         ablock: *const f32,
         k: usize,
+        kp: usize,
         kc: usize,
-        rows: &[u32],
-        vals: &[f32],
-        cnt: &[usize],
+        last: usize,
+        lists: &Lists,
         ct: &mut [f32],
     ) {
-        for (j, &c) in cnt.iter().enumerate() {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(last as i32), lanes);
+        let full = last == 8;
+        for (j, &c) in lists.cnt.iter().enumerate() {
             if c == 0 {
                 continue;
             }
-            let out = ct.as_mut_ptr().add(j * k + kc);
+            let out = ct.as_mut_ptr().add(j * kp + kc);
             let mut acc: [__m256; NV] = std::array::from_fn(|q| _mm256_loadu_ps(out.add(8 * q)));
-            let (rs, vs) = (&rows[j * ROW_BLOCK..], &vals[j * ROW_BLOCK..]);
-            for e in 0..c {
-                let x = ablock.add(*rs.get_unchecked(e) as usize * k + kc);
-                let b = _mm256_set1_ps(*vs.get_unchecked(e));
-                for (q, v) in acc.iter_mut().enumerate() {
-                    *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
+            let (rs, vs) = (&lists.rows[j * ROW_BLOCK..], &lists.vals[j * ROW_BLOCK..]);
+            if full {
+                for e in 0..c {
+                    let x = ablock.add(*rs.get_unchecked(e) as usize * k + kc);
+                    let b = _mm256_set1_ps(*vs.get_unchecked(e));
+                    for (q, v) in acc.iter_mut().enumerate() {
+                        *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
+                    }
+                }
+            } else {
+                for e in 0..c {
+                    let x = ablock.add(*rs.get_unchecked(e) as usize * k + kc);
+                    let b = _mm256_set1_ps(*vs.get_unchecked(e));
+                    for (q, v) in acc[..NV - 1].iter_mut().enumerate() {
+                        *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
+                    }
+                    let tail = _mm256_maskload_ps(x.add(8 * (NV - 1)), mask);
+                    acc[NV - 1] = _mm256_fmadd_ps(b, tail, acc[NV - 1]);
                 }
             }
             for (q, v) in acc.iter().enumerate() {
                 _mm256_storeu_ps(out.add(8 * q), *v);
             }
-        }
-    }
-
-    /// [`strip`] for the last `k - kc < 8` columns of A, through masked loads and stores.
-    ///
-    /// # Safety
-    /// As for [`strip`], with `k - kc` in `1..8`.
-    #[inline(always)]
-    unsafe fn strip_partial(
-        ablock: *const f32,
-        k: usize,
-        kc: usize,
-        rows: &[u32],
-        vals: &[f32],
-        cnt: &[usize],
-        ct: &mut [f32],
-    ) {
-        let left = (k - kc) as i32;
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), lanes);
-        for (j, &c) in cnt.iter().enumerate() {
-            if c == 0 {
-                continue;
-            }
-            let out = ct.as_mut_ptr().add(j * k + kc);
-            let mut acc = _mm256_maskload_ps(out, mask);
-            for e in 0..c {
-                let x = ablock.add(rows[j * ROW_BLOCK + e] as usize * k + kc);
-                let b = _mm256_set1_ps(vals[j * ROW_BLOCK + e]);
-                acc = _mm256_fmadd_ps(b, _mm256_maskload_ps(x, mask), acc);
-            }
-            _mm256_maskstore_ps(out, mask, acc);
         }
     }
 }
