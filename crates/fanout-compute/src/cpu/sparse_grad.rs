@@ -114,7 +114,7 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
 }
 
 /// `k` rounded up to whole 8-float vectors: the row length of a task's `C^T` strips, so that
-/// every strip loads and stores whole vectors (the lanes past `k` stay zero and are dropped).
+/// every strip loads and stores whole vectors (the lanes past `k` are never copied into C).
 fn padded(k: usize) -> usize {
     k.div_ceil(8) * 8
 }
@@ -269,7 +269,7 @@ mod x86 {
 
     /// `ct[i][(j - j0) * kp_i + kk] += sum_r A_i[r, kk] * G[r, j]` over G's non-zeros in
     /// columns `j0..j1`, for every `A_i` in `a` (`ct[i]` is `(j1 - j0) x kp_i` row-major, with
-    /// `kp_i` = `A_i`'s columns rounded up to a multiple of 8; the pad lanes stay as they are),
+    /// `kp_i` = `A_i`'s columns rounded up to a multiple of 8; the pad lanes hold no result),
     /// adding in increasing `r` for every element.
     ///
     /// # Safety
