@@ -134,10 +134,11 @@ mod tests {
             serde_json::from_slice(&std::fs::read(t.path().join(CACHE_FILE)).unwrap()).unwrap();
         assert_eq!(f.cpu, cpu_model());
         assert_eq!(f.rates.get(&1), Some(&r));
-        // Rates this CPU's cache holds are used as stored, without measuring.
+        // Rates this CPU's cache holds are used as stored, without measuring, to the last
+        // bit (this rate once came back one ulp off, before serde_json's float_roundtrip).
         let fake = MachineRates {
             threads: 3,
-            gemm_flops_per_s: 1.0,
+            gemm_flops_per_s: 135492381042.93523,
             copy_bytes_per_s: 2.0,
         };
         let mut other = CacheFile {
