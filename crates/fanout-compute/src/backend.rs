@@ -67,6 +67,19 @@ pub struct SgdUpdate {
     pub weight_decay: f32,
 }
 
+/// The dropout a layer applies to its output in training: rate `p` (`0 <= p < 1`), the key of
+/// its masks, and the rows' vertex ids when given ([`Backend::dropout`] says how they key
+/// the masks).
+#[derive(Clone, Copy, Debug)]
+pub struct DropoutSpec<'a> {
+    /// Probability that an element is dropped.
+    pub p: f32,
+    /// Key of the masks (distinct per step and layer).
+    pub key: u64,
+    /// Global vertex id of each row, or `None` to key the masks by row index.
+    pub row_ids: Option<&'a [u32]>,
+}
+
 /// A device that runs fanout's tensor and graph operations.
 ///
 /// Layers and models are generic over `Backend` and touch data only through it, so a CUDA
@@ -203,6 +216,23 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         key: u64,
         row_ids: Option<&[u32]>,
     ) -> (Self::Tensor, Self::Tensor);
+    /// A layer's epilogue in one pass over `x`, in place: `x <- drop(act(x + bias))`, where
+    /// the bias (`1 x cols`) is added when given, `act` is ReLU when `relu` (else the
+    /// identity) and `drop` is `dropout`'s (the masks of [`Backend::dropout`] with the same
+    /// arguments) when given. The values are those of [`Backend::add_bias`], [`Backend::relu`]
+    /// and [`Backend::dropout`] in turn, bit for bit. With `keep`, returns the gradient factor
+    /// `F` (same shape; 0 where ReLU cut or dropout dropped, else the dropout scale, 1 without
+    /// dropout), so that the gradient at `x + bias` is `mul(grad, F)`; `None` when `keep` is
+    /// false or there is neither ReLU nor dropout (the gradient passes through). Panics on a
+    /// bias of the wrong shape or a `dropout` that [`Backend::dropout`] would refuse.
+    fn epilogue(
+        &self,
+        x: &mut Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        relu: bool,
+        dropout: Option<DropoutSpec<'_>>,
+        keep: bool,
+    ) -> Option<Self::Tensor>;
     /// Row-wise L2 normalisation `y = x / r` with `r = ||x_row||`, rows of norm 0 left as they
     /// are (`r` taken as 1, as DGL's PinSAGE example does). Returns `(y, r)`, `r` being `N x 1`.
     fn l2_normalize_rows(&self, x: &Self::Tensor) -> (Self::Tensor, Self::Tensor);

@@ -38,7 +38,7 @@ pub mod model;
 pub mod optim;
 pub mod tensor;
 
-pub use backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
+pub use backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
 pub use block::{BlockDims, BlockRef};
 pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::MachineRates;
@@ -46,7 +46,7 @@ pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};
 pub use layers::{
     Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param,
-    PinSageLayer, SageLayer,
+    Pass, PinSageLayer, SageLayer,
 };
 pub use model::{Mode, Model, ModelConfig, ModelKind, PaperSetting};
 pub use optim::{Adam, OptimState, Optimizer, Sgd};

@@ -3,12 +3,12 @@
 use fanout_rand::{mix_keys, Rng};
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, DropoutSpec};
 use crate::block::BlockRef;
 use crate::error::{ComputeError, Result};
 use crate::layers::{
-    Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param, PinSageLayer,
-    SageLayer,
+    Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param, Pass,
+    PinSageLayer, SageLayer,
 };
 
 /// Stream tags, so initialisation and dropout never share random numbers.
@@ -181,7 +181,6 @@ pub struct Model<B: Backend> {
     be: B,
     config: ModelConfig,
     layers: Vec<Box<dyn Layer<B>>>,
-    masks: Vec<Option<B::Tensor>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -235,12 +234,7 @@ impl<B: Backend> Model<B> {
             };
             layers.push(layer);
         }
-        Ok(Model {
-            be,
-            config,
-            masks: vec![None; n],
-            layers,
-        })
+        Ok(Model { be, config, layers })
     }
 
     /// The configuration the model was built from.
@@ -347,9 +341,8 @@ impl<B: Backend> Model<B> {
                 blocks.len()
             )));
         }
-        let train = matches!(mode, Mode::Train { .. });
-        let h = self.layers[0].forward_aggregated(&blocks[0], x_dst, agg, train)?;
-        let mut h = self.after_layer(0, h, mode, input_ids);
+        let pass = self.pass(0, mode, input_ids);
+        let mut h = self.layers[0].forward_aggregated(&blocks[0], x_dst, agg, pass)?;
         for (i, block) in blocks.iter().enumerate().skip(1) {
             h = self.forward_layer(i, block, h, mode, input_ids)?;
         }
@@ -371,32 +364,30 @@ impl<B: Backend> Model<B> {
         row_ids: Option<&[u32]>,
     ) -> Result<B::Tensor> {
         let n = self.layers.len();
-        let layer = self.layers.get_mut(i).ok_or_else(|| {
-            ComputeError::State(format!("layer {i} asked of a model of {n} layers"))
-        })?;
-        let h = layer.forward(block, h_src, matches!(mode, Mode::Train { .. }))?;
-        Ok(self.after_layer(i, h, mode, row_ids))
+        if i >= n {
+            return Err(ComputeError::State(format!(
+                "layer {i} asked of a model of {n} layers"
+            )));
+        }
+        let pass = self.pass(i, mode, row_ids);
+        self.layers[i].forward(block, h_src, pass)
     }
 
-    /// What follows layer `i`'s output `h`: in training, below the last layer, its dropout
-    /// (mask kept for backward).
-    fn after_layer(
-        &mut self,
-        i: usize,
-        mut h: B::Tensor,
-        mode: Mode,
-        row_ids: Option<&[u32]>,
-    ) -> B::Tensor {
-        self.masks[i] = None;
-        if let Mode::Train { dropout_key } = mode {
-            if i + 1 < self.layers.len() && self.config.dropout > 0.0 {
-                let key = mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]);
-                let (out, mask) = self.be.dropout(&h, self.config.dropout, key, row_ids);
-                h = out;
-                self.masks[i] = Some(mask);
-            }
+    /// How layer `i` runs in `mode`: in training, below the last layer, with the model's
+    /// dropout on its output (the layer fuses it into its epilogue and keeps the mask).
+    fn pass<'a>(&self, i: usize, mode: Mode, row_ids: Option<&'a [u32]>) -> Pass<'a> {
+        match mode {
+            Mode::Eval => Pass::Eval,
+            Mode::Train { dropout_key } => Pass::Train {
+                dropout: (i + 1 < self.layers.len() && self.config.dropout > 0.0).then(|| {
+                    DropoutSpec {
+                        p: self.config.dropout,
+                        key: mix_keys(&[self.config.seed, DROPOUT_TAG, dropout_key, i as u64]),
+                        row_ids,
+                    }
+                }),
+            },
         }
-        h
     }
 
     /// Back-propagates the gradient of the loss with respect to the logits through the last
@@ -429,11 +420,7 @@ impl<B: Backend> Model<B> {
                 "layer {i} asked of a model of {n} layers"
             )));
         }
-        let g = match self.masks[i].take() {
-            Some(mask) => self.be.mul(&grad_out, &mask),
-            None => grad_out,
-        };
-        self.layers[i].backward(&g, need_input_grad)
+        self.layers[i].backward(&grad_out, need_input_grad)
     }
 
     /// Sets every parameter gradient to zero.
@@ -447,7 +434,6 @@ impl<B: Backend> Model<B> {
     /// Drops cached activations and masks (e.g. after an aborted step).
     pub fn clear_cache(&mut self) {
         self.layers.iter_mut().for_each(|l| l.clear_cache());
-        self.masks.iter_mut().for_each(|m| *m = None);
     }
 
     /// Every parameter with its checkpoint name `layers.{i}.{name}`, in a fixed order.

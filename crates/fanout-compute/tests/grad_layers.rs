@@ -6,7 +6,7 @@ mod common;
 use common::{assert_grad, check_grad, proj_loss, rand_tensor, OwnedBlock};
 use fanout_compute::{
     Activation, AggregateOrder, Backend, CpuBackend, GatLayer, GcnLayer, GinLayer, HeadMerge,
-    Layer, Mode, Model, ModelConfig, ModelKind, PinSageLayer, SageLayer, Tensor,
+    Layer, Mode, Model, ModelConfig, ModelKind, Pass, PinSageLayer, SageLayer, Tensor,
 };
 use fanout_rand::Rng;
 
@@ -22,7 +22,7 @@ fn check_layer(name: &str, mut layer: L, weighted: bool, seed: u64) {
         &mut rng,
     );
     let h = rand_tensor(blk.num_src, layer.in_dim(), &mut rng);
-    let out = layer.forward(&block, h.clone(), true).unwrap();
+    let out = layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
     assert_eq!(
         out.shape(),
         (blk.num_dst, layer.out_dim()),
@@ -32,7 +32,7 @@ fn check_layer(name: &str, mut layer: L, weighted: bool, seed: u64) {
     let dx = layer.backward(&r, true).unwrap().expect("input gradient");
     assert_grad(&format!("{name} d h_src"), h.data(), dx.data(), |v| {
         let hx = Tensor::new(h.rows(), h.cols(), v.to_vec());
-        proj_loss(&layer.forward(&block, hx, false).unwrap(), &r)
+        proj_loss(&layer.forward(&block, hx, Pass::Eval).unwrap(), &r)
     });
     let saved: Vec<(&'static str, Tensor, Tensor)> = layer
         .params()
@@ -42,7 +42,7 @@ fn check_layer(name: &str, mut layer: L, weighted: bool, seed: u64) {
     for (k, (pname, v0, g)) in saved.iter().enumerate() {
         assert_grad(&format!("{name} d {pname}"), v0.data(), g.data(), |v| {
             layer.params_mut()[k].value = Tensor::new(v0.rows(), v0.cols(), v.to_vec());
-            proj_loss(&layer.forward(&block, h.clone(), false).unwrap(), &r)
+            proj_loss(&layer.forward(&block, h.clone(), Pass::Eval).unwrap(), &r)
         });
         layer.params_mut()[k].value = v0.clone();
     }
@@ -125,12 +125,12 @@ fn checker_rejects_a_wrong_backward() {
     let block = blk.prepare();
     let mut layer = SageLayer::new(CpuBackend, 6, 5, Activation::None, &mut r0);
     let h = rand_tensor(9, 6, &mut r0);
-    let out = layer.forward(&block, h.clone(), true).unwrap();
+    let out = layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
     let r = rand_tensor(out.rows(), out.cols(), &mut r0);
     let dx = layer.backward(&r, true).unwrap().unwrap();
     let mut loss = |v: &[f32]| {
         let hx = Tensor::new(9, 6, v.to_vec());
-        proj_loss(&layer.forward(&block, hx, false).unwrap(), &r)
+        proj_loss(&layer.forward(&block, hx, Pass::Eval).unwrap(), &r)
     };
     assert!(check_grad("right", h.data(), dx.data(), &mut loss).is_ok());
     // A sign flip in the whole gradient.
@@ -150,23 +150,23 @@ fn gradients_accumulate_and_backward_needs_a_training_forward() {
     let mut layer = GcnLayer::new(CpuBackend, 3, 2, Activation::None, &mut r0);
     let h = rand_tensor(7, 3, &mut r0);
     let g = Tensor::full(4, 2, 1.0);
-    layer.forward(&block, h.clone(), true).unwrap();
+    layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
     layer.backward(&g, false).unwrap();
     let once = layer.params()[0].grad.clone();
     assert!(layer.backward(&g, false).is_err(), "cache is consumed");
-    layer.forward(&block, h.clone(), true).unwrap();
+    layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
     layer.backward(&g, false).unwrap();
     let twice = &layer.params()[0].grad;
     let expect = Tensor::new(3, 2, once.data().iter().map(|v| 2.0 * v).collect());
     assert!(twice.max_abs_diff(&expect) < 1e-6);
-    layer.forward(&block, h.clone(), false).unwrap();
+    layer.forward(&block, h.clone(), Pass::Eval).unwrap();
     assert!(
         layer.backward(&g, false).is_err(),
         "eval forward caches nothing"
     );
     // Wrong input width is an error, not a panic.
     assert!(layer
-        .forward(&block, rand_tensor(7, 4, &mut r0), true)
+        .forward(&block, rand_tensor(7, 4, &mut r0), Pass::TRAIN)
         .is_err());
 }
 

@@ -6,7 +6,7 @@ mod common;
 use common::{rand_tensor, OwnedBlock};
 use fanout_compute::cpu::gemm::{gemm_dense, skips_zeros};
 use fanout_compute::cpu::sparse_grad;
-use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, Tensor};
+use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, DropoutSpec, Tensor};
 use fanout_rand::Rng;
 
 const BE: CpuBackend = CpuBackend;
@@ -484,4 +484,77 @@ fn on_compute_threads_runs_on_a_pool_worker_and_returns_the_value() {
         BE.on_compute_threads(|| BE.matmul(&a, false, &b, false)),
         BE.matmul(&a, false, &b, false)
     );
+}
+
+/// The separate passes the epilogue replaces: bias, ReLU, dropout in turn; and the gradient at
+/// the epilogue's input for `grad`: ReLU's backward after the dropout mask's.
+fn epilogue_reference(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+    dropout: Option<DropoutSpec<'_>>,
+    grad: &Tensor,
+) -> (Tensor, Tensor) {
+    let mut z = x.clone();
+    if let Some(b) = bias {
+        BE.add_bias(&mut z, b);
+    }
+    let a = if relu { BE.relu(&z) } else { z.clone() };
+    let (out, g) = match dropout {
+        Some(d) => {
+            let (out, mask) = BE.dropout(&a, d.p, d.key, d.row_ids);
+            (out, BE.mul(grad, &mask))
+        }
+        None => (a, grad.clone()),
+    };
+    let g = if relu { BE.relu_backward(&g, &z) } else { g };
+    (out, g)
+}
+
+#[test]
+fn epilogue_equals_bias_relu_and_dropout_in_turn() {
+    // Odd widths (the AVX2 loop's tail), a single column, rows keyed by index and by id.
+    let mut rng = Rng::new(5);
+    for &(rows, cols) in &[(37, 67), (300, 16), (9, 1), (0, 5)] {
+        let x = rand_tensor(rows, cols, &mut rng);
+        let bias = rand_tensor(1, cols, &mut rng);
+        let grad = rand_tensor(rows, cols, &mut rng);
+        let ids: Vec<u32> = (0..rows as u32).map(|r| 1000 + 7 * r).collect();
+        for use_bias in [false, true] {
+            for relu in [false, true] {
+                for drop in [None, Some(0.0f32), Some(0.3), Some(0.8)] {
+                    for by_id in [false, true] {
+                        let spec = drop.map(|p| DropoutSpec {
+                            p,
+                            key: 99,
+                            row_ids: by_id.then_some(&ids[..]),
+                        });
+                        let b = use_bias.then_some(&bias);
+                        let what = format!(
+                            "{rows}x{cols} bias {use_bias} relu {relu} drop {drop:?} ids {by_id}"
+                        );
+                        let (want, want_grad) = epilogue_reference(&x, b, relu, spec, &grad);
+                        let mut got = x.clone();
+                        let factor = BE.epilogue(&mut got, b, relu, spec, true);
+                        assert_eq!(got, want, "{what}: output");
+                        match factor {
+                            Some(f) => {
+                                let g = BE.mul(&grad, &f);
+                                // Equal as floats: a cut element may be -0 here, 0 there.
+                                assert_eq!(g.data(), want_grad.data(), "{what}: gradient");
+                            }
+                            None => {
+                                assert!(!relu && drop.is_none(), "{what}: no factor");
+                                assert_eq!(want_grad, grad, "{what}: identity");
+                            }
+                        }
+                        // Not kept: the same output and no factor.
+                        let mut bare = x.clone();
+                        assert!(BE.epilogue(&mut bare, b, relu, spec, false).is_none());
+                        assert_eq!(bare, want, "{what}: output without the factor");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -4,6 +4,7 @@ use fanout_rand::lowbias32;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+use crate::backend::DropoutSpec;
 use crate::cpu::par::{
     axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK,
 };
@@ -137,7 +138,7 @@ pub(crate) fn leaky_relu_backward(grad: &Tensor, x: &Tensor, slope: f32) -> Tens
 /// a time (AVX2 where the CPU has it, with the same integers and hence the same masks as the
 /// plain loop): a fifth of the time of two draws per xoshiro256++ step.
 pub(crate) fn dropout(x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
-    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    let (thr, keep) = dropout_params(p);
     if let Some(ids) = row_ids {
         assert!(
             ids.len() >= x.rows(),
@@ -146,8 +147,6 @@ pub(crate) fn dropout(x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> 
             x.rows()
         );
     }
-    let keep = 1.0 / (1.0 - p);
-    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
     let (rows, cols) = x.shape();
     let len = rows * cols;
     let (mut out, mut mask): (Vec<f32>, Vec<f32>) =
@@ -160,14 +159,7 @@ pub(crate) fn dropout(x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> 
             .with_min_len((2048 / cols).max(1))
             .for_each(|(r, (orow, mrow))| {
                 let id = row_ids.map_or(r as u64, |ids| ids[r] as u64);
-                let seed = fanout_rand::mix_keys(&[key, id]);
-                let row = DropoutRow {
-                    lo: seed as u32,
-                    hi: (seed >> 32) as u32,
-                    thr,
-                    keep,
-                };
-                row.apply(x.row(r), orow, mrow);
+                DropoutRow::new(key, id, thr, keep).apply(x.row(r), orow, mrow);
             });
         // SAFETY: the rows cover all `len` elements of both buffers, and `apply` wrote every
         // element of each row (`x.row(r)` is as long as the row).
@@ -215,13 +207,200 @@ impl DropoutRow {
         self.apply_plain(x, out, mask)
     }
 
+    /// A row's dropout for the row of vertex (or row index) `id` under `key`.
+    fn new(key: u64, id: u64, thr: u32, keep: f32) -> Self {
+        let seed = fanout_rand::mix_keys(&[key, id]);
+        DropoutRow {
+            lo: seed as u32,
+            hi: (seed >> 32) as u32,
+            thr,
+            keep,
+        }
+    }
+
+    /// The mask value of column `c`: `keep` or 0.
+    #[inline(always)]
+    fn mask(self, c: usize) -> f32 {
+        let d = lowbias32(lowbias32(self.lo.wrapping_add(c as u32)) ^ self.hi);
+        self.keep * (d >= self.thr) as u32 as f32
+    }
+
     #[inline(always)]
     fn apply_plain(self, x: &[f32], out: &mut [MaybeUninit<f32>], mask: &mut [MaybeUninit<f32>]) {
         for (c, ((o, m), &xv)) in out.iter_mut().zip(mask.iter_mut()).zip(x).enumerate() {
-            let d = lowbias32(lowbias32(self.lo.wrapping_add(c as u32)) ^ self.hi);
-            let mv = self.keep * (d >= self.thr) as u32 as f32;
+            let mv = self.mask(c);
             m.write(mv);
             o.write(xv * mv);
+        }
+    }
+}
+
+/// The threshold and keep scale of dropout at rate `p` (see [`dropout`]).
+fn dropout_params(p: f32) -> (u32, f32) {
+    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
+    (thr, 1.0 / (1.0 - p))
+}
+
+/// See [`crate::Backend::epilogue`]. One pass per row: the element is read once, written
+/// once, and its gradient factor written once when kept, where bias, ReLU and dropout in
+/// turn read it three times and write it four times (two fresh tensors and a mask).
+pub(crate) fn epilogue(
+    x: &mut Tensor,
+    bias: Option<&Tensor>,
+    relu: bool,
+    dropout: Option<DropoutSpec<'_>>,
+    keep: bool,
+) -> Option<Tensor> {
+    let (rows, cols) = x.shape();
+    if let Some(b) = bias {
+        assert_eq!(b.shape(), (1, cols), "epilogue: bias shape");
+    }
+    let drop = dropout.map(|d| {
+        if let Some(ids) = d.row_ids {
+            assert!(
+                ids.len() >= rows,
+                "dropout: {} row ids for {rows} rows",
+                ids.len()
+            );
+        }
+        let (thr, keep) = dropout_params(d.p);
+        (d, thr, keep)
+    });
+    let keep = keep && (relu || drop.is_some());
+    let len = rows * cols;
+    let mut factor: Vec<f32> = Vec::with_capacity(if keep { len } else { 0 });
+    if len > 0 {
+        let flags = EpilogueFlags {
+            bias: bias.is_some(),
+            relu,
+            drop: drop.is_some(),
+            keep,
+        };
+        let b = bias.map_or(&[][..], |b| b.data());
+        let body = |r: usize, xrow: &mut [f32], frow: &mut [MaybeUninit<f32>]| {
+            let row = drop.map(|(d, thr, k)| {
+                let id = d.row_ids.map_or(r as u64, |ids| ids[r] as u64);
+                DropoutRow::new(d.key, id, thr, k)
+            });
+            epilogue_row(flags, b, row, xrow, frow);
+        };
+        let min = (2048 / cols).max(1);
+        let xrows = x.data_mut().par_chunks_mut(cols);
+        if keep {
+            let frows = factor.spare_capacity_mut()[..len].par_chunks_mut(cols);
+            xrows
+                .zip(frows)
+                .enumerate()
+                .with_min_len(min)
+                .for_each(|(r, (xrow, frow))| body(r, xrow, frow));
+        } else {
+            xrows
+                .enumerate()
+                .with_min_len(min)
+                .for_each(|(r, xrow)| body(r, xrow, &mut []));
+        }
+        if keep {
+            // SAFETY: the rows cover all `len` elements and `epilogue_row` wrote every
+            // element of each row's factor when `keep`.
+            unsafe { factor.set_len(len) };
+        }
+    }
+    keep.then(|| Tensor::new(rows, cols, factor))
+}
+
+/// Which parts of [`epilogue`] run.
+#[derive(Clone, Copy)]
+struct EpilogueFlags {
+    bias: bool,
+    relu: bool,
+    drop: bool,
+    keep: bool,
+}
+
+/// One row of [`epilogue`]: picks the loop compiled for its flags (and for AVX2 where the CPU
+/// has it: the same float operations in the same order, so the same results).
+fn epilogue_row(
+    f: EpilogueFlags,
+    bias: &[f32],
+    drop: Option<DropoutRow>,
+    x: &mut [f32],
+    factor: &mut [MaybeUninit<f32>],
+) {
+    // Unused parts get harmless stand-ins; the loop's constant flags never read them.
+    let d = drop.unwrap_or(DropoutRow {
+        lo: 0,
+        hi: 0,
+        thr: 0,
+        keep: 1.0,
+    });
+    macro_rules! dispatch {
+        ($($b:literal $r:literal $d:literal $k:literal),*) => {
+            match (f.bias, f.relu, f.drop, f.keep) {
+                $(($b, $r, $d, $k) => epilogue_loop::<$b, $r, $d, $k>(bias, d, x, factor),)*
+            }
+        };
+    }
+    dispatch!(
+        false false false false, false false false true, false false true false,
+        false false true true, false true false false, false true false true,
+        false true true false, false true true true, true false false false,
+        true false false true, true false true false, true false true true,
+        true true false false, true true false true, true true true false,
+        true true true true
+    );
+}
+
+/// [`epilogue_loop_plain`], built for AVX2 when the CPU has it.
+fn epilogue_loop<const B: bool, const R: bool, const D: bool, const K: bool>(
+    bias: &[f32],
+    drop: DropoutRow,
+    x: &mut [f32],
+    factor: &mut [MaybeUninit<f32>],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { epilogue_loop_avx2::<B, R, D, K>(bias, drop, x, factor) };
+    }
+    epilogue_loop_plain::<B, R, D, K>(bias, drop, x, factor)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn epilogue_loop_avx2<const B: bool, const R: bool, const D: bool, const K: bool>(
+    bias: &[f32],
+    drop: DropoutRow,
+    x: &mut [f32],
+    factor: &mut [MaybeUninit<f32>],
+) {
+    epilogue_loop_plain::<B, R, D, K>(bias, drop, x, factor)
+}
+
+/// The element operations of [`epilogue`] for one row: bias (`B`), ReLU (`R`), dropout (`D`),
+/// the gradient factor written (`K`).
+#[inline(always)]
+fn epilogue_loop_plain<const B: bool, const R: bool, const D: bool, const K: bool>(
+    bias: &[f32],
+    drop: DropoutRow,
+    x: &mut [f32],
+    factor: &mut [MaybeUninit<f32>],
+) {
+    let n = x.len();
+    let bias = if B { &bias[..n] } else { &[][..] };
+    let factor = if K { &mut factor[..n] } else { &mut [][..] };
+    for c in 0..n {
+        // `add_bias` adds `1.0 * b`, which is `b`.
+        let z = if B { x[c] + bias[c] } else { x[c] };
+        let a = if R { z.max(0.0) } else { z };
+        let m = if D { drop.mask(c) } else { 1.0 };
+        x[c] = if D { a * m } else { a };
+        if K {
+            // ReLU's derivative is `z > 0` (`relu_backward` tests its output, which is
+            // positive exactly where `z` is).
+            factor[c].write(if !R || z > 0.0 { m } else { 0.0 });
         }
     }
 }

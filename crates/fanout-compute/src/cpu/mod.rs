@@ -18,7 +18,7 @@ pub(crate) mod par;
 pub mod rates;
 pub mod sparse_grad;
 
-use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, SgdUpdate};
+use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
 use crate::block::{BlockDims, BlockRef};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -124,6 +124,16 @@ impl Backend for CpuBackend {
     }
     fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
         dense::dropout(x, p, key, row_ids)
+    }
+    fn epilogue(
+        &self,
+        x: &mut Tensor,
+        bias: Option<&Tensor>,
+        relu: bool,
+        dropout: Option<DropoutSpec<'_>>,
+        keep: bool,
+    ) -> Option<Tensor> {
+        dense::epilogue(x, bias, relu, dropout, keep)
     }
     fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
         dense::l2_normalize_rows(x)

@@ -3,7 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot, no_cache, Activation, Layer, Param,
+    acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, glorot, no_cache, Activation,
+    Layer, Param, Pass,
 };
 use crate::backend::Backend;
 use crate::error::Result;
@@ -54,8 +55,8 @@ struct Cache<B: Backend> {
     alpha: B::Tensor,
     /// Shape of the output (checked against the incoming gradient).
     out_shape: (usize, usize),
-    /// What the activation's backward needs ([`Activation::forward_keep`]).
-    act_in: Option<B::Tensor>,
+    /// What the epilogue's backward needs ([`Activation::finish`]).
+    kept: Option<B::Tensor>,
 }
 
 impl<B: Backend> GatLayer<B> {
@@ -113,7 +114,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         }
     }
 
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gat", block, &h_src, self.in_dim)?;
         let z = be.matmul(&h_src, false, &self.weight.value, false);
@@ -124,13 +125,16 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         let e = be.leaky_relu(&scores, GAT_NEGATIVE_SLOPE);
         let alpha = be.edge_softmax(block, &e);
         let mut rst = be.spmm(block, Some(&alpha), &z);
-        be.add_bias(&mut rst, &self.bias.value);
-        let merged = match self.merge {
-            HeadMerge::Concat => rst,
-            HeadMerge::Mean => be.head_mean(&rst, self.heads),
+        // Concatenated heads take the bias in the epilogue's pass; averaged ones before it.
+        let (merged, bias) = match self.merge {
+            HeadMerge::Concat => (rst, Some(&self.bias.value)),
+            HeadMerge::Mean => {
+                be.add_bias(&mut rst, &self.bias.value);
+                (be.head_mean(&rst, self.heads), None)
+            }
         };
-        let (out, act_in) = self.act.forward_keep(be, merged);
-        self.cache = train.then(|| Cache {
+        let (out, kept) = self.act.finish(be, merged, bias, pass);
+        self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             h_src,
             z,
@@ -138,7 +142,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
             scores,
             alpha,
             out_shape: be.shape(&out),
-            act_in,
+            kept,
         });
         Ok(out)
     }
@@ -147,9 +151,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("gat"))?;
         let be = &self.be;
         check_grad(be, "gat", grad_out, c.out_shape)?;
-        let g = self
-            .act
-            .backward_from_input(be, grad_out, c.act_in.as_ref());
+        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
         let g_rst = match self.merge {
             HeadMerge::Concat => g.into_owned(),
             HeadMerge::Mean => be.head_mean_backward(g.as_ref(), self.heads),

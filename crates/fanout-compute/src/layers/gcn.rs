@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot, no_cache, Activation,
-    AggregateOrder, InputPlan, Layer, Param,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot,
+    no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -36,8 +36,8 @@ struct Cache<B: Backend> {
     project_first: bool,
     /// Shape of the output (checked against the incoming gradient).
     out_shape: (usize, usize),
-    /// What the activation's backward needs ([`Activation::forward_keep`]).
-    act_in: Option<B::Tensor>,
+    /// What the epilogue's backward needs ([`Activation::finish`]).
+    kept: Option<B::Tensor>,
 }
 
 impl<B: Backend> GcnLayer<B> {
@@ -71,10 +71,10 @@ impl<B: Backend> GcnLayer<B> {
         block: &B::Block,
         coeff: Option<B::Tensor>,
         agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> B::Tensor {
         let out = self.be.matmul(&agg, false, &self.weight.value, false);
-        self.finish(block, coeff, agg, false, out, train)
+        self.finish(block, coeff, agg, false, out, pass)
     }
 
     /// Its input plan: aggregate first (GcnBoth) where its order rule says so.
@@ -87,26 +87,26 @@ impl<B: Backend> GcnLayer<B> {
         }
     }
 
-    /// Bias, activation, and (in training) the cache for backward.
+    /// Bias, activation and the pass's dropout in one pass, and (in training) the cache for
+    /// backward.
     fn finish(
         &mut self,
         block: &B::Block,
         coeff: Option<B::Tensor>,
         input: B::Tensor,
         project_first: bool,
-        mut out: B::Tensor,
-        train: bool,
+        out: B::Tensor,
+        pass: Pass<'_>,
     ) -> B::Tensor {
         let be = &self.be;
-        be.add_bias(&mut out, &self.bias.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
+        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass);
+        self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             coeff,
             input,
             project_first,
             out_shape: be.shape(&out),
-            act_in,
+            kept,
         });
         out
     }
@@ -123,17 +123,17 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         self.out_dim
     }
 
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gcn", block, &h_src, self.in_dim)?;
         let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
         if self.order.project_first(dims, self.in_dim, self.out_dim) {
             let z = be.matmul(&h_src, false, &self.weight.value, false);
             let out = be.spmm(block, coeff.as_ref(), &z);
-            Ok(self.finish(block, coeff, h_src, true, out, train))
+            Ok(self.finish(block, coeff, h_src, true, out, pass))
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            Ok(self.forward_from_aggregate(block, coeff, agg, train))
+            Ok(self.forward_from_aggregate(block, coeff, agg, pass))
         }
     }
 
@@ -147,21 +147,19 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         block: &B::Block,
         _h_dst: B::Tensor,
         agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> Result<B::Tensor> {
         let be = &self.be;
         let plan = self.plan();
         let coeff = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
-        Ok(self.forward_from_aggregate(block, coeff, agg, train))
+        Ok(self.forward_from_aggregate(block, coeff, agg, pass))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gcn"))?;
         let be = &self.be;
         check_grad(be, "gcn", grad_out, c.out_shape)?;
-        let g = self
-            .act
-            .backward_from_input(be, grad_out, c.act_in.as_ref());
+        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
         if c.project_first {

@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot, no_cache, Activation,
-    AggregateOrder, InputPlan, Layer, Param,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot,
+    no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -39,8 +39,8 @@ struct Cache<B: Backend> {
     hid: B::Tensor,
     /// Shape of the output (checked against the incoming gradient).
     out_shape: (usize, usize),
-    /// What the activation's backward needs ([`Activation::forward_keep`]).
-    act_in: Option<B::Tensor>,
+    /// What the epilogue's backward needs ([`Activation::finish`]).
+    kept: Option<B::Tensor>,
 }
 
 impl<B: Backend> GinLayer<B> {
@@ -96,7 +96,7 @@ impl<B: Backend> GinLayer<B> {
         block: &B::Block,
         h_dst: B::Tensor,
         mut agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> B::Tensor {
         let be = &self.be;
         // The scalar is read back once per forward (a device sync on an accelerator).
@@ -104,19 +104,18 @@ impl<B: Backend> GinLayer<B> {
         let rows = be.shape(&h_dst).0;
         be.axpy_prefix(1.0 + eps, &h_dst, &mut agg, rows);
         let mut hid = be.matmul(&agg, false, &self.w1.value, false);
-        be.add_bias(&mut hid, &self.b1.value);
-        let hid = be.relu(&hid);
-        let mut out = be.matmul(&hid, false, &self.w2.value, false);
-        be.add_bias(&mut out, &self.b2.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
+        // ReLU's backward reads its output (`hid`), so nothing else is kept.
+        be.epilogue(&mut hid, Some(&self.b1.value), true, None, false);
+        let out = be.matmul(&hid, false, &self.w2.value, false);
+        let (out, kept) = self.act.finish(be, out, Some(&self.b2.value), pass);
+        self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             eps,
             h_dst,
             agg,
             hid,
             out_shape: be.shape(&out),
-            act_in,
+            kept,
         });
         out
     }
@@ -133,12 +132,12 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
         self.out_dim
     }
 
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gin", block, &h_src, self.in_dim)?;
         let agg = be.spmm(block, None, &h_src);
         let h_dst = be.prefix_rows(&h_src, dims.num_dst);
-        Ok(self.forward_from_sum(block, h_dst, agg, train))
+        Ok(self.forward_from_sum(block, h_dst, agg, pass))
     }
 
     fn input_plan(&self) -> Option<InputPlan> {
@@ -150,7 +149,7 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
         block: &B::Block,
         h_dst: B::Tensor,
         agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> Result<B::Tensor> {
         let plan = self.plan();
         check_aggregated(
@@ -160,16 +159,14 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
             plan,
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
-        Ok(self.forward_from_sum(block, h_dst, agg, train))
+        Ok(self.forward_from_sum(block, h_dst, agg, pass))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gin"))?;
         let be = &self.be;
         check_grad(be, "gin", grad_out, c.out_shape)?;
-        let g = self
-            .act
-            .backward_from_input(be, grad_out, c.act_in.as_ref());
+        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.b2);
         acc_at_b(be, &c.hid, g, &mut self.w2);

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use fanout_rand::Rng;
 
-use crate::backend::{Aggregation, Backend};
+use crate::backend::{Aggregation, Backend, DropoutSpec};
 use crate::block::BlockDims;
 use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
@@ -63,10 +63,12 @@ pub trait Layer<B: Backend>: Send + Sync {
     fn in_dim(&self) -> usize;
     /// Width of the output rows.
     fn out_dim(&self) -> usize;
-    /// Computes `h_dst` for `block` from `h_src` (`num_src x in_dim`). With `train` the
-    /// activations needed by [`Layer::backward`] are kept (replacing any earlier cache);
-    /// without it nothing is kept. `Err` on a shape mismatch between block, input and layer.
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor>;
+    /// Computes `h_dst` for `block` from `h_src` (`num_src x in_dim`). In a [`Pass::Train`]
+    /// the activations needed by [`Layer::backward`] are kept (replacing any earlier cache)
+    /// and the pass's dropout, if any, is applied to the output (after the activation; its
+    /// backward is part of [`Layer::backward`]); in [`Pass::Eval`] nothing is kept. `Err` on
+    /// a shape mismatch between block, input and layer.
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor>;
     /// Back-propagates `grad_out` (`num_dst x out_dim`) through the last training forward:
     /// adds every parameter's gradient into its `grad`, consumes the cache, and returns the
     /// gradient with respect to `h_src` if `need_input_grad` (else `None`, skipping that work).
@@ -98,7 +100,7 @@ pub trait Layer<B: Backend>: Send + Sync {
         block: &B::Block,
         _h_dst: B::Tensor,
         _agg: B::Tensor,
-        _train: bool,
+        _pass: Pass<'_>,
     ) -> Result<B::Tensor> {
         let _ = block;
         Err(ComputeError::State(format!(
@@ -130,6 +132,60 @@ impl InputPlan {
     }
 }
 
+/// How a layer's forward runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Pass<'a> {
+    /// Evaluation: nothing kept, no dropout.
+    Eval,
+    /// Training: what backward needs is kept.
+    Train {
+        /// The dropout applied to the layer's output (after its activation), if any.
+        dropout: Option<DropoutSpec<'a>>,
+    },
+}
+
+impl Pass<'static> {
+    /// A training pass without dropout.
+    pub const TRAIN: Pass<'static> = Pass::Train { dropout: None };
+
+    /// [`Pass::TRAIN`] when `train`, else [`Pass::Eval`].
+    pub fn train_if(train: bool) -> Self {
+        if train {
+            Pass::TRAIN
+        } else {
+            Pass::Eval
+        }
+    }
+}
+
+impl<'a> Pass<'a> {
+    /// Whether this is a training pass.
+    pub fn is_train(self) -> bool {
+        matches!(self, Pass::Train { .. })
+    }
+
+    /// The dropout on the output, if any (never in evaluation).
+    pub fn dropout(self) -> Option<DropoutSpec<'a>> {
+        match self {
+            Pass::Train { dropout } => dropout,
+            Pass::Eval => None,
+        }
+    }
+}
+
+/// The gradient at the input of [`Activation::finish`] given the gradient at its output and
+/// what it kept: `grad * kept`, or `grad` itself when nothing was kept.
+pub(crate) fn epilogue_backward<'a, B: Backend>(
+    be: &B,
+    grad: &'a B::Tensor,
+    kept: Option<&B::Tensor>,
+) -> Cow<'a, B::Tensor> {
+    match kept {
+        Some(factor) => Cow::Owned(be.mul(grad, factor)),
+        None => Cow::Borrowed(grad),
+    }
+}
+
 /// The nonlinearity a layer applies to its output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -148,30 +204,19 @@ impl Activation {
         }
     }
 
-    /// Applies the activation and keeps what [`Activation::backward_from_input`] needs, without
-    /// copying: the input itself for ReLU (moved; `relu'(z) = [z > 0] = [relu(z) > 0]`),
-    /// nothing for the identity.
-    pub fn forward_keep<B: Backend>(self, be: &B, x: B::Tensor) -> (B::Tensor, Option<B::Tensor>) {
-        match self {
-            Activation::None => (x, None),
-            Activation::Relu => (be.relu(&x), Some(x)),
-        }
-    }
-
-    /// The gradient at the input, given the gradient at the output and what
-    /// [`Activation::forward_keep`] kept. Same values as [`Activation::backward`].
-    pub fn backward_from_input<'a, B: Backend>(
+    /// A layer's output epilogue `drop(act(x + bias))` in one pass ([`Backend::epilogue`]):
+    /// the bias when given, this activation, and the dropout of `pass` when it has one.
+    /// Returns the output and, in a training pass, what [`epilogue_backward`] needs.
+    pub fn finish<B: Backend>(
         self,
         be: &B,
-        grad: &'a B::Tensor,
-        kept: Option<&B::Tensor>,
-    ) -> Cow<'a, B::Tensor> {
-        match (self, kept) {
-            // The mask `z > 0` equals `relu(z) > 0`, so the output-based kernel applies.
-            (Activation::Relu, Some(z)) => Cow::Owned(be.relu_backward(grad, z)),
-            (Activation::Relu, None) => panic!("ReLU backward without its kept input"),
-            (Activation::None, _) => Cow::Borrowed(grad),
-        }
+        mut x: B::Tensor,
+        bias: Option<&B::Tensor>,
+        pass: Pass<'_>,
+    ) -> (B::Tensor, Option<B::Tensor>) {
+        let relu = self == Activation::Relu;
+        let kept = be.epilogue(&mut x, bias, relu, pass.dropout(), pass.is_train());
+        (x, kept)
     }
 
     /// The gradient at the input, given the gradient at the output and the output itself.
@@ -309,7 +354,7 @@ pub(crate) fn check_grad<B: Backend>(
 /// The error for a backward without a cached training forward.
 pub(crate) fn no_cache(kind: &str) -> ComputeError {
     ComputeError::State(format!(
-        "{kind} backward called without a training forward (train = true) since the last backward"
+        "{kind} backward called without a training forward (a training pass) since the last backward"
     ))
 }
 
@@ -368,25 +413,25 @@ mod tests {
                 }
             };
             let mut layer = make(AggregateOrder::AggregateFirst);
-            let want = layer.forward(&block, x.clone(), false).unwrap();
+            let want = layer.forward(&block, x.clone(), Pass::Eval).unwrap();
             let agg_kind = layer.input_plan().unwrap().for_block(be.block_dims(&block));
             let coeff = be.edge_coefficients(&block, agg_kind.unwrap());
             let agg = be.spmm(&block, coeff.as_ref(), &x);
             let h_dst = be.prefix_rows(&x, 2);
             let got = layer
-                .forward_aggregated(&block, h_dst.clone(), agg.clone(), false)
+                .forward_aggregated(&block, h_dst.clone(), agg.clone(), Pass::Eval)
                 .unwrap();
             assert_eq!(got.data(), want.data(), "{kind}");
             let short = Tensor::zeros(1, 3);
             let e = layer
-                .forward_aggregated(&block, h_dst.clone(), short, false)
+                .forward_aggregated(&block, h_dst.clone(), short, Pass::Eval)
                 .unwrap_err();
             assert!(e.to_string().contains("aggregate"), "{kind}: {e}");
             if kind == "gin" {
                 continue;
             }
             let e = make(AggregateOrder::ProjectFirst)
-                .forward_aggregated(&block, h_dst, agg, false)
+                .forward_aggregated(&block, h_dst, agg, Pass::Eval)
                 .unwrap_err();
             assert!(
                 e.to_string().contains("projected before aggregating"),

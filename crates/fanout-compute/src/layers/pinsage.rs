@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, glorot_gain, no_cache, Activation, Layer, Param,
-    RELU_GAIN,
+    acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, glorot_gain, no_cache,
+    Activation, Layer, Param, Pass, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -44,6 +44,8 @@ struct Cache<B: Backend> {
     z: B::Tensor,
     /// Final output and the row norms used (when normalising).
     normalized: Option<(B::Tensor, B::Tensor)>,
+    /// The dropout's mask, when the pass had one ([`Activation::finish`]).
+    kept: Option<B::Tensor>,
 }
 
 impl<B: Backend> PinSageLayer<B> {
@@ -101,25 +103,33 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
         self.out_dim
     }
 
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "pinsage", block, &h_src, self.in_dim)?;
         let mut n = be.matmul(&h_src, false, &self.q.value, false);
-        be.add_bias(&mut n, &self.q_bias.value);
-        let n = be.relu(&n);
+        // ReLU's backward reads its output (`n`), so nothing else is kept.
+        be.epilogue(&mut n, Some(&self.q_bias.value), true, None, false);
         let coeff = be.edge_coefficients(block, Aggregation::WeightedMean);
         let agg = be.spmm(block, coeff.as_ref(), &n);
         let h_dst = be.prefix_rows(&h_src, dims.num_dst);
         let mut z = be.matmul(&agg, false, &self.w_neigh.value, false);
         be.gemm(1.0, &h_dst, false, &self.w_self.value, false, 1.0, &mut z);
-        be.add_bias(&mut z, &self.bias.value);
-        let z = self.act.forward(be, z);
+        // The activation's backward reads its output (`z`), kept below.
+        be.epilogue(
+            &mut z,
+            Some(&self.bias.value),
+            self.act == Activation::Relu,
+            None,
+            false,
+        );
         let normalized = self.normalize.then(|| be.l2_normalize_rows(&z));
         let out = match &normalized {
             Some((y, _)) => y.clone(),
             None => z.clone(),
         };
-        if train {
+        // The dropout comes after the normalisation.
+        let (out, kept) = Activation::None.finish(be, out, None, pass);
+        if pass.is_train() {
             self.cache = Some(Cache {
                 block: block.clone(),
                 coeff,
@@ -129,6 +139,7 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
                 agg,
                 z,
                 normalized,
+                kept,
             });
         } else {
             self.cache = None;
@@ -140,6 +151,8 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("pinsage"))?;
         let be = &self.be;
         check_grad(be, "pinsage", grad_out, be.shape(&c.z))?;
+        let grad_out = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let grad_out = grad_out.as_ref();
         let gz = match &c.normalized {
             Some((y, norms)) => be.l2_normalize_rows_backward(grad_out, y, norms),
             None => grad_out.clone(),

@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, glorot_gain, no_cache,
-    Activation, AggregateOrder, InputPlan, Layer, Param, RELU_GAIN,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot_gain,
+    no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -38,8 +38,8 @@ struct Cache<B: Backend> {
     project_first: bool,
     /// Shape of the output (checked against the incoming gradient).
     out_shape: (usize, usize),
-    /// What the activation's backward needs ([`Activation::forward_keep`]).
-    act_in: Option<B::Tensor>,
+    /// What the epilogue's backward needs ([`Activation::finish`]).
+    kept: Option<B::Tensor>,
 }
 
 impl<B: Backend> SageLayer<B> {
@@ -81,12 +81,12 @@ impl<B: Backend> SageLayer<B> {
         coeff: Option<B::Tensor>,
         h_dst: B::Tensor,
         agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> B::Tensor {
         let be = &self.be;
         let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
         be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out);
-        self.finish(block, coeff, h_dst, agg, false, out, train)
+        self.finish(block, coeff, h_dst, agg, false, out, pass)
     }
 
     /// Its input plan: aggregate first (Mean) where its order rule says so.
@@ -99,7 +99,8 @@ impl<B: Backend> SageLayer<B> {
         }
     }
 
-    /// Bias, activation, and (in training) the cache for backward.
+    /// Bias, activation and the pass's dropout in one pass, and (in training) the cache for
+    /// backward.
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
@@ -108,20 +109,19 @@ impl<B: Backend> SageLayer<B> {
         h_dst: B::Tensor,
         neigh_in: B::Tensor,
         project_first: bool,
-        mut out: B::Tensor,
-        train: bool,
+        out: B::Tensor,
+        pass: Pass<'_>,
     ) -> B::Tensor {
         let be = &self.be;
-        be.add_bias(&mut out, &self.bias.value);
-        let (out, act_in) = self.act.forward_keep(be, out);
-        self.cache = train.then(|| Cache {
+        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass);
+        self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             coeff,
             h_dst,
             neigh_in,
             project_first,
             out_shape: be.shape(&out),
-            act_in,
+            kept,
         });
         out
     }
@@ -138,7 +138,7 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         self.out_dim
     }
 
-    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, train: bool) -> Result<B::Tensor> {
+    fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "sage", block, &h_src, self.in_dim)?;
         let coeff = be.edge_coefficients(block, Aggregation::Mean);
@@ -148,10 +148,10 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             let z = be.matmul(&h_src, false, &self.w_neigh.value, false);
             let agg = be.spmm(block, coeff.as_ref(), &z);
             be.axpy(1.0, &agg, &mut out);
-            Ok(self.finish(block, coeff, h_dst, h_src, true, out, train))
+            Ok(self.finish(block, coeff, h_dst, h_src, true, out, pass))
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
+            Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, pass))
         }
     }
 
@@ -164,7 +164,7 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         block: &B::Block,
         h_dst: B::Tensor,
         agg: B::Tensor,
-        train: bool,
+        pass: Pass<'_>,
     ) -> Result<B::Tensor> {
         let be = &self.be;
         let plan = self.plan();
@@ -175,16 +175,14 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             plan,
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
-        Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, train))
+        Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, pass))
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
         let be = &self.be;
         check_grad(be, "sage", grad_out, c.out_shape)?;
-        let g = self
-            .act
-            .backward_from_input(be, grad_out, c.act_in.as_ref());
+        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
         let g = g.as_ref();
         acc_bias(be, g, &mut self.bias);
         let mut dx = if c.project_first {
