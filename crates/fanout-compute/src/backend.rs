@@ -187,6 +187,9 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn scale(&self, x: &mut Self::Tensor, alpha: f32);
     /// Elementwise product.
     fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Self::Tensor;
+    /// `(mul(a, b), sum_rows(mul(a, b)))` in one pass over the product, bit for bit: the
+    /// gradient at a layer's epilogue input and its bias gradient. Panics if the shapes differ.
+    fn mul_sum_rows(&self, a: &Self::Tensor, b: &Self::Tensor) -> (Self::Tensor, Self::Tensor);
     /// Sum of the elementwise product, accumulated in f64 (reads back to the host).
     fn dot(&self, a: &Self::Tensor, b: &Self::Tensor) -> f64;
     /// `max(x, 0)`.

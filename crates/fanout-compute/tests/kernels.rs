@@ -558,3 +558,19 @@ fn epilogue_equals_bias_relu_and_dropout_in_turn() {
         }
     }
 }
+
+#[test]
+fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
+    // Several 256-row partial sums (the last one short), odd widths, and empty tensors.
+    let mut rng = Rng::new(8);
+    for &(rows, cols) in &[(700, 67), (256, 3), (1, 1), (0, 4), (5, 0)] {
+        let a = rand_tensor(rows, cols, &mut rng);
+        let b = rand_tensor(rows, cols, &mut rng);
+        let (prod, sums) = BE.mul_sum_rows(&a, &b);
+        let want = BE.mul(&a, &b);
+        assert_eq!(prod, want, "{rows}x{cols}: product");
+        let want_sums = BE.sum_rows(&want);
+        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&sums), bits(&want_sums), "{rows}x{cols}: column sums");
+    }
+}

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use crate::backend::DropoutSpec;
 use crate::cpu::par::{
-    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK,
+    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK, REDUCE_ROWS,
 };
 use crate::tensor::Tensor;
 
@@ -72,6 +72,46 @@ pub(crate) fn scale(x: &mut Tensor, alpha: f32) {
 pub(crate) fn mul(a: &Tensor, b: &Tensor) -> Tensor {
     assert_eq!(a.shape(), b.shape(), "mul: shapes differ");
     Tensor::new(a.rows(), a.cols(), map2(a.data(), b.data(), |a, b| a * b))
+}
+
+/// See [`crate::Backend::mul_sum_rows`]. The column sums are [`sum_rows`]'s: f64 partial
+/// sums over the same chunks of [`REDUCE_ROWS`] rows, added in chunk order.
+pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+    assert_eq!(a.shape(), b.shape(), "mul_sum_rows: shapes differ");
+    let (rows, cols) = a.shape();
+    let len = rows * cols;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    let mut total = vec![0.0f64; cols];
+    if len > 0 {
+        let partials: Vec<Vec<f64>> = out.spare_capacity_mut()[..len]
+            .par_chunks_mut(REDUCE_ROWS * cols)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let mut acc = vec![0.0f64; cols];
+                let r0 = i * REDUCE_ROWS;
+                for (k, orow) in chunk.chunks_mut(cols).enumerate() {
+                    let (ar, br) = (a.row(r0 + k), b.row(r0 + k));
+                    for (((o, s), &x), &y) in orow.iter_mut().zip(&mut acc).zip(ar).zip(br) {
+                        let v = x * y;
+                        o.write(v);
+                        *s += v as f64;
+                    }
+                }
+                acc
+            })
+            .collect();
+        // SAFETY: the chunks cover all `len` elements and every element of each was written.
+        unsafe { out.set_len(len) };
+        for p in partials {
+            for (t, v) in total.iter_mut().zip(p) {
+                *t += v;
+            }
+        }
+    }
+    (
+        Tensor::new(rows, cols, out),
+        Tensor::new(1, cols, total.into_iter().map(|v| v as f32).collect()),
+    )
 }
 
 /// See [`crate::Backend::dot`].

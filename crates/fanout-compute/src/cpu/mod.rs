@@ -107,6 +107,9 @@ impl Backend for CpuBackend {
     fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
         dense::mul(a, b)
     }
+    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+        dense::mul_sum_rows(a, b)
+    }
     fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
         dense::dot(a, b)
     }

@@ -1,10 +1,12 @@
 //! GAT: multi-head attention with edge softmax.
 
+use std::borrow::Cow;
+
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, glorot, no_cache, Activation,
-    Layer, Param, Pass,
+    acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, epilogue_backward_bias, glorot,
+    no_cache, Activation, Layer, Param, Pass,
 };
 use crate::backend::Backend;
 use crate::error::Result;
@@ -151,14 +153,19 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("gat"))?;
         let be = &self.be;
         check_grad(be, "gat", grad_out, c.out_shape)?;
-        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let kept = c.kept.as_ref();
         let g_rst = match self.merge {
-            HeadMerge::Concat => g.into_owned(),
-            HeadMerge::Mean => be.head_mean_backward(g.as_ref(), self.heads),
+            HeadMerge::Concat => epilogue_backward_bias(be, grad_out, kept, &mut self.bias),
+            HeadMerge::Mean => {
+                let g = epilogue_backward(be, grad_out, kept);
+                let g_rst = be.head_mean_backward(g.as_ref(), self.heads);
+                acc_bias(be, &g_rst, &mut self.bias);
+                Cow::Owned(g_rst)
+            }
         };
-        acc_bias(be, &g_rst, &mut self.bias);
-        let mut gz = be.spmm_backward_x(&c.block, Some(&c.alpha), &g_rst);
-        let g_alpha = be.spmm_backward_coeff(&c.block, &g_rst, &c.z, self.heads);
+        let g_rst = g_rst.as_ref();
+        let mut gz = be.spmm_backward_x(&c.block, Some(&c.alpha), g_rst);
+        let g_alpha = be.spmm_backward_coeff(&c.block, g_rst, &c.z, self.heads);
         let g_e = be.edge_softmax_backward(&c.block, &c.alpha, &g_alpha);
         let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE);
         let g_el = be.edge_sum_to_src(&c.block, &g_scores);

@@ -3,8 +3,8 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot,
-    no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
+    acc_at_b, check_aggregated, check_grad, check_input, epilogue_backward_bias, glorot, no_cache,
+    Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -159,9 +159,8 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("gcn"))?;
         let be = &self.be;
         check_grad(be, "gcn", grad_out, c.out_shape)?;
-        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias);
         let g = g.as_ref();
-        acc_bias(be, g, &mut self.bias);
         if c.project_first {
             let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
             acc_at_b(be, &c.input, &gz, &mut self.weight);

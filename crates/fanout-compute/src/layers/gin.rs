@@ -3,7 +3,7 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot,
+    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward_bias, glorot,
     no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
@@ -166,9 +166,8 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("gin"))?;
         let be = &self.be;
         check_grad(be, "gin", grad_out, c.out_shape)?;
-        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.b2);
         let g = g.as_ref();
-        acc_bias(be, g, &mut self.b2);
         acc_at_b(be, &c.hid, g, &mut self.w2);
         let ghid = be.matmul(g, false, &self.w2.value, true);
         let ghid = be.relu_backward(&ghid, &c.hid);

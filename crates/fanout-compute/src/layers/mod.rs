@@ -173,6 +173,28 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// [`epilogue_backward`] for an epilogue that added `bias`: also adds the gradient's column
+/// sums into `bias.grad`, the values [`acc_bias`] adds, in the same pass as the product
+/// ([`Backend::mul_sum_rows`]) when a factor was kept.
+pub(crate) fn epilogue_backward_bias<'a, B: Backend>(
+    be: &B,
+    grad: &'a B::Tensor,
+    kept: Option<&B::Tensor>,
+    bias: &mut Param<B>,
+) -> Cow<'a, B::Tensor> {
+    match kept {
+        Some(factor) => {
+            let (g, sums) = be.mul_sum_rows(grad, factor);
+            be.axpy(1.0, &sums, &mut bias.grad);
+            Cow::Owned(g)
+        }
+        None => {
+            acc_bias(be, grad, bias);
+            Cow::Borrowed(grad)
+        }
+    }
+}
+
 /// The gradient at the input of [`Activation::finish`] given the gradient at its output and
 /// what it kept: `grad * kept`, or `grad` itself when nothing was kept.
 pub(crate) fn epilogue_backward<'a, B: Backend>(

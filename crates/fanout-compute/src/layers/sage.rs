@@ -3,7 +3,7 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, acc_bias, check_aggregated, check_grad, check_input, epilogue_backward, glorot_gain,
+    acc_at_b, check_aggregated, check_grad, check_input, epilogue_backward_bias, glorot_gain,
     no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
@@ -182,9 +182,8 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
         let be = &self.be;
         check_grad(be, "sage", grad_out, c.out_shape)?;
-        let g = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias);
         let g = g.as_ref();
-        acc_bias(be, g, &mut self.bias);
         let mut dx = if c.project_first {
             acc_at_b(be, &c.h_dst, g, &mut self.w_self);
             let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
