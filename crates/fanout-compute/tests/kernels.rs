@@ -574,3 +574,50 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
         assert_eq!(bits(&sums), bits(&want_sums), "{rows}x{cols}: column sums");
     }
 }
+
+#[test]
+fn a_row_major_a_gives_the_bits_of_its_column_major_copy() {
+    // Row-major A is multiplied from a column-major copy made in row slices; the product must
+    // be the one of a column-major A handed over as such (`trans_a`), bit for bit, for any
+    // thread count: several row blocks, several slices per block (k = 2000 on one thread),
+    // a short last slice, C accumulated into (beta = 1), and widths below the copy's minimum.
+    let mut rng = Rng::new(21);
+    for &(m, k, n) in &[
+        (300, 100, 256),
+        (1000, 33, 47),
+        (4000, 2000, 16),
+        (70, 9, 5),
+        (90, 7, 3),
+    ] {
+        let a = rand_tensor(m, k, &mut rng);
+        let at = Tensor::from_fn(k, m, |j, i| a.get(i, j));
+        let b = rand_tensor(k, n, &mut rng);
+        let c0 = rand_tensor(m, n, &mut rng);
+        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for beta in [0.0, 1.0] {
+                    let (mut x, mut y) = (c0.clone(), c0.clone());
+                    gemm_dense(0.5, &a, false, &b, false, beta, &mut x);
+                    gemm_dense(0.5, &at, true, &b, false, beta, &mut y);
+                    assert_eq!(
+                        bits(&x),
+                        bits(&y),
+                        "{m}x{k}x{n}, {threads} threads, beta {beta}"
+                    );
+                }
+            });
+        }
+        let mut x = c0.clone();
+        gemm_dense(1.0, &a, false, &b, false, 0.0, &mut x);
+        let want = naive_matmul(&a, false, &b, false);
+        assert!(
+            x.max_abs_diff(&want) < 1e-3 * k as f32,
+            "{m}x{k}x{n}: against the naive product"
+        );
+    }
+}

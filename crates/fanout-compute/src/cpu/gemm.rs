@@ -65,6 +65,98 @@ const K_SPLIT_CHUNK: usize = 1024;
 /// full micro-tile).
 const GRID_TILE: usize = 128;
 
+/// Row-major op(A) with at least this many columns is copied column-major before `sgemm`.
+/// matrixmultiply packs A into panels of 16 rows; from a row-major A it reads each panel
+/// element by element (compiled to gather instructions, about 6 cycles a float on the 2-core
+/// VM's EPYC: 13% of a width-100 GraphSAGE epoch), while from a column-major A it copies 16
+/// contiguous floats at a time. The copy made here reads A once in 8 x 8 tiles.
+const TRANSPOSE_MIN_K: usize = 8;
+/// The column-major copy holds at most this many floats (4 MiB) at a time.
+const TRANSPOSED_MAX: usize = 1 << 20;
+
+thread_local! {
+    /// Each thread's column-major copy of the op(A) rows it is multiplying.
+    static TRANSPOSED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows of op(A) per column-major copy: a multiple of [`TILE_ALIGN`] (so the product's
+/// micro-tiles, and hence its roundings, are those of one call over all rows) with the copy
+/// within [`TRANSPOSED_MAX`] floats where `k` allows.
+fn transposed_rows(k: usize) -> usize {
+    ((TRANSPOSED_MAX / k.max(1)) / TILE_ALIGN).max(1) * TILE_ALIGN
+}
+
+/// Rows `r0..r0 + rows` of the row-major `a` (`k` columns) written column-major into
+/// `scratch` (element `(i, j)` at `j * rows + i`), which is returned.
+fn transposed_a_rows<'s>(
+    a: &[f32],
+    k: usize,
+    r0: usize,
+    rows: usize,
+    scratch: &'s mut Vec<f32>,
+) -> &'s [f32] {
+    let len = rows * k;
+    scratch.clear();
+    scratch.reserve(len);
+    let src = &a[r0 * k..(r0 + rows) * k];
+    let dst = &mut scratch.spare_capacity_mut()[..len];
+    // Full 8 x 8 tiles in registers where the CPU has AVX; the rest (and every tile
+    // elsewhere) element by element.
+    #[cfg(target_arch = "x86_64")]
+    let full = if is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX.
+        unsafe { transpose_full_tiles_avx(src, k, rows, dst) };
+        (rows / 8 * 8, k / 8 * 8)
+    } else {
+        (0, 0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let full = (0, 0);
+    for i in 0..rows {
+        // Columns `full.1..` of every row, and all columns of rows `full.0..`.
+        let j_from = if i < full.0 { full.1 } else { 0 };
+        for j in j_from..k {
+            dst[j * rows + i].write(src[i * k + j]);
+        }
+    }
+    // SAFETY: the tiles cover rows 0..full.0 x columns 0..full.1, the loop above the rest,
+    // so all `len` elements were written.
+    unsafe { scratch.set_len(len) };
+    scratch
+}
+
+/// Writes the full 8 x 8 tiles of the row-major `rows x k` `src` transposed into `dst`
+/// (element `(i, j)` at `j * rows + i`).
+///
+/// # Safety
+/// The CPU must support AVX; `src.len() == dst.len() == rows * k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_full_tiles_avx(
+    src: &[f32],
+    k: usize,
+    rows: usize,
+    dst: &mut [MaybeUninit<f32>],
+) {
+    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_storeu_ps};
+    debug_assert!(src.len() == rows * k && dst.len() == rows * k);
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+    for i0 in (0..rows / 8 * 8).step_by(8) {
+        for j0 in (0..k / 8 * 8).step_by(8) {
+            // SAFETY: rows i0..i0+8 and columns j0..j0+8 lie inside the matrix, so every
+            // load reads 8 floats of `src` and every store writes 8 floats of `dst`.
+            unsafe {
+                let t = super::sparse_grad::x86::transpose8(std::array::from_fn(|r| {
+                    _mm256_loadu_ps(s.add((i0 + r) * k + j0))
+                }));
+                for (c, v) in t.into_iter().enumerate() {
+                    _mm256_storeu_ps(d.add((j0 + c) * rows + i0), v);
+                }
+            }
+        }
+    }
+}
+
 /// C's base pointer, shared by tasks that write disjoint tiles of it.
 struct SendPtr(*mut f32);
 // SAFETY: the pointer is only used to write disjoint tiles (see its use in `gemm_into`).
@@ -250,9 +342,47 @@ unsafe fn gemm_into(
         (b.cols() as isize, 1)
     };
     let (ad, bd) = (a.data(), b.data());
+    // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows` from a column-major
+    // copy of op(A)'s rows (see `transposed_a_rows`).
+    let block_transposed = |row0: usize, c_rows: &mut [MaybeUninit<f32>]| {
+        let rows = c_rows.len() / n;
+        let sub = transposed_rows(k);
+        TRANSPOSED_A.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            for r0 in (0..rows).step_by(sub) {
+                let sr = sub.min(rows - r0);
+                let at = transposed_a_rows(ad, k, row0 + r0, sr, &mut scratch);
+                // SAFETY: `at` holds op(A) rows row0+r0..row0+r0+sr column-major (`sr x k`,
+                // strides (1, sr)); op(B) as in `block`; C rows r0..r0+sr of `c_rows` are an
+                // exclusive `sr x n` row-major slice, written (and read only when beta != 0,
+                // then initialised by `gemm_into`'s contract) by sgemm.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        sr,
+                        k,
+                        n,
+                        alpha,
+                        at.as_ptr(),
+                        1,
+                        sr as isize,
+                        bd.as_ptr(),
+                        rsb,
+                        csb,
+                        beta,
+                        c_rows.as_mut_ptr().add(r0 * n).cast::<f32>(),
+                        n as isize,
+                        1,
+                    );
+                }
+            }
+        });
+    };
     // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows`.
     let block = |row0: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let rows = c_rows.len() / n;
+        if !trans_a && k >= TRANSPOSE_MIN_K {
+            return block_transposed(row0, c_rows);
+        }
         // Offset of op(A)'s row `row0` in `ad`.
         let a_off = if trans_a { row0 } else { row0 * a.cols() };
         // SAFETY: op(A) rows `row0..row0+rows` with strides (rsa, csa) address only elements of

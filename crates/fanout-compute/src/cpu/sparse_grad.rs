@@ -134,7 +134,7 @@ fn accumulate(a: &[&Tensor], g: &Tensor, j0: usize, j1: usize, ct: &mut [Vec<f32
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::ROW_BLOCK;
@@ -236,9 +236,13 @@ mod x86 {
         }
     }
 
-    /// The 8 x 8 transpose: lane `t` of output `c` is lane `c` of input `t`.
+    /// The 8 x 8 transpose: lane `t` of output `c` is lane `c` of input `t` (also the
+    /// column-major copy of [`super::super::gemm`]'s row-major A).
+    ///
+    /// # Safety
+    /// The CPU must support AVX.
     #[inline(always)]
-    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    pub(in crate::cpu) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
