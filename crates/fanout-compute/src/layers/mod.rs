@@ -147,15 +147,6 @@ pub enum Pass<'a> {
 impl Pass<'static> {
     /// A training pass without dropout.
     pub const TRAIN: Pass<'static> = Pass::Train { dropout: None };
-
-    /// [`Pass::TRAIN`] when `train`, else [`Pass::Eval`].
-    pub fn train_if(train: bool) -> Self {
-        if train {
-            Pass::TRAIN
-        } else {
-            Pass::Eval
-        }
-    }
 }
 
 impl<'a> Pass<'a> {
@@ -228,7 +219,8 @@ impl Activation {
 
     /// A layer's output epilogue `drop(act(x + bias))` in one pass ([`Backend::epilogue`]):
     /// the bias when given, this activation, and the dropout of `pass` when it has one.
-    /// Returns the output and, in a training pass, what [`epilogue_backward`] needs.
+    /// Returns the output and, in a training pass, the gradient factor of
+    /// [`Backend::epilogue`] (`None` where the gradient passes through unchanged).
     pub fn finish<B: Backend>(
         self,
         be: &B,
