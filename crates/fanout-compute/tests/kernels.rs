@@ -576,7 +576,7 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
 }
 
 #[test]
-fn a_row_major_a_gives_the_bits_of_its_column_major_copy() {
+fn a_row_major_a_and_a_transposed_b_give_the_bits_of_column_major_a_and_row_major_b() {
     // Row-major A is multiplied from a column-major copy made in row slices; the product must
     // be the one of a column-major A handed over as such (`trans_a`), bit for bit, for any
     // thread count: several row blocks, several slices per block (k = 2000 on one thread),
@@ -592,6 +592,7 @@ fn a_row_major_a_gives_the_bits_of_its_column_major_copy() {
         let a = rand_tensor(m, k, &mut rng);
         let at = Tensor::from_fn(k, m, |j, i| a.get(i, j));
         let b = rand_tensor(k, n, &mut rng);
+        let bt = Tensor::from_fn(n, k, |j, p| b.get(p, j));
         let c0 = rand_tensor(m, n, &mut rng);
         let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for threads in [1, 3] {
@@ -609,6 +610,13 @@ fn a_row_major_a_gives_the_bits_of_its_column_major_copy() {
                         bits(&y),
                         "{m}x{k}x{n}, {threads} threads, beta {beta}"
                     );
+                    // A transposed B too (packed from its strided rows: the same panels).
+                    for (lhs, ta) in [(&a, false), (&at, true)] {
+                        let mut z = c0.clone();
+                        gemm_dense(0.5, lhs, ta, &bt, true, beta, &mut z);
+                        let what = format!("{m}x{k}x{n} B^T, A^T {ta}, {threads} threads");
+                        assert_eq!(bits(&x), bits(&z), "{what}, beta {beta}");
+                    }
                 }
             });
         }
