@@ -1,8 +1,9 @@
 //! GNN layers with explicit forward and backward passes.
 //!
 //! Every layer maps one block: `h_src` (`num_src x in_dim`, one row per local source id) to
-//! `h_dst` (`num_dst x out_dim`). A training forward (`train = true`) caches what backward
-//! needs; [`Layer::backward`] consumes that cache, **adds** the parameter gradients into each
+//! `h_dst` (`num_dst x out_dim`). A training forward ([`Pass::Train`]) caches what backward
+//! needs and applies the model's dropout to the output in the layer's last pass over it (the
+//! epilogue: bias, activation, dropout); [`Layer::backward`] consumes that cache, **adds** the parameter gradients into each
 //! [`Param::grad`] (PyTorch accumulation semantics: call `zero_grad` between steps) and returns
 //! the gradient with respect to `h_src` when asked. Weights are stored `in x out` (the layer
 //! computes `x W`), biases `1 x out`; all initialised Glorot-uniform from a seeded stream,
