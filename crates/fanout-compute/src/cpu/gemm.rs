@@ -75,7 +75,9 @@ const TRANSPOSE_MIN_K: usize = 8;
 const TRANSPOSED_MAX: usize = 1 << 20;
 
 thread_local! {
-    /// Each thread's column-major copy of the op(A) rows it is multiplying.
+    /// Each thread's column-major copy of the op(A) rows it is multiplying, kept between
+    /// products (at most [`TRANSPOSED_MAX`] floats a thread) so no step faults in fresh pages
+    /// for it.
     static TRANSPOSED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
