@@ -6,7 +6,8 @@ use std::mem::MaybeUninit;
 
 use crate::backend::DropoutSpec;
 use crate::cpu::par::{
-    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, ELEM_CHUNK, REDUCE_ROWS,
+    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, sum_partials, ELEM_CHUNK,
+    REDUCE_ROWS,
 };
 use crate::tensor::Tensor;
 
@@ -81,9 +82,9 @@ pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
     let (rows, cols) = a.shape();
     let len = rows * cols;
     let mut out: Vec<f32> = Vec::with_capacity(len);
-    let mut total = vec![0.0f64; cols];
+    let mut partials: Vec<Vec<f64>> = Vec::new();
     if len > 0 {
-        let partials: Vec<Vec<f64>> = out.spare_capacity_mut()[..len]
+        partials = out.spare_capacity_mut()[..len]
             .par_chunks_mut(REDUCE_ROWS * cols)
             .enumerate()
             .map(|(i, chunk)| {
@@ -102,12 +103,8 @@ pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
             .collect();
         // SAFETY: the chunks cover all `len` elements and every element of each was written.
         unsafe { out.set_len(len) };
-        for p in partials {
-            for (t, v) in total.iter_mut().zip(p) {
-                *t += v;
-            }
-        }
     }
+    let total = sum_partials(partials, cols);
     (
         Tensor::new(rows, cols, out),
         Tensor::new(1, cols, total.into_iter().map(|v| v as f32).collect()),
@@ -178,15 +175,7 @@ pub(crate) fn leaky_relu_backward(grad: &Tensor, x: &Tensor, slope: f32) -> Tens
 /// a time (AVX2 where the CPU has it, with the same integers and hence the same masks as the
 /// plain loop): a fifth of the time of two draws per xoshiro256++ step.
 pub(crate) fn dropout(x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
-    let (thr, keep) = dropout_params(p);
-    if let Some(ids) = row_ids {
-        assert!(
-            ids.len() >= x.rows(),
-            "dropout: {} row ids for {} rows",
-            ids.len(),
-            x.rows()
-        );
-    }
+    let (thr, keep) = dropout_params(p, row_ids, x.rows());
     let (rows, cols) = x.shape();
     let len = rows * cols;
     let (mut out, mut mask): (Vec<f32>, Vec<f32>) =
@@ -275,9 +264,17 @@ impl DropoutRow {
     }
 }
 
-/// The threshold and keep scale of dropout at rate `p` (see [`dropout`]).
-fn dropout_params(p: f32) -> (u32, f32) {
+/// The threshold and keep scale of dropout at rate `p` over `rows` rows (see [`dropout`]).
+/// Panics unless `0 <= p < 1` and `row_ids`, when given, has an id for every row.
+fn dropout_params(p: f32, row_ids: Option<&[u32]>, rows: usize) -> (u32, f32) {
     assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    if let Some(ids) = row_ids {
+        assert!(
+            ids.len() >= rows,
+            "dropout: {} row ids for {rows} rows",
+            ids.len()
+        );
+    }
     let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
     (thr, 1.0 / (1.0 - p))
 }
@@ -297,14 +294,7 @@ pub(crate) fn epilogue(
         assert_eq!(b.shape(), (1, cols), "epilogue: bias shape");
     }
     let drop = dropout.map(|d| {
-        if let Some(ids) = d.row_ids {
-            assert!(
-                ids.len() >= rows,
-                "dropout: {} row ids for {rows} rows",
-                ids.len()
-            );
-        }
-        let (thr, keep) = dropout_params(d.p);
+        let (thr, keep) = dropout_params(d.p, d.row_ids, rows);
         (d, thr, keep)
     });
     let keep = keep && (relu || drop.is_some());

@@ -115,6 +115,13 @@ where
             acc
         })
         .collect();
+    sum_partials(partials, len)
+}
+
+/// The elementwise sum of `partials` (each `len` long), added in their order starting from
+/// zero: the combining step of [`par_row_reduce`], for kernels that fill their own chunked
+/// partial sums and must add them as it does.
+pub(crate) fn sum_partials(partials: Vec<Vec<f64>>, len: usize) -> Vec<f64> {
     let mut total = vec![0.0f64; len];
     for p in partials {
         for (t, v) in total.iter_mut().zip(p) {

@@ -210,14 +210,6 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// Applies the activation.
-    pub fn forward<B: Backend>(self, be: &B, x: B::Tensor) -> B::Tensor {
-        match self {
-            Activation::None => x,
-            Activation::Relu => be.relu(&x),
-        }
-    }
-
     /// A layer's output epilogue `drop(act(x + bias))` in one pass ([`Backend::epilogue`]):
     /// the bias when given, this activation, and the dropout of `pass` when it has one.
     /// Returns the output and, in a training pass, the gradient factor of
