@@ -68,7 +68,7 @@ const GRID_TILE: usize = 128;
 /// Row-major op(A) with at least this many columns is copied column-major before `sgemm`.
 /// matrixmultiply packs A into panels of 16 rows; from a row-major A it reads each panel
 /// element by element (compiled to gather instructions, about 6 cycles a float on the 2-core
-/// VM's EPYC: 13% of a width-100 GraphSAGE epoch), while from a column-major A it copies 16
+/// VM's EPYC: 12% of a width-100 GraphSAGE epoch's CPU), while from a column-major A it copies 16
 /// contiguous floats at a time. The copy made here reads A once in 8 x 8 tiles.
 const TRANSPOSE_MIN_K: usize = 8;
 /// The column-major copy holds at most this many floats (4 MiB) at a time.
