@@ -3,14 +3,15 @@
 //! In a GNN layer followed by ReLU and dropout, the gradient at the layer's pre-activation is
 //! zero wherever the unit was inactive or dropped: about 78% of a GraphSAGE hidden layer's
 //! entries with dropout 0.5 (measured on cnr2000 with fanouts 10,25). A dense `A^T G`
-//! multiplies all of those zeros. This kernel visits only the non-zeros. Per block of
-//! `ROW_BLOCK` (64) rows of `G` it lists each column's non-zeros (row, value), packing them out
+//! multiplies all of those zeros. This kernel visits only the non-zeros: it lists each
+//! column's non-zeros (row, value) per block of `ROW_BLOCK` (64) rows of `G`, packing them out
 //! of transposed 8 x 8 tiles with one lane permutation each; then for every column it holds a
-//! 64-float strip of `C^T`'s row in eight AVX registers and adds `value * A[row, strip]` for
-//! each listed non-zero, one load and one fused multiply-add per eight products, as in a dense
-//! micro-kernel, over a fifth of the products. On the cnr2000 input layer's `128 x 3,650 x
-//! 256` gradient (22% non-zero) that is about 2x faster than the dense product on one thread
-//! (`cargo run --release -p fanout-compute --example kernel_speed -- 3650`).
+//! strip of up to 128 floats of `C^T`'s row in registers and adds `value * A[row, strip]` for
+//! each listed non-zero, one load and one fused multiply-add per vector, as in a dense
+//! micro-kernel, over a fifth of the products. The strip of `A` is first copied out of the
+//! block's rows into a contiguous buffer, and each task owns a strip of `A`'s columns, so a
+//! wide `A` is read from memory once (`cargo run --release -p fanout-compute --example
+//! kernel_speed -- ROWS WIDTH` compares it with the dense product).
 //!
 //! Several products that share `G` (GraphSAGE's `W_self` and `W_neigh` gradients) list its
 //! non-zeros once. No crate offers a dense-transposed-times-sparse product on a dense
@@ -18,20 +19,24 @@
 //! built beforehand, which here costs as much as the product, and multiply with scalar loops;
 //! hence this hand-written kernel.
 //!
-//! Each element of C sums its products in increasing row order whatever the thread count
-//! (tasks split C's columns, never the rows of `G`), so results are bit-identical for any
-//! `RAYON_NUM_THREADS`; they differ from the dense product's only by rounding.
+//! Each element of C sums its products in increasing row order whatever the thread count and
+//! vector width (tasks split C's rows, never the rows of `G`), so results are bit-identical
+//! for any `RAYON_NUM_THREADS` and CPU with AVX2; they differ from the dense product's only by
+//! rounding.
 
 use rayon::prelude::*;
 
 use crate::tensor::Tensor;
 
-/// Rows of `G` whose non-zeros are listed together (the rows of A they touch stay in L1
-/// while every column of a task uses them).
+/// Rows of `G` whose non-zeros are listed together, and rows of `A` packed together: a
+/// block's strip of `A` (64 rows x [`STRIP`] floats, 32 KiB) stays in L1 while every column
+/// of `G` uses it.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROW_BLOCK: usize = 64;
-/// Columns of C (= columns of G) per parallel task.
-const COL_BLOCK: usize = 64;
+/// Columns of `A` (rows of `C`) per parallel task: one strip of `C^T`'s row held in
+/// registers across a column's non-zeros (eight 16-float AVX-512 vectors, or two passes of
+/// eight 8-float AVX2 vectors).
+const STRIP: usize = 128;
 
 /// True when this CPU can run [`gemm_tn_sparse`] (x86-64 with AVX2 and FMA).
 pub fn available() -> bool {
@@ -61,6 +66,26 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
     }
 }
 
+/// The vector width the multiply-adds use. Both add the same products in the same order into
+/// each element, so they give the same bits (`avx2_and_avx512_give_the_same_bits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Simd {
+    /// 8-float vectors (AVX2 + FMA).
+    Avx2,
+    /// 16-float vectors (AVX-512F), where the CPU has them.
+    Avx512,
+}
+
+impl Simd {
+    fn best() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            return Simd::Avx512;
+        }
+        Simd::Avx2
+    }
+}
+
 /// `C_i <- beta * C_i + alpha * A_i^T G` for every `(A_i, C_i)` in `pairs`, with `A_i`
 /// (`m x k_i`), `G` (`m x n`), `C_i` (`k_i x n`), visiting only the non-zero entries of `G`
 /// (listed once for all pairs). With `beta == 0` the old contents of each `C_i` are ignored.
@@ -69,9 +94,30 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
 ///
 /// Panics on mismatched shapes, or if [`available`] is false.
 pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tensor, beta: f32) {
-    let n = g.cols();
+    gemm_tn_sparse_with(Simd::best(), alpha, pairs, g, beta)
+}
+
+/// [`gemm_tn_sparse`] with the given vector width.
+///
+/// First G's non-zeros are listed per block of [`ROW_BLOCK`] rows and per column, in
+/// parallel over the blocks. Then each task owns a [`STRIP`] of one `A_i`'s columns (so `A`
+/// is read from memory once in all, and `C_i`'s rows are split between tasks, never the rows
+/// of `G`): per row block it copies its strip of the block's rows of `A` into a contiguous
+/// buffer (rows of a wide `A` lie a multiple of 4 KiB apart and would fight over the same L1
+/// sets) and, for every column of `G`, adds `value * A[row, strip]` over the column's listed
+/// non-zeros into the strip held in registers. Each element of `C_i` sums its products in
+/// increasing row order whatever the thread count, so results are bit-identical for any
+/// `RAYON_NUM_THREADS`; they differ from the dense product's only by rounding.
+fn gemm_tn_sparse_with(
+    simd: Simd,
+    alpha: f32,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+    g: &Tensor,
+    beta: f32,
+) {
+    let (m, n) = g.shape();
     for (a, c) in pairs.iter() {
-        assert_eq!(a.rows(), g.rows(), "gemm_tn_sparse: A and G differ in rows");
+        assert_eq!(a.rows(), m, "gemm_tn_sparse: A and G differ in rows");
         assert_eq!(
             c.shape(),
             (a.cols(), n),
@@ -79,57 +125,147 @@ pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tens
         );
     }
     assert!(available(), "gemm_tn_sparse needs AVX2 and FMA");
-    let a: Vec<&Tensor> = pairs.iter().map(|(a, _)| *a).collect();
-    // Each task computes C_i^T's rows j0..j1 (C_i's columns j0..j1) for every pair.
-    let parts: Vec<Vec<Vec<f32>>> = (0..n.div_ceil(COL_BLOCK))
-        .into_par_iter()
-        .map(|t| {
-            let j0 = t * COL_BLOCK;
-            let j1 = (j0 + COL_BLOCK).min(n);
-            let mut ct: Vec<Vec<f32>> = a
-                .iter()
-                .map(|a| vec![0.0; (j1 - j0) * padded(a.cols())])
-                .collect();
-            accumulate(&a, g, j0, j1, &mut ct);
-            ct
-        })
-        .collect();
-    for (t, part) in parts.into_iter().enumerate() {
-        let j0 = t * COL_BLOCK;
-        for ((_, c), ct) in pairs.iter_mut().zip(part) {
-            let k = c.rows();
-            let cd = c.data_mut();
-            for (jj, col) in ct.chunks_exact(padded(k).max(1)).enumerate() {
-                for (kk, &s) in col[..k].iter().enumerate() {
-                    let out = &mut cd[kk * n + j0 + jj];
-                    *out = if beta == 0.0 {
-                        alpha * s
-                    } else {
-                        alpha * s + beta * *out
-                    };
-                }
+    if n == 0 {
+        return;
+    }
+    let lists = NonZeros::of(g);
+    let mut tasks: Vec<(&Tensor, usize, &mut [f32])> = Vec::new();
+    for (a, c) in pairs.iter_mut() {
+        let a: &Tensor = a;
+        for (s, out) in c.data_mut().chunks_mut(STRIP * n).enumerate() {
+            tasks.push((a, s * STRIP, out));
+        }
+    }
+    tasks.into_par_iter().for_each(|(a, kc, out)| {
+        let sw = out.len() / n;
+        let spw = padded(sw);
+        // C^T's rows kc..kc + sw, each padded to whole 16-float vectors.
+        let mut ct = vec![0.0f32; n * spw];
+        accumulate(simd, a, &lists, kc, sw, &mut ct);
+        for (kk, row) in out.chunks_exact_mut(n).enumerate() {
+            for (j, o) in row.iter_mut().enumerate() {
+                let s = ct[j * spw + kk];
+                *o = if beta == 0.0 {
+                    alpha * s
+                } else {
+                    alpha * s + beta * *o
+                };
             }
         }
+    });
+}
+
+/// `k` rounded up to whole 16-float vectors: the row length of a task's `C^T` strip and of
+/// its packed rows of `A`, so that every load and store is of whole vectors (the lanes past
+/// `k` are zeros in the packed `A` and are never copied into C).
+fn padded(k: usize) -> usize {
+    k.div_ceil(16) * 16
+}
+
+/// G's non-zeros, per block of [`ROW_BLOCK`] rows.
+struct NonZeros {
+    /// G's columns.
+    n: usize,
+    blocks: Vec<BlockNonZeros>,
+}
+
+/// One row block's non-zeros: column `j`'s are `rows[start[j]..start[j + 1]]` (block-local
+/// row numbers, increasing) and the same range of `vals`.
+struct BlockNonZeros {
+    start: Vec<u32>,
+    rows: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+impl NonZeros {
+    /// Lists `g`'s non-zeros (NaNs included), in parallel over row blocks.
+    fn of(g: &Tensor) -> NonZeros {
+        let (m, n) = g.shape();
+        let blocks = (0..m.div_ceil(ROW_BLOCK))
+            .into_par_iter()
+            .map_init(
+                || {
+                    (
+                        vec![0u32; n * ROW_BLOCK],
+                        vec![0.0f32; n * ROW_BLOCK],
+                        vec![0usize; n],
+                    )
+                },
+                |(rows, vals, cnt), b| {
+                    let i0 = b * ROW_BLOCK;
+                    cnt.fill(0);
+                    list_block(g, i0, ROW_BLOCK.min(m - i0), rows, vals, cnt);
+                    let total: usize = cnt.iter().sum();
+                    let mut block = BlockNonZeros {
+                        start: Vec::with_capacity(n + 1),
+                        rows: Vec::with_capacity(total),
+                        vals: Vec::with_capacity(total),
+                    };
+                    block.start.push(0);
+                    for (j, &c) in cnt.iter().enumerate() {
+                        block.rows.extend_from_slice(&rows[j * ROW_BLOCK..][..c]);
+                        block.vals.extend_from_slice(&vals[j * ROW_BLOCK..][..c]);
+                        block.start.push(block.rows.len() as u32);
+                    }
+                    block
+                },
+            )
+            .collect();
+        NonZeros { n, blocks }
     }
 }
 
-/// `k` rounded up to whole 8-float vectors: the row length of a task's `C^T` strips, so that
-/// every strip loads and stores whole vectors (the lanes past `k` are never copied into C).
-fn padded(k: usize) -> usize {
-    k.div_ceil(8) * 8
-}
-
-/// The task body: `x86::accumulate` (the caller asserted [`available`]).
-fn accumulate(a: &[&Tensor], g: &Tensor, j0: usize, j1: usize, ct: &mut [Vec<f32>]) {
+/// `x86::extract_block` over all of G's columns (the caller asserted [`available`]).
+fn list_block(
+    g: &Tensor,
+    i0: usize,
+    ib: usize,
+    rows: &mut [u32],
+    vals: &mut [f32],
+    cnt: &mut [usize],
+) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `gemm_tn_sparse` asserted `available()` and checked the shapes.
+    // SAFETY: `gemm_tn_sparse_with` asserted `available()`; `ib <= ROW_BLOCK`, the rows are
+    // inside G and the lists hold `n * ROW_BLOCK` entries.
     unsafe {
-        x86::accumulate(a, g, j0, j1, ct)
+        x86::extract_block(g.data(), g.cols(), i0, ib, 0, g.cols(), rows, vals, cnt)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a, g, j0, j1, ct);
+        let _ = (g, i0, ib, rows, vals, cnt);
         unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
+    }
+}
+
+/// The task body: `ct[j * padded(sw) + kk] += sum_r A[r, kc + kk] * G[r, j]` for `kk < sw`
+/// over G's listed non-zeros, adding in increasing `r` for every element.
+fn accumulate(simd: Simd, a: &Tensor, lists: &NonZeros, kc: usize, sw: usize, ct: &mut [f32]) {
+    let (m, k) = a.shape();
+    let spw = padded(sw);
+    assert!(kc + sw <= k && sw > 0 && ct.len() == lists.n * spw);
+    assert_eq!(lists.blocks.len(), m.div_ceil(ROW_BLOCK));
+    // The block's rows of A's strip, packed; the lanes past `sw` stay zero.
+    let mut pa = vec![0.0f32; ROW_BLOCK * spw];
+    for (b, block) in lists.blocks.iter().enumerate() {
+        let i0 = b * ROW_BLOCK;
+        for r in 0..ROW_BLOCK.min(m - i0) {
+            pa[r * spw..][..sw].copy_from_slice(&a.row(i0 + r)[kc..][..sw]);
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller asserted `available()` (AVX2 + FMA), and `Simd::Avx512` is only
+        // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw` and every listed row is
+        // below ROW_BLOCK; `ct` is `n x spw`.
+        unsafe {
+            match simd {
+                Simd::Avx512 => x86::block_avx512(&pa, spw, block, ct),
+                Simd::Avx2 => x86::block_avx2(&pa, spw, block, ct),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (simd, block, &mut *ct);
+            unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
+        }
     }
 }
 
@@ -137,8 +273,7 @@ fn accumulate(a: &[&Tensor], g: &Tensor, j0: usize, j1: usize, ct: &mut [Vec<f32
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::ROW_BLOCK;
-    use crate::tensor::Tensor;
+    use super::{BlockNonZeros, ROW_BLOCK};
 
     /// Byte `b` of `PACK[mask]` is the position of `mask`'s `b`-th set bit (the lane
     /// permutation that moves the set lanes of an 8-lane vector to its front, in order).
@@ -171,7 +306,7 @@ pub(super) mod x86 {
     /// AVX2; `ib <= ROW_BLOCK`, `i0 + ib <= G's rows`, `j0 + w <= n`, lists `w * ROW_BLOCK`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn extract_block(
+    pub(super) unsafe fn extract_block(
         gd: &[f32],
         n: usize,
         i0: usize,
@@ -271,123 +406,221 @@ pub(super) mod x86 {
         ]
     }
 
-    /// `ct[i][(j - j0) * kp_i + kk] += sum_r A_i[r, kk] * G[r, j]` over G's non-zeros in
-    /// columns `j0..j1`, for every `A_i` in `a` (`ct[i]` is `(j1 - j0) x kp_i` row-major, with
-    /// `kp_i` = `A_i`'s columns rounded up to a multiple of 8; the pad lanes hold no result),
-    /// adding in increasing `r` for every element.
+    /// [`super::accumulate`]'s multiply-adds for one row block with 16-float vectors: for
+    /// every column `j` with non-zeros, `ct[j * spw..][..spw] += v * pa[r * spw..][..spw]` over
+    /// its listed `(r, v)`, the strip held in registers.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; every `A_i` has G's rows; `j1 <= G's columns`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn accumulate(
-        a: &[&Tensor],
-        g: &Tensor,
-        j0: usize,
-        j1: usize,
-        ct: &mut [Vec<f32>],
+    /// AVX-512F; `spw` a multiple of 16 in `16..=128`; `pa` holds the block's listed rows
+    /// (`r * spw + spw <= pa.len()`); `ct` is `(block.start.len() - 1) x spw`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block_avx512(
+        pa: &[f32],
+        spw: usize,
+        block: &BlockNonZeros,
+        ct: &mut [f32],
     ) {
-        let (m, n, w) = (g.rows(), g.cols(), j1 - j0);
-        // Per column of the task, the block's non-zeros: rows (block-local) and values.
-        let mut rows = vec![0u32; w * ROW_BLOCK];
-        let mut vals = vec![0.0f32; w * ROW_BLOCK];
-        let mut cnt = vec![0usize; w];
-        for i0 in (0..m).step_by(ROW_BLOCK) {
-            let ib = ROW_BLOCK.min(m - i0);
-            cnt.fill(0);
-            extract_block(g.data(), n, i0, ib, j0, w, &mut rows, &mut vals, &mut cnt);
-            for (a, ct) in a.iter().zip(ct.iter_mut()) {
-                let k = a.cols();
-                let kp = super::padded(k);
-                assert_eq!(ct.len(), w * kp);
-                let ablock = a.data().as_ptr().add(i0 * k);
-                let lists = Lists {
-                    rows: &rows,
-                    vals: &vals,
-                    cnt: &cnt,
-                };
-                let mut kc = 0;
-                // Strips of eight vectors (held in registers across a column's non-zeros),
-                // then one strip of the 1..=8 vectors left, its last vector loaded masked
-                // when `k` is not a multiple of 8. One strip for the whole tail keeps as many
-                // independent accumulator chains as it has vectors: separate 4-, 2-, 1-vector
-                // and masked strips (as before) each waited on the FMA latency, and at k = 100
-                // the 36-float tail cost as much as the 64-float strip.
-                while kc + 64 <= k {
-                    strip::<8>(ablock, k, kp, kc, 8, &lists, ct);
-                    kc += 64;
+        match spw / 16 {
+            1 => strip512::<1>(pa, spw, block, ct),
+            2 => strip512::<2>(pa, spw, block, ct),
+            3 => strip512::<3>(pa, spw, block, ct),
+            4 => strip512::<4>(pa, spw, block, ct),
+            5 => strip512::<5>(pa, spw, block, ct),
+            6 => strip512::<6>(pa, spw, block, ct),
+            7 => strip512::<7>(pa, spw, block, ct),
+            _ => strip512::<8>(pa, spw, block, ct),
+        }
+    }
+
+    /// [`block_avx512`] with 8-float vectors: the strip's first 64 floats, then the rest (two
+    /// passes over the lists, eight accumulators at most in each).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; otherwise as [`block_avx512`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block_avx2(pa: &[f32], spw: usize, block: &BlockNonZeros, ct: &mut [f32]) {
+        let vectors = spw / 8;
+        let mut off = 0;
+        while off < vectors {
+            match (vectors - off).min(8) {
+                1 => strip256::<1>(pa, spw, 8 * off, block, ct),
+                2 => strip256::<2>(pa, spw, 8 * off, block, ct),
+                3 => strip256::<3>(pa, spw, 8 * off, block, ct),
+                4 => strip256::<4>(pa, spw, 8 * off, block, ct),
+                5 => strip256::<5>(pa, spw, 8 * off, block, ct),
+                6 => strip256::<6>(pa, spw, 8 * off, block, ct),
+                7 => strip256::<7>(pa, spw, 8 * off, block, ct),
+                _ => strip256::<8>(pa, spw, 8 * off, block, ct),
+            }
+            off += 8;
+        }
+    }
+
+    /// `ct[j * spw..][..16 * NV] += v * pa[r * spw..][..16 * NV]` for every column's listed
+    /// `(r, v)`, in list order.
+    ///
+    /// # Safety
+    /// AVX-512F; `16 * NV <= spw`; as [`block_avx512`].
+    #[inline(always)]
+    unsafe fn strip512<const NV: usize>(
+        pa: &[f32],
+        spw: usize,
+        block: &BlockNonZeros,
+        ct: &mut [f32],
+    ) {
+        let (rows, vals) = (block.rows.as_ptr(), block.vals.as_ptr());
+        for (j, w) in block.start.windows(2).enumerate() {
+            let (s, e) = (w[0] as usize, w[1] as usize);
+            if s == e {
+                continue;
+            }
+            let out = ct.as_mut_ptr().add(j * spw);
+            let mut acc: [__m512; NV] = std::array::from_fn(|q| _mm512_loadu_ps(out.add(16 * q)));
+            for t in s..e {
+                let x = pa.as_ptr().add(*rows.add(t) as usize * spw);
+                let b = _mm512_set1_ps(*vals.add(t));
+                for (q, v) in acc.iter_mut().enumerate() {
+                    *v = _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(16 * q)), *v);
                 }
-                let left = k - kc;
-                match left.div_ceil(8) {
-                    0 => {}
-                    1 => strip::<1>(ablock, k, kp, kc, left, &lists, ct),
-                    2 => strip::<2>(ablock, k, kp, kc, left - 8, &lists, ct),
-                    3 => strip::<3>(ablock, k, kp, kc, left - 16, &lists, ct),
-                    4 => strip::<4>(ablock, k, kp, kc, left - 24, &lists, ct),
-                    5 => strip::<5>(ablock, k, kp, kc, left - 32, &lists, ct),
-                    6 => strip::<6>(ablock, k, kp, kc, left - 40, &lists, ct),
-                    7 => strip::<7>(ablock, k, kp, kc, left - 48, &lists, ct),
-                    _ => strip::<8>(ablock, k, kp, kc, left - 56, &lists, ct),
-                }
+            }
+            for (q, v) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.add(16 * q), *v);
             }
         }
     }
 
-    /// One row block's non-zeros per column of the task (see [`extract_block`]).
-    struct Lists<'a> {
-        rows: &'a [u32],
-        vals: &'a [f32],
-        cnt: &'a [usize],
-    }
-
-    /// For every column `j` of the task: `ct[j * kp + kc..][..8 * NV] += v * A[r, kc..][..8 * NV]`
-    /// over the column's listed non-zeros `(r, v)`, holding the strip in registers. Only the
-    /// first `last` lanes of the last vector are read from A (the rest count as zeros).
+    /// `ct[j * spw + off..][..8 * NV] += v * pa[r * spw + off..][..8 * NV]` for every column's
+    /// listed `(r, v)`, in list order.
     ///
     /// # Safety
-    /// AVX2 and FMA; `last` in `1..=8`; `kc + 8 * (NV - 1) + last <= k`, `kc + 8 * NV <= kp`;
-    /// `ablock` points at the block's first row of A (row stride `k`) and every listed row is
-    /// inside A; `ct` is `cnt.len() x kp`.
+    /// AVX2 and FMA; `off + 8 * NV <= spw`; as [`block_avx512`].
     #[inline(always)]
-    unsafe fn strip<const NV: usize>(
-        ablock: *const f32,
-        k: usize,
-        kp: usize,
-        kc: usize,
-        last: usize,
-        lists: &Lists,
+    unsafe fn strip256<const NV: usize>(
+        pa: &[f32],
+        spw: usize,
+        off: usize,
+        block: &BlockNonZeros,
         ct: &mut [f32],
     ) {
-        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(last as i32), lanes);
-        let full = last == 8;
-        for (j, &c) in lists.cnt.iter().enumerate() {
-            if c == 0 {
+        let (rows, vals) = (block.rows.as_ptr(), block.vals.as_ptr());
+        for (j, w) in block.start.windows(2).enumerate() {
+            let (s, e) = (w[0] as usize, w[1] as usize);
+            if s == e {
                 continue;
             }
-            let out = ct.as_mut_ptr().add(j * kp + kc);
+            let out = ct.as_mut_ptr().add(j * spw + off);
             let mut acc: [__m256; NV] = std::array::from_fn(|q| _mm256_loadu_ps(out.add(8 * q)));
-            let (rs, vs) = (&lists.rows[j * ROW_BLOCK..], &lists.vals[j * ROW_BLOCK..]);
-            if full {
-                for e in 0..c {
-                    let x = ablock.add(*rs.get_unchecked(e) as usize * k + kc);
-                    let b = _mm256_set1_ps(*vs.get_unchecked(e));
-                    for (q, v) in acc.iter_mut().enumerate() {
-                        *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
-                    }
-                }
-            } else {
-                for e in 0..c {
-                    let x = ablock.add(*rs.get_unchecked(e) as usize * k + kc);
-                    let b = _mm256_set1_ps(*vs.get_unchecked(e));
-                    for (q, v) in acc[..NV - 1].iter_mut().enumerate() {
-                        *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
-                    }
-                    let tail = _mm256_maskload_ps(x.add(8 * (NV - 1)), mask);
-                    acc[NV - 1] = _mm256_fmadd_ps(b, tail, acc[NV - 1]);
+            for t in s..e {
+                let x = pa.as_ptr().add(*rows.add(t) as usize * spw + off);
+                let b = _mm256_set1_ps(*vals.add(t));
+                for (q, v) in acc.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
                 }
             }
             for (q, v) in acc.iter().enumerate() {
                 _mm256_storeu_ps(out.add(8 * q), *v);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use fanout_rand::Rng;
+
+    /// The kernel's arithmetic, one element at a time: each element of `C` chains fused
+    /// multiply-adds over `G`'s non-zeros (NaNs included) in increasing row order, from zero.
+    fn scalar_model(alpha: f32, a: &Tensor, g: &Tensor, beta: f32, c: &Tensor) -> Tensor {
+        Tensor::from_fn(a.cols(), g.cols(), |kk, j| {
+            let mut s = 0.0f32;
+            for r in 0..g.rows() {
+                let v = g.get(r, j);
+                if v != 0.0 {
+                    s = v.mul_add(a.get(r, kk), s);
+                }
+            }
+            if beta == 0.0 {
+                alpha * s
+            } else {
+                alpha * s + beta * c.get(kk, j)
+            }
+        })
+    }
+
+    #[test]
+    fn avx2_and_avx512_give_the_same_bits() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return;
+        }
+        let mut widths = vec![Simd::Avx2];
+        if Simd::best() == Simd::Avx512 {
+            widths.push(Simd::Avx512);
+        } else {
+            eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a thread pool");
+        let mut rng = Rng::new(5);
+        let mut rand = |r: usize, c: usize, density: f64| {
+            Tensor::from_fn(r, c, |_, _| {
+                if rng.bernoulli(density) {
+                    rng.next_f32() * 2.0 - 1.0
+                } else {
+                    0.0
+                }
+            })
+        };
+        // (rows of G, columns of A, columns of G): one element; a strip past 128 columns by
+        // one float; tails of 1, 9, 15 and 16 floats after full strips (every AVX-512 vector
+        // count, and AVX2 second passes); rows not a multiple of 8 or of the 64-row blocks.
+        let shapes = [
+            (1, 1, 1),
+            (65, 129, 33),
+            (200, 300, 70),
+            (130, 16, 256),
+            (64, 265, 9),
+            (90, 602, 20),
+            (7, 271, 5),
+            (129, 240, 17),
+        ];
+        for &(m, k, n) in &shapes {
+            for density in [0.0, 0.1, 0.3, 1.0] {
+                let a = rand(m, k, 1.0);
+                let mut g = rand(m, n, density);
+                if density == 0.3 {
+                    g.data_mut()[(m / 2) * n + n / 2] = f32::NAN;
+                }
+                for (alpha, beta) in [(1.0, 0.0), (-0.75, 1.0), (1.5, 0.25)] {
+                    let c0 = rand(k, n, 1.0);
+                    let want = scalar_model(alpha, &a, &g, beta, &c0);
+                    for &simd in &widths {
+                        for threads in [1, 3] {
+                            let mut got = c0.clone();
+                            let run = || {
+                                gemm_tn_sparse_with(simd, alpha, &mut [(&a, &mut got)], &g, beta)
+                            };
+                            if threads == 1 {
+                                rayon::ThreadPoolBuilder::new()
+                                    .num_threads(1)
+                                    .build()
+                                    .expect("a thread pool")
+                                    .install(run);
+                            } else {
+                                pool.install(run);
+                            }
+                            let same = got
+                                .data()
+                                .iter()
+                                .zip(want.data())
+                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(same, "{simd:?}, {threads} threads, {m}x{k}x{n}, density {density}, alpha {alpha}, beta {beta}");
+                        }
+                    }
+                }
             }
         }
     }
