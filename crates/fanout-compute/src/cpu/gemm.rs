@@ -270,12 +270,13 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
 const SPARSE_MAX_DENSITY: f64 = 0.35;
 
 /// True when [`gemm`] computes `a^T g` for an `a` of `k` columns by skipping `g`'s zeros: a
-/// weight-gradient shape (`g`'s rows are the long inner dimension) large enough to be
+/// weight-gradient shape (`g`'s rows, the inner dimension, at least 2,048) large enough to be
 /// parallel, a CPU with the kernel, and `g`, sampled every 16th row, at most 35% non-zero.
+/// Wide `a` included: with 26% non-zeros the kernel is 2.1-2.2x faster than the dense product
+/// for `k` = 1,024 and 4,096 over 2,100 to 6,000 rows (`kernel_speed ROWS WIDTH`, two threads).
 pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
     let (inner, n) = g.shape();
     inner >= K_SPLIT_MIN
-        && inner >= 4 * k
         && k.saturating_mul(n).saturating_mul(inner) >= PARALLEL_MIN_MACS
         && sparse_grad::available()
         && sparse_grad::density(g, 16) <= SPARSE_MAX_DENSITY
