@@ -12,7 +12,8 @@
 # width in WIDTHS, and cnr2000 with W-dim random features (10% train) for every width in
 # CNR_WIDTHS. Per run: the median epoch excluding epoch 0, and fanout's median compute and
 # memory floors over the same epochs (its GEMM flops at the GEMM rate, its gathered bytes at
-# the copy bandwidth, both measured once per machine: README "Distance to the floor"). The
+# the copy bandwidth, both measured once per machine: README "Distance to the floor"), and
+# the floor of the flops it did (the compute floor less the zero-skipped products). The
 # table gives the medians over runs, epoch / compute floor, and DGL's epoch over fanout's
 # (median of per-run ratios). Raw JSON in $OUT.
 set -euo pipefail
@@ -65,22 +66,25 @@ python3 - "$OUT" "$RUNS" "$CASES" "$COMMON" <<'PY'
 import json, sys, statistics as st
 out, runs, cases, common = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 print(f"settings: {common}\n")
-print("| dataset | width | fanout epoch s | compute floor s | memory floor s | epoch / compute floor | DGL epoch s | DGL / fanout (each run) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| dataset | width | fanout epoch s | compute floor s | memory floor s | epoch / compute floor | floor of the flops done s | epoch / that floor | DGL epoch s | DGL / fanout (each run) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for c in cases:
     ds, w = c.rsplit("-", 1)
     try:
         ours = [json.load(open(f"{out}/ours-{c}-{r}.json")) for r in range(1, runs + 1)]
         dgl = [json.load(open(f"{out}/dgl-{c}-{r}.json")) for r in range(1, runs + 1)]
     except (OSError, ValueError) as e:
-        print(f"| {ds} | {w} | missing ({e}) | | | | | |")
+        print(f"| {ds} | {w} | missing ({e}) | | | | | | | |")
         continue
     later = lambda j, k: st.median(e[k] for e in (j["epochs"][1:] or j["epochs"]))
     epoch = st.median(j["median_epoch_s"] for j in ours)
     cf = st.median(later(j, "compute_floor_s") for j in ours)
     mf = st.median(later(j, "memory_floor_s") for j in ours)
+    # Older metrics files have no performed floor (the zero-skipped flops left out).
+    pf = st.median(later(j, "performed_floor_s") for j in ours) if "performed_floor_s" in ours[0]["epochs"][0] else None
+    done = f"{pf:.3f} | {epoch / pf:.2f}x" if pf else "| "
     d = st.median(j["median_epoch_s"] for j in dgl)
     ratios = [b["median_epoch_s"] / a["median_epoch_s"] for a, b in zip(ours, dgl)]
     each = ", ".join(f"{r:.2f}" for r in ratios)
-    print(f"| {ds} | {w} | {epoch:.3f} | {cf:.3f} | {mf:.3f} | {epoch / cf:.2f}x | {d:.3f} | {st.median(ratios):.2f}x ({each}) |")
+    print(f"| {ds} | {w} | {epoch:.3f} | {cf:.3f} | {mf:.3f} | {epoch / cf:.2f}x | {done} | {d:.3f} | {st.median(ratios):.2f}x ({each}) |")
 PY

@@ -473,6 +473,14 @@ fn epochs_report_their_gemm_flops_and_floors_at_the_measured_rates() {
             (floor - fa as f64 / gemm).abs() <= 1e-9 * floor.max(1e-9),
             "{ea}"
         );
+        // The floor of the arithmetic done leaves out what zero-skipping products skipped.
+        let skipped = ea["gemm_flops_skipped"].as_u64().unwrap();
+        assert!(skipped <= fa, "{ea}");
+        let done = ea["performed_floor_s"].as_f64().unwrap();
+        assert!(
+            (done - (fa - skipped) as f64 / gemm).abs() <= 1e-9 * done.max(1e-9),
+            "{ea}"
+        );
         let bytes = ea["extract"]["bytes_from_host"].as_u64().unwrap();
         let mem = ea["memory_floor_s"].as_f64().unwrap();
         assert!(

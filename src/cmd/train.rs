@@ -425,7 +425,18 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
         .median_floor_s()
         .filter(|&f| f > 0.0)
         .map_or(String::new(), |f| {
-            format!(" = {:.2}x its floor ({f:.2}s)", m.median_epoch_s / f)
+            // Weight gradients that skipped zeros did less arithmetic than the floor counts:
+            // say how far the epoch is from what was done, when that is noticeably less.
+            let done = m
+                .median_performed_bound_s()
+                .filter(|&d| d > 0.0 && d < 0.95 * f)
+                .map_or(String::new(), |d| {
+                    format!(
+                        "; {:.2}x the {d:.2}s of the products done, zeros skipped",
+                        m.median_epoch_s / d
+                    )
+                });
+            format!(" = {:.2}x its floor ({f:.2}s{done})", m.median_epoch_s / f)
         });
     println!(
         "test accuracy {:.4} (epoch {}, best validation accuracy {:.4}); median epoch {:.2}s{floor}{}",
@@ -440,10 +451,12 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
         }
     );
     // The floor counts every nominal GEMM flop and gathered byte at the machine's rates. An
-    // epoch well below it means either that the cached rates were measured while something
-    // else ran, or that the kernels skipped work the floor counts (zero rows of sparse
+    // epoch well below the floor of the arithmetic actually done (zero-skipped weight
+    // gradients left out) means either that the cached rates were measured while something
+    // else ran, or that the kernels skipped other work the floor counts (zero rows of sparse
     // features, as in cora's bag-of-words): say both.
-    if let Some(f) = m.median_floor_s().filter(|&f| m.median_epoch_s < 0.9 * f) {
+    let done = m.median_performed_bound_s().or(m.median_floor_s());
+    if let Some(f) = done.filter(|&f| m.median_epoch_s < 0.9 * f) {
         let file = fanout_exec::floor::rates_file()
             .map_or("the rates cache".into(), |p| p.display().to_string());
         eprintln!(

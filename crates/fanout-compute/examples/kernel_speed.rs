@@ -113,7 +113,7 @@ fn main() {
                 gemm_dense(1.0, &xa, true, &g, false, 0.0, &mut ca);
             }));
             sparse.push(median_s(|| {
-                gemm_tn_sparse(1.0, &mut [(&xd, &mut sd), (&xa, &mut sa)], &g, 0.0)
+                gemm_tn_sparse(1.0, &mut [(&xd, &mut sd), (&xa, &mut sa)], &g, 0.0);
             }));
         }
         dense.sort_by(f64::total_cmp);

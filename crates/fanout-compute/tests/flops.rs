@@ -1,6 +1,7 @@
 //! The nominal-flop counter behind the compute floor: every product path adds exactly
-//! `2 m n k`, the zero-skipping weight-gradient path included. One test in its own binary, so
-//! no other test multiplies while it reads the process-wide counter.
+//! `2 m n k`, the zero-skipping weight-gradient path included, and the skipped-flop counter
+//! exactly `2 k` per zero of `G` on that path alone. One test in its own binary, so no other
+//! test multiplies while it reads the process-wide counters.
 
 use fanout_compute::cpu::{gemm, sparse_grad};
 use fanout_compute::Tensor;
@@ -10,11 +11,13 @@ fn every_product_path_adds_exactly_its_nominal_flops() {
     let a = Tensor::new(3, 4, (0..12).map(|i| i as f32).collect());
     let b = Tensor::new(4, 5, (0..20).map(|i| i as f32).collect());
     let mut expected = 0u64;
+    let mut skipped = 0u64;
     let mut check = |what: &str, f: &mut dyn FnMut(), flops: u64| {
-        let before = gemm::nominal_flops();
+        let (before, skipped_before) = (gemm::nominal_flops(), gemm::skipped_flops());
         f();
         expected += flops;
         assert_eq!(gemm::nominal_flops() - before, flops, "{what}");
+        skipped += gemm::skipped_flops() - skipped_before;
     };
     check(
         "matmul 3x4x5",
@@ -60,4 +63,13 @@ fn every_product_path_adds_exactly_its_nominal_flops() {
         flops,
     );
     assert!(expected > 0);
+    // Only the two sparse products skipped anything: three pairs in all, each `2 k` flops for
+    // every zero of `g` (nine in ten of its entries).
+    let zeros = (rows * n - (rows * n).div_ceil(10)) as u64;
+    let want = if sparse_grad::available() {
+        3 * 2 * k as u64 * zeros
+    } else {
+        0
+    };
+    assert_eq!(skipped, want);
 }

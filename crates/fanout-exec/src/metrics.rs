@@ -81,14 +81,23 @@ pub struct EpochMetrics {
     /// Nominal GEMM flops of the epoch's training steps (forward, backward, every layer's
     /// products at the batches' real sizes), this process's workers together.
     pub gemm_flops: u64,
+    /// The part of `gemm_flops` not performed: weight-gradient products that skipped the
+    /// zeros of their output gradient (`fanout_compute::cpu::gemm::skipped_flops`).
+    #[serde(default)]
+    pub gemm_flops_skipped: u64,
     /// Split parallelism: this worker's row and gradient shuffles ([`SplitEpoch`]); `None`
     /// for other strategies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub split: Option<SplitEpoch>,
-    /// `gemm_flops` at this machine's measured GEMM rate: no epoch can be shorter. `None`
-    /// when the rates were not measured.
+    /// `gemm_flops` at this machine's measured GEMM rate: no epoch that computes every product
+    /// densely can be shorter. `None` when the rates were not measured.
     #[serde(default)]
     pub compute_floor_s: Option<f64>,
+    /// `gemm_flops - gemm_flops_skipped` at the same rate: the time of the arithmetic this
+    /// engine actually did, below `compute_floor_s` when weight gradients skipped zeros; no
+    /// epoch can be shorter. `None` when the rates were not measured.
+    #[serde(default)]
+    pub performed_floor_s: Option<f64>,
     /// The epoch's feature bytes gathered from the host store at the measured copy bandwidth.
     #[serde(default)]
     pub memory_floor_s: Option<f64>,
@@ -197,6 +206,14 @@ impl EpochMetrics {
             (c, m) => c.or(m),
         }
     }
+
+    /// [`EpochMetrics::floor_s`] with `performed_floor_s` for the compute floor.
+    pub fn performed_bound_s(&self) -> Option<f64> {
+        match (self.performed_floor_s, self.memory_floor_s) {
+            (Some(c), Some(m)) => Some(c.max(m)),
+            (c, m) => c.or(m),
+        }
+    }
 }
 
 impl RunMetrics {
@@ -209,6 +226,12 @@ impl RunMetrics {
     /// floor to compare it with. `None` without measured rates.
     pub fn median_floor_s(&self) -> Option<f64> {
         Self::median_over_epochs(&self.epochs, EpochMetrics::floor_s)
+    }
+
+    /// Median of [`EpochMetrics::performed_bound_s`] over the same epochs: the floor of the
+    /// arithmetic actually done. `None` without measured rates.
+    pub fn median_performed_bound_s(&self) -> Option<f64> {
+        Self::median_over_epochs(&self.epochs, EpochMetrics::performed_bound_s)
     }
 
     /// Median of `f` over epochs 1.. (epoch 0 alone if nothing else ran), skipping `None`s.

@@ -172,6 +172,7 @@ impl TrainOutcome {
             "best_epoch": self.metrics.best_epoch,
             "median_epoch_s": self.metrics.median_epoch_s,
             "median_floor_s": self.metrics.median_floor_s(),
+            "median_performed_bound_s": self.metrics.median_performed_bound_s(),
             "machine_rates": self.metrics.rates,
             "cache": self.cache,
             "reorder_window": c.cache.reorder_window.max(1),

@@ -683,6 +683,7 @@ pub fn fit_with<B: Backend + Send>(
         obs.epoch_start(epoch, train.num_batches());
         let start = Instant::now();
         let flops_start = fanout_compute::cpu::gemm::nominal_flops();
+        let skipped_start = fanout_compute::cpu::gemm::skipped_flops();
         let (mut train_s, mut wait_s) = (0.0, 0.0);
         let (mut loss_sum, mut correct, mut labelled) = (0.0, 0usize, 0usize);
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
@@ -788,6 +789,7 @@ pub fn fit_with<B: Backend + Send>(
         drop(stream);
         let mut wall_s = start.elapsed().as_secs_f64();
         let gemm_flops = fanout_compute::cpu::gemm::nominal_flops() - flops_start;
+        let gemm_flops_skipped = fanout_compute::cpu::gemm::skipped_flops() - skipped_start;
         let memory_floor_s = ctl.rates.map(|r| r.memory_floor_s(extract.bytes_from_host));
         // Busy times of the stages since the last call: with the next epoch started early,
         // its first batches' sampling and extraction count here (they ran in this epoch's
@@ -840,7 +842,11 @@ pub fn fit_with<B: Backend + Send>(
             allreduce_bytes: sync_bytes,
             workers: per_worker,
             gemm_flops,
+            gemm_flops_skipped,
             compute_floor_s: ctl.rates.map(|r| r.compute_floor_s(gemm_flops)),
+            performed_floor_s: ctl
+                .rates
+                .map(|r| r.compute_floor_s(gemm_flops - gemm_flops_skipped)),
             memory_floor_s,
             split,
             ..EpochMetrics::default()

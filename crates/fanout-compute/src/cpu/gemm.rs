@@ -32,14 +32,31 @@ use crate::tensor::Tensor;
 /// Products with fewer multiply-adds than this run on the calling thread.
 /// Nominal flops of every product issued through this module since the process started.
 static NOMINAL_FLOPS: AtomicU64 = AtomicU64::new(0);
+/// The part of [`NOMINAL_FLOPS`] that the zero-skipping kernel did not perform.
+static SKIPPED_FLOPS: AtomicU64 = AtomicU64::new(0);
 
 /// Nominal floating-point operations (`2 m n k` per `m x k` by `k x n` product) of every
 /// product computed by [`gemm`], [`gemm_dense`], [`matmul`] and [`acc_at_b_shared`] in this
 /// process since it started, all threads and in-process workers together. A product that skips
-/// zeros counts as the dense product it replaces. Read it before and after a stretch of work:
-/// the difference is that work's GEMM flops, the numerator of its compute floor.
+/// zeros counts as the dense product it replaces ([`skipped_flops`] says how much of that it
+/// did not perform). Read it before and after a stretch of work: the difference is that
+/// work's GEMM flops, the numerator of its nominal compute floor.
 pub fn nominal_flops() -> u64 {
     NOMINAL_FLOPS.load(Ordering::Relaxed)
+}
+
+/// The part of [`nominal_flops`] that was not performed: `2 k` flops for every zero of `G`
+/// in each `A^T G` product (`A` of `k` columns) computed by the zero-skipping kernel, since the
+/// process started. `nominal_flops() - skipped_flops()` are the flops actually performed.
+pub fn skipped_flops() -> u64 {
+    SKIPPED_FLOPS.load(Ordering::Relaxed)
+}
+
+/// Adds the flops that `A^T G` products with `A`s of `cols` columns in all did not perform
+/// because `used` of `g`'s entries were non-zero.
+fn count_skipped(cols: usize, g: &Tensor, used: usize) {
+    let zeros = g.rows() * g.cols() - used;
+    SKIPPED_FLOPS.fetch_add(2 * (cols * zeros) as u64, Ordering::Relaxed);
 }
 
 /// Adds the nominal flops of `op(A) * op(B)`.
@@ -184,7 +201,8 @@ pub fn gemm(
 ) {
     if trans_a && !trans_b && a.rows() == b.rows() && skips_zeros(b, a.cols()) {
         count(a, trans_a, b, trans_b);
-        sparse_grad::gemm_tn_sparse(alpha, &mut [(a, c)], b, beta);
+        let used = sparse_grad::gemm_tn_sparse(alpha, &mut [(a, c)], b, beta);
+        count_skipped(a.cols(), b, used);
     } else {
         gemm_dense(alpha, a, trans_a, b, trans_b, beta, c);
     }
@@ -254,7 +272,9 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
         for (a, _) in pairs.iter() {
             count(a, true, g, false);
         }
-        sparse_grad::gemm_tn_sparse(1.0, pairs, g, 1.0);
+        let cols = pairs.iter().map(|(a, _)| a.cols()).sum();
+        let used = sparse_grad::gemm_tn_sparse(1.0, pairs, g, 1.0);
+        count_skipped(cols, g, used);
     } else {
         for (a, c) in pairs.iter_mut() {
             gemm_dense(1.0, a, true, g, false, 1.0, c);

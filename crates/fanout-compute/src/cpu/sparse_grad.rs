@@ -92,8 +92,16 @@ impl Simd {
 /// A NaN in `G` reaches its whole column of `C_i`, as in a dense product; a NaN or infinity in
 /// `A_i` that meets only zeros of `G` contributes nothing (a dense product would give NaN).
 ///
+/// Returns the number of entries of `G` it used (its non-zeros and NaNs): each pair performed
+/// `2 k_i` flops per such entry, against `2 k_i m n` for the dense product.
+///
 /// Panics on mismatched shapes, or if [`available`] is false.
-pub fn gemm_tn_sparse(alpha: f32, pairs: &mut [(&Tensor, &mut Tensor)], g: &Tensor, beta: f32) {
+pub fn gemm_tn_sparse(
+    alpha: f32,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+    g: &Tensor,
+    beta: f32,
+) -> usize {
     gemm_tn_sparse_with(Simd::best(), alpha, pairs, g, beta)
 }
 
@@ -114,7 +122,7 @@ fn gemm_tn_sparse_with(
     pairs: &mut [(&Tensor, &mut Tensor)],
     g: &Tensor,
     beta: f32,
-) {
+) -> usize {
     let (m, n) = g.shape();
     for (a, c) in pairs.iter() {
         assert_eq!(a.rows(), m, "gemm_tn_sparse: A and G differ in rows");
@@ -126,9 +134,10 @@ fn gemm_tn_sparse_with(
     }
     assert!(available(), "gemm_tn_sparse needs AVX2 and FMA");
     if n == 0 {
-        return;
+        return 0;
     }
     let lists = NonZeros::of(g);
+    let listed = lists.blocks.iter().map(|b| b.rows.len()).sum();
     let mut tasks: Vec<(&Tensor, usize, &mut [f32])> = Vec::new();
     for (a, c) in pairs.iter_mut() {
         let a: &Tensor = a;
@@ -153,6 +162,7 @@ fn gemm_tn_sparse_with(
             }
         }
     });
+    listed
 }
 
 /// `k` rounded up to whole 16-float vectors: the row length of a task's `C^T` strip and of
