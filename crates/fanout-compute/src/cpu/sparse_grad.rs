@@ -69,6 +69,7 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
 /// The vector width the multiply-adds use. Both add the same products in the same order into
 /// each element, so they give the same bits (`avx2_and_avx512_give_the_same_bits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Simd {
     /// 8-float vectors (AVX2 + FMA).
     Avx2,
@@ -181,6 +182,7 @@ struct NonZeros {
 
 /// One row block's non-zeros: column `j`'s are `rows[start[j]..start[j + 1]]` (block-local
 /// row numbers, increasing) and the same range of `vals`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct BlockNonZeros {
     start: Vec<u32>,
     rows: Vec<u32>,
