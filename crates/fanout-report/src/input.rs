@@ -24,6 +24,9 @@ pub struct Epoch {
     pub allreduce_s: f64,
     /// The epoch's GEMM flops at the measured GEMM rate, when reported.
     pub compute_floor_s: Option<f64>,
+    /// The flops actually done (zero-skipped products left out) at the same rate, when
+    /// reported (metrics written before it was have none).
+    pub performed_floor_s: Option<f64>,
     /// The epoch's gathered bytes at the measured copy bandwidth, when reported.
     pub memory_floor_s: Option<f64>,
     /// Mean training loss.
@@ -210,6 +213,7 @@ fn epoch(e: &Value) -> Result<Epoch, String> {
         compute_s: (train_s - allreduce_s).max(0.0),
         allreduce_s,
         compute_floor_s: opt_num(e, "compute_floor_s")?,
+        performed_floor_s: opt_num(e, "performed_floor_s")?,
         memory_floor_s: opt_num(e, "memory_floor_s")?,
         loss: num(e, "loss")?,
         train_acc: num(e, "train_acc")?,

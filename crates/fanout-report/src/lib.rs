@@ -1,6 +1,7 @@
 //! Pictures of fanout's metrics, for a person to look at: `fanout report METRICS.json -o
 //! run.svg`. A training run ([`input::TrainRun`]) becomes four panels: the stages' busy time per
-//! epoch stacked, with the epoch's wall time and its compute and memory floors as lines; the
+//! epoch stacked, with the epoch's wall time and its compute and memory floors as lines (and
+//! the floor of the flops done, where zero-skipping put it below the compute floor); the
 //! loss; train and validation accuracy; the share of feature bytes served by the cache and by
 //! Match-Reorder's reuse. Cache-sim rows become hit rate against cache ratio, one line per
 //! policy. The format follows the output's extension (`.svg` or `.png`); the file is written
@@ -177,7 +178,7 @@ mod tests {
     use super::*;
     use crate::input::{Epoch, SimRow, TrainRun};
 
-    fn epoch(i: u64, sample_s: f64, floors: bool) -> Epoch {
+    fn epoch(i: u64, sample_s: f64, floors: bool, skipped: bool) -> Epoch {
         Epoch {
             epoch: i,
             wall_s: 1.0,
@@ -186,6 +187,7 @@ mod tests {
             compute_s: 0.6,
             allreduce_s: 0.0,
             compute_floor_s: floors.then_some(0.5),
+            performed_floor_s: floors.then_some(if skipped { 0.3 } else { 0.5 }),
             memory_floor_s: floors.then_some(0.1),
             loss: 2.0 - i as f64 * 0.5,
             train_acc: 0.3 + i as f64 * 0.1,
@@ -196,6 +198,12 @@ mod tests {
     }
 
     fn run(floors: bool) -> Report {
+        run_with(floors, false)
+    }
+
+    /// [`run`], with weight gradients that skipped zeros (a floor of the flops done below
+    /// the compute floor) when `skipped`.
+    fn run_with(floors: bool, skipped: bool) -> Report {
         Report::Train(TrainRun {
             model: "sage".into(),
             dataset: "data/cora".into(),
@@ -206,7 +214,7 @@ mod tests {
             epochs: [0.1, 0.2, 0.4]
                 .iter()
                 .enumerate()
-                .map(|(i, &s)| epoch(i as u64, s, floors))
+                .map(|(i, &s)| epoch(i as u64, s, floors, skipped))
                 .collect(),
         })
     }
@@ -258,10 +266,16 @@ mod tests {
         // Extract bars are all 0.2 s: the same height as the second sample bar.
         let x = bar_heights(&svg, "#E69F00");
         assert!(x.iter().all(|&v| (v - h[1]).abs() <= 1.0), "{x:?} vs {h:?}");
+        // The floor of the flops done is drawn only where it is below the compute floor.
+        assert!(!svg.contains("flops done"));
+        render(&run_with(true, true), &out).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.lines().any(|l| l.trim() == "floor of the flops done"));
         // Without floors in the metrics, none is drawn or named.
         render(&run(false), &out).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         assert!(!svg.contains("compute floor") && !svg.contains("memory floor"));
+        assert!(!svg.contains("flops done"));
         assert!(!svg.contains("its floor") && !svg.contains("against the floors"));
     }
 

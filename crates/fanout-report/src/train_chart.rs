@@ -125,18 +125,40 @@ fn stages<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
         .label("epoch (wall)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     chart.draw_series(wall.iter().map(|&p| Circle::new(p, 3, BLACK.filled())))?;
-    let floors: [(&str, MaybeStat, RGBColor); 2] = [
-        ("compute floor", |x| x.compute_floor_s, RGBColor(200, 0, 0)),
-        ("memory floor", |x| x.memory_floor_s, RGBColor(120, 60, 160)),
+    // The floor of the flops done is below the compute floor where weight gradients skipped
+    // zeros (not drawn where it coincides with it everywhere); drawn last, with short dashes,
+    // so that a memory floor of the same height still shows between them.
+    let floors: [(&str, MaybeStat, RGBColor, (u32, u32)); 3] = [
+        (
+            "compute floor",
+            |x| x.compute_floor_s,
+            RGBColor(200, 0, 0),
+            (8, 5),
+        ),
+        (
+            "memory floor",
+            |x| x.memory_floor_s,
+            RGBColor(120, 60, 160),
+            (8, 5),
+        ),
+        (
+            "floor of the flops done",
+            |x| {
+                x.performed_floor_s
+                    .filter(|&p| Some(p) != x.compute_floor_s)
+            },
+            RGBColor(240, 110, 110),
+            (4, 9),
+        ),
     ];
-    for (name, f, colour) in floors {
+    for (name, f, colour, (dash, gap)) in floors {
         let pts = line(f);
         if pts.is_empty() {
             continue;
         }
         let style = colour.stroke_width(2);
         chart
-            .draw_series(DashedLineSeries::new(pts, 8, 5, style))?
+            .draw_series(DashedLineSeries::new(pts, dash, gap, style))?
             .label(name)
             .legend(dashed_swatch!(style));
     }
