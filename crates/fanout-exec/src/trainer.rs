@@ -844,9 +844,11 @@ pub fn fit_with<B: Backend + Send>(
             gemm_flops,
             gemm_flops_skipped,
             compute_floor_s: ctl.rates.map(|r| r.compute_floor_s(gemm_flops)),
+            // Saturating: the two process-wide counters are read one after the other while
+            // other in-process workers may be multiplying.
             performed_floor_s: ctl
                 .rates
-                .map(|r| r.compute_floor_s(gemm_flops - gemm_flops_skipped)),
+                .map(|r| r.compute_floor_s(gemm_flops.saturating_sub(gemm_flops_skipped))),
             memory_floor_s,
             split,
             ..EpochMetrics::default()
