@@ -43,10 +43,9 @@ fn zero_skipping_weight_gradient_matches_the_dense_product() {
     }
     let mut rng = Rng::new(11);
     // (rows of G, columns of A, columns of G): rows not a multiple of the 8-row tiles or the
-    // 64-row blocks, A widths that exercise full 64-float strips and tails of every vector
-    // count, with and without a masked last vector (100 = 64 + 36, 56, 37, 63, 65, 602 =
-    // 9 x 64 + 26, 8, 16, 1, 5), G widths with partial 8-column tiles and more than one
-    // 64-column task.
+    // 64-row blocks, A widths below, at and past one 128-float strip with tails of many
+    // vector counts (100, 56, 37, 63, 65, 602 = 4 x 128 + 90, 8, 16, 1, 5, 120, 128), G
+    // widths with partial 8-column tiles.
     let shapes = [
         (1, 1, 1),
         (9, 5, 7),
