@@ -432,16 +432,7 @@ pub(super) mod x86 {
         block: &BlockNonZeros,
         ct: &mut [f32],
     ) {
-        match spw / 16 {
-            1 => strip512::<1>(pa, spw, block, ct),
-            2 => strip512::<2>(pa, spw, block, ct),
-            3 => strip512::<3>(pa, spw, block, ct),
-            4 => strip512::<4>(pa, spw, block, ct),
-            5 => strip512::<5>(pa, spw, block, ct),
-            6 => strip512::<6>(pa, spw, block, ct),
-            7 => strip512::<7>(pa, spw, block, ct),
-            _ => strip512::<8>(pa, spw, block, ct),
-        }
+        strips::<__m512>(pa, spw, block, ct)
     }
 
     /// [`block_avx512`] with 8-float vectors: the strip's first 64 floats, then the rest (two
@@ -451,63 +442,101 @@ pub(super) mod x86 {
     /// AVX2 and FMA; otherwise as [`block_avx512`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_avx2(pa: &[f32], spw: usize, block: &BlockNonZeros, ct: &mut [f32]) {
-        let vectors = spw / 8;
-        let mut off = 0;
-        while off < vectors {
-            match (vectors - off).min(8) {
-                1 => strip256::<1>(pa, spw, 8 * off, block, ct),
-                2 => strip256::<2>(pa, spw, 8 * off, block, ct),
-                3 => strip256::<3>(pa, spw, 8 * off, block, ct),
-                4 => strip256::<4>(pa, spw, 8 * off, block, ct),
-                5 => strip256::<5>(pa, spw, 8 * off, block, ct),
-                6 => strip256::<6>(pa, spw, 8 * off, block, ct),
-                7 => strip256::<7>(pa, spw, 8 * off, block, ct),
-                _ => strip256::<8>(pa, spw, 8 * off, block, ct),
-            }
-            off += 8;
+        strips::<__m256>(pa, spw, block, ct)
+    }
+
+    /// A vector of `LANES` floats: what a strip needs of it. Implemented for the AVX2 and
+    /// AVX-512 registers, so that one [`strip`] serves both widths.
+    trait Lanes: Copy {
+        const LANES: usize;
+        /// # Safety
+        /// The CPU has the vector's instructions; `LANES` floats readable at `p`.
+        unsafe fn load(p: *const f32) -> Self;
+        /// # Safety
+        /// The CPU has the vector's instructions; `LANES` floats writable at `p`.
+        unsafe fn store(self, p: *mut f32);
+        /// # Safety
+        /// The CPU has the vector's instructions.
+        unsafe fn splat(v: f32) -> Self;
+        /// `a * b + c`, fused (one rounding).
+        ///
+        /// # Safety
+        /// The CPU has the vector's instructions.
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    }
+
+    impl Lanes for __m512 {
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm512_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm512_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+            _mm512_fmadd_ps(a, b, c)
         }
     }
 
-    /// `ct[j * spw..][..16 * NV] += v * pa[r * spw..][..16 * NV]` for every column's listed
-    /// `(r, v)`, in list order.
-    ///
-    /// # Safety
-    /// AVX-512F; `16 * NV <= spw`; as [`block_avx512`].
-    #[inline(always)]
-    unsafe fn strip512<const NV: usize>(
-        pa: &[f32],
-        spw: usize,
-        block: &BlockNonZeros,
-        ct: &mut [f32],
-    ) {
-        let (rows, vals) = (block.rows.as_ptr(), block.vals.as_ptr());
-        for (j, w) in block.start.windows(2).enumerate() {
-            let (s, e) = (w[0] as usize, w[1] as usize);
-            if s == e {
-                continue;
-            }
-            let out = ct.as_mut_ptr().add(j * spw);
-            let mut acc: [__m512; NV] = std::array::from_fn(|q| _mm512_loadu_ps(out.add(16 * q)));
-            for t in s..e {
-                let x = pa.as_ptr().add(*rows.add(t) as usize * spw);
-                let b = _mm512_set1_ps(*vals.add(t));
-                for (q, v) in acc.iter_mut().enumerate() {
-                    *v = _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(16 * q)), *v);
-                }
-            }
-            for (q, v) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.add(16 * q), *v);
-            }
+    impl Lanes for __m256 {
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            _mm256_set1_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+            _mm256_fmadd_ps(a, b, c)
         }
     }
 
-    /// `ct[j * spw + off..][..8 * NV] += v * pa[r * spw + off..][..8 * NV]` for every column's
-    /// listed `(r, v)`, in list order.
+    /// The strip of `spw` floats in passes of at most eight vectors `V` (one pass with
+    /// AVX-512, two with AVX2 for a full 128-float strip).
     ///
     /// # Safety
-    /// AVX2 and FMA; `off + 8 * NV <= spw`; as [`block_avx512`].
+    /// As [`block_avx512`], with the CPU features of `V` and `spw` a multiple of `V::LANES`.
     #[inline(always)]
-    unsafe fn strip256<const NV: usize>(
+    unsafe fn strips<V: Lanes>(pa: &[f32], spw: usize, block: &BlockNonZeros, ct: &mut [f32]) {
+        let vectors = spw / V::LANES;
+        let mut done = 0;
+        while done < vectors {
+            let off = done * V::LANES;
+            match (vectors - done).min(8) {
+                1 => strip::<V, 1>(pa, spw, off, block, ct),
+                2 => strip::<V, 2>(pa, spw, off, block, ct),
+                3 => strip::<V, 3>(pa, spw, off, block, ct),
+                4 => strip::<V, 4>(pa, spw, off, block, ct),
+                5 => strip::<V, 5>(pa, spw, off, block, ct),
+                6 => strip::<V, 6>(pa, spw, off, block, ct),
+                7 => strip::<V, 7>(pa, spw, off, block, ct),
+                _ => strip::<V, 8>(pa, spw, off, block, ct),
+            }
+            done += 8;
+        }
+    }
+
+    /// `ct[j * spw + off..][..NV * LANES] += v * pa[r * spw + off..][..NV * LANES]` for every
+    /// column's listed `(r, v)`, in list order, the accumulators held in `NV` registers.
+    ///
+    /// # Safety
+    /// The CPU features of `V`; `off + NV * V::LANES <= spw`; as [`block_avx512`].
+    #[inline(always)]
+    unsafe fn strip<V: Lanes, const NV: usize>(
         pa: &[f32],
         spw: usize,
         off: usize,
@@ -521,16 +550,16 @@ pub(super) mod x86 {
                 continue;
             }
             let out = ct.as_mut_ptr().add(j * spw + off);
-            let mut acc: [__m256; NV] = std::array::from_fn(|q| _mm256_loadu_ps(out.add(8 * q)));
+            let mut acc: [V; NV] = std::array::from_fn(|q| V::load(out.add(V::LANES * q)));
             for t in s..e {
                 let x = pa.as_ptr().add(*rows.add(t) as usize * spw + off);
-                let b = _mm256_set1_ps(*vals.add(t));
+                let b = V::splat(*vals.add(t));
                 for (q, v) in acc.iter_mut().enumerate() {
-                    *v = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(8 * q)), *v);
+                    *v = V::fma(b, V::load(x.add(V::LANES * q)), *v);
                 }
             }
             for (q, v) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.add(8 * q), *v);
+                v.store(out.add(V::LANES * q));
             }
         }
     }
