@@ -201,18 +201,20 @@ pub struct RunMetrics {
 impl EpochMetrics {
     /// The larger of the two floors, when measured.
     pub fn floor_s(&self) -> Option<f64> {
-        match (self.compute_floor_s, self.memory_floor_s) {
-            (Some(c), Some(m)) => Some(c.max(m)),
-            (c, m) => c.or(m),
-        }
+        larger(self.compute_floor_s, self.memory_floor_s)
     }
 
     /// [`EpochMetrics::floor_s`] with `performed_floor_s` for the compute floor.
     pub fn performed_bound_s(&self) -> Option<f64> {
-        match (self.performed_floor_s, self.memory_floor_s) {
-            (Some(c), Some(m)) => Some(c.max(m)),
-            (c, m) => c.or(m),
-        }
+        larger(self.performed_floor_s, self.memory_floor_s)
+    }
+}
+
+/// The larger of two floors, or the one that was measured.
+fn larger(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
     }
 }
 
