@@ -601,10 +601,12 @@ mod tests {
         } else {
             eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .expect("a thread pool");
+        let pools = [1, 3].map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .expect("a thread pool")
+        });
         let mut rng = Rng::new(5);
         let mut rand = |r: usize, c: usize, density: f64| {
             Tensor::from_fn(r, c, |_, _| {
@@ -635,30 +637,26 @@ mod tests {
                 if density == 0.3 {
                     g.data_mut()[(m / 2) * n + n / 2] = f32::NAN;
                 }
+                // Non-zeros and the NaN: the entries the kernel must use.
+                let used = g.data().iter().filter(|&&v| v != 0.0).count();
                 for (alpha, beta) in [(1.0, 0.0), (-0.75, 1.0), (1.5, 0.25)] {
                     let c0 = rand(k, n, 1.0);
                     let want = scalar_model(alpha, &a, &g, beta, &c0);
                     for &simd in &widths {
-                        for threads in [1, 3] {
+                        for pool in &pools {
                             let mut got = c0.clone();
-                            let run = || {
+                            let listed = pool.install(|| {
                                 gemm_tn_sparse_with(simd, alpha, &mut [(&a, &mut got)], &g, beta)
-                            };
-                            if threads == 1 {
-                                rayon::ThreadPoolBuilder::new()
-                                    .num_threads(1)
-                                    .build()
-                                    .expect("a thread pool")
-                                    .install(run);
-                            } else {
-                                pool.install(run);
-                            }
+                            });
+                            let threads = pool.current_num_threads();
+                            let what = format!("{simd:?}, {threads} threads, {m}x{k}x{n}, density {density}, alpha {alpha}, beta {beta}");
+                            assert_eq!(listed, used, "entries of G used: {what}");
                             let same = got
                                 .data()
                                 .iter()
                                 .zip(want.data())
                                 .all(|(x, y)| x.to_bits() == y.to_bits());
-                            assert!(same, "{simd:?}, {threads} threads, {m}x{k}x{n}, density {density}, alpha {alpha}, beta {beta}");
+                            assert!(same, "{what}");
                         }
                     }
                 }
