@@ -59,8 +59,8 @@ pub trait Extractor: Send {
     /// fills `dst` with the rows of `input_nodes[..num_dst]` and `agg` with
     /// [`fanout_graph::Features::aggregate_into`] of the input block (`indptr`, `indices` over
     /// positions in `input_nodes`, per-edge `coeff`), without materialising the other rows.
-    /// `None` where the extractor cannot (a cache or reuse serves rows from elsewhere, f16
-    /// storage): the caller then calls [`Extractor::extract`]. The default is `None`.
+    /// `None` where the extractor cannot (a cache or reuse serves rows from
+    /// elsewhere): the caller then calls [`Extractor::extract`]. The default is `None`.
     /// Errors as [`Extractor::extract`].
     #[allow(clippy::too_many_arguments)]
     fn extract_aggregated(
@@ -138,7 +138,7 @@ impl Extractor for PlainExtractor {
         agg: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
         let f = self.ds.features.as_ref().expect("checked in new");
-        if f.dtype() != fanout_graph::FeatDtype::F32 || num_dst > input_nodes.len() {
+        if num_dst > input_nodes.len() {
             return None;
         }
         if let Err(e) = check_input_nodes(&self.ds, input_nodes) {
@@ -155,9 +155,7 @@ impl Extractor for PlainExtractor {
             ))));
         }
         f.gather_into(&input_nodes[..num_dst], dst);
-        if !f.aggregate_into(input_nodes, indptr, indices, coeff, agg) {
-            return None;
-        }
+        f.aggregate_into(input_nodes, indptr, indices, coeff, agg);
         // Rows read from the store: the destinations' and one per edge.
         let rows = (num_dst + indices.len()) as u64;
         let bytes = rows * f.row_bytes() as u64;

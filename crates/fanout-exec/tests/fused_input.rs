@@ -4,12 +4,12 @@
 
 use fanout_compute::{Backend, CpuBackend, Model, ModelConfig, ModelKind, Tensor};
 use fanout_exec::{block_refs, train, Pipeline, PipelineConfig, RunEnv, StrategyKind, TrainConfig};
-use fanout_graph::Dataset;
+use fanout_graph::{Dataset, FeatDtype};
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler};
 use std::sync::Arc;
 
 mod common;
-use common::saved_tiny;
+use common::{saved_tiny, saved_tiny_as};
 
 fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipeline {
     let cfg = KHopConfig {
@@ -33,6 +33,11 @@ fn the_extract_stage_aggregate_equals_the_layer_aggregate_of_the_gathered_rows()
     let (_dir, ds) = saved_tiny(700);
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gin] {
         aggregates_equal(&ds, kind);
+    }
+    // f16 storage: converted row by row as it is aggregated, to the gathered rows' bits.
+    let (_dir16, ds16) = saved_tiny_as(700, FeatDtype::F16);
+    for kind in [ModelKind::Sage, ModelKind::Gcn] {
+        aggregates_equal(&ds16, kind);
     }
     // Models that project every source row first have no plan.
     let dim = ds.features.as_ref().unwrap().dim;
@@ -102,16 +107,18 @@ fn config(ds: &Dataset, model: ModelKind, fuse: bool, workers: usize) -> TrainCo
 
 #[test]
 fn training_with_the_fused_input_equals_training_without() {
-    let (_dir, ds) = saved_tiny(700);
-    for (model, workers) in [
-        (ModelKind::Sage, 1),
-        (ModelKind::Sage, 2),
-        (ModelKind::Gcn, 1),
-        (ModelKind::Gin, 1),
-        (ModelKind::Gin, 2),
+    let (_dir, ds32) = saved_tiny(700);
+    let (_dir16, ds16) = saved_tiny_as(700, FeatDtype::F16);
+    for (model, workers, ds) in [
+        (ModelKind::Sage, 1, &ds32),
+        (ModelKind::Sage, 2, &ds32),
+        (ModelKind::Gcn, 1, &ds32),
+        (ModelKind::Gin, 1, &ds32),
+        (ModelKind::Gin, 2, &ds32),
+        (ModelKind::Sage, 1, &ds16),
     ] {
         let run = |fuse| {
-            let cfg = config(&ds, model, fuse, workers);
+            let cfg = config(ds, model, fuse, workers);
             train(&cfg, &RunEnv::default(), &mut ()).unwrap()
         };
         let (fused, plain) = (run(true), run(false));

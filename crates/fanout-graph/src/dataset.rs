@@ -8,9 +8,10 @@
 use crate::array::{Array, Pod, Residency};
 use crate::checks::{self, IdCheck};
 use crate::error::{Error, Result};
+use crate::f16_rows::F16Rows;
 use crate::meta::{FeatDtype, Layout, Meta};
 use crate::progress::Progress;
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -305,11 +306,7 @@ impl Features {
         let d = self.dim;
         match &self.data {
             FeatData::F32(a) => out.copy_from_slice(&a[v * d..(v + 1) * d]),
-            FeatData::F16(a) => {
-                for (o, x) in out.iter_mut().zip(&a[v * d..(v + 1) * d]) {
-                    *o = x.to_f32();
-                }
-            }
+            FeatData::F16(a) => a[v * d..(v + 1) * d].convert_to_f32_slice(out),
         }
     }
 
@@ -324,6 +321,7 @@ impl Features {
         if d == 0 {
             return;
         }
+        let halves = F16Rows::new();
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(d)
             .zip(ids.par_iter())
@@ -339,11 +337,7 @@ impl Features {
                             o.write(x);
                         }
                     }
-                    FeatData::F16(a) => {
-                        for (o, x) in o.iter_mut().zip(&a[v * d..(v + 1) * d]) {
-                            o.write(x.to_f32());
-                        }
-                    }
+                    FeatData::F16(a) => halves.convert(&a[v * d..(v + 1) * d], o),
                 }
             });
         // SAFETY: the `ids.len()` chunks of `d` elements cover all `len` elements, and each
@@ -358,9 +352,10 @@ impl Features {
     /// `coeff`), added edge by edge in order from zero, which is how the compute layer's
     /// aggregation adds the rows of a gathered matrix, so the result is bit-identical to
     /// gathering `ids` and aggregating them. Saves writing and reading back the block's whole
-    /// source matrix when only the aggregate is needed. Returns `false` without touching `out`
-    /// for f16 storage (the caller gathers instead). Panics if an index or id is out of range
-    /// (callers check ids first).
+    /// source matrix when only the aggregate is needed. f16 rows are converted to f32 (exactly)
+    /// as they are added, with the same roundings as f32 rows, so the result is also that of
+    /// [`Features::gather_into`] followed by the aggregation, from half the bytes read.
+    /// Panics if an index or id is out of range (callers check ids first).
     pub fn aggregate_into(
         &self,
         ids: &[u32],
@@ -368,22 +363,48 @@ impl Features {
         indices: &[u32],
         coeff: Option<&[f32]>,
         out: &mut Vec<f32>,
-    ) -> bool {
-        let FeatData::F32(a) = &self.data else {
-            return false;
-        };
+    ) {
         let d = self.dim;
         let rows = indptr.len().saturating_sub(1);
         let len = rows * d;
         out.clear();
         if d == 0 {
-            return true;
+            return;
         }
         out.reserve(len);
-        let row = |e: usize| {
-            let v = ids[indices[e] as usize] as usize;
-            &a[v * d..(v + 1) * d]
-        };
+        // One loop per storage type, so the f32 one is the plain loop it always was.
+        match &self.data {
+            FeatData::F32(a) => self.add_rows(ids, indptr, indices, coeff, out, |o, v, w| {
+                let x = &a[v * d..(v + 1) * d];
+                match w {
+                    None => o.iter_mut().zip(x).for_each(|(y, &x)| *y += x),
+                    Some(w) => o.iter_mut().zip(x).for_each(|(y, &x)| *y += w * x),
+                }
+            }),
+            FeatData::F16(a) => {
+                let halves = F16Rows::new();
+                self.add_rows(ids, indptr, indices, coeff, out, |o, v, w| {
+                    halves.add(o, &a[v * d..(v + 1) * d], w)
+                })
+            }
+        }
+    }
+
+    /// The loop of [`Features::aggregate_into`] (whose checks it relies on): every output row
+    /// zeroed, then `add(row, v, coeff)` for each of its edges in order, `v` the stored row.
+    fn add_rows<A>(
+        &self,
+        ids: &[u32],
+        indptr: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        out: &mut Vec<f32>,
+        add: A,
+    ) where
+        A: Fn(&mut [f32], usize, Option<f32>) + Sync,
+    {
+        let d = self.dim;
+        let len = indptr.len().saturating_sub(1) * d;
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(d)
             .enumerate()
@@ -399,20 +420,12 @@ impl Features {
                     if let Some(&ahead) = indices.get(e + GATHER_PREFETCH_AHEAD) {
                         self.prefetch_row(ids[ahead as usize] as usize);
                     }
-                    let x = row(e);
-                    match coeff {
-                        None => o.iter_mut().zip(x).for_each(|(y, &x)| *y += x),
-                        Some(c) => {
-                            let w = c[e];
-                            o.iter_mut().zip(x).for_each(|(y, &x)| *y += w * x);
-                        }
-                    }
+                    add(o, ids[indices[e] as usize] as usize, coeff.map(|c| c[e]));
                 }
             });
         // SAFETY: the `rows` chunks of `d` elements cover all `len` elements and each was
         // zeroed before accumulating (a panic on a bad index unwinds before this line).
         unsafe { out.set_len(len) };
-        true
     }
 
     /// Hints the CPU to load stored row `v` (each 64-byte line) without waiting: rows are read

@@ -13,6 +13,7 @@ pub mod checks;
 pub mod checksum;
 pub mod dataset;
 pub mod error;
+mod f16_rows;
 pub mod info;
 pub mod meta;
 pub mod partition;
