@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::f16_rows::F16Rows;
 use crate::meta::{FeatDtype, Layout, Meta};
 use crate::progress::Progress;
-use half::{f16, slice::HalfFloatSliceExt};
+use half::f16;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -306,7 +306,12 @@ impl Features {
         let d = self.dim;
         match &self.data {
             FeatData::F32(a) => out.copy_from_slice(&a[v * d..(v + 1) * d]),
-            FeatData::F16(a) => a[v * d..(v + 1) * d].convert_to_f32_slice(out),
+            FeatData::F16(a) => {
+                // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and the conversion only
+                // writes (initialised values) through the view.
+                let out = unsafe { &mut *(out as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
+                F16Rows::new().convert(&a[v * d..(v + 1) * d], out)
+            }
         }
     }
 
