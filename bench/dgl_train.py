@@ -14,7 +14,7 @@ evaluation (and training's streams restored after), so every evaluation of a mod
 sampled neighbourhoods. The reported test accuracy is that of the best-validation epoch.
 
 Per-stage busy times, measured in-process (num_workers=0, so the stages run one after the
-other): sample = waiting on the DataLoader iterator, extract = `feat[input_nodes]` and label
+other): sample = waiting on the DataLoader iterator, extract = `feat[input_nodes].float()` and label
 gather, train = forward + backward + optimiser step.
 
 Prints one JSON object shaped like `fanout train --metrics-out`: test_acc, median_epoch_s and
@@ -68,8 +68,9 @@ def main():
             parts = line.split()
             if len(parts) == 2 and not line.startswith("#"):
                 meta[parts[0]] = parts[1]
-    if meta.get("LAYOUT", "csc") != "csc" or meta.get("FEAT_DTYPE", "f32") != "f32":
-        sys.exit("dgl_train.py: the dataset must be CSC with f32 features")
+    dtype = meta.get("FEAT_DTYPE", "f32")
+    if meta.get("LAYOUT", "csc") != "csc" or dtype not in ("f32", "f16"):
+        sys.exit("dgl_train.py: the dataset must be CSC with f32 or f16 features")
     n, e = int(meta["NUM_NODE"]), int(meta["NUM_EDGE"])
     dim, classes = int(meta["FEAT_DIM"]), int(meta["NUM_CLASS"])
     mm = lambda name, dt, shape: np.memmap(os.path.join(d, name), dtype=dt, mode="r", shape=shape)
@@ -77,7 +78,9 @@ def main():
     indices = torch.from_numpy(mm("indices.bin", np.uint32, (e,)).astype(np.int64))
     g = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.int64))), num_nodes=n)
     g = g.formats(["csc"])
-    feat = torch.from_numpy(np.asarray(mm("feat.bin", np.float32, (n, dim))))
+    # f16 features stay f16 in memory and are widened per batch, as a DGL user storing them
+    # so would do (`.float()` is free on f32).
+    feat = torch.from_numpy(np.asarray(mm("feat.bin", np.float16 if dtype == "f16" else np.float32, (n, dim))))
     label = torch.from_numpy(np.asarray(mm("label.bin", np.int64, (n,))))
     split = lambda s: torch.from_numpy(np.fromfile(os.path.join(d, f"{s}_set.bin"), dtype=np.uint32).astype(np.int64))
     train_nids, valid_nids, test_nids = split("train"), split("valid"), split("test")
@@ -117,7 +120,7 @@ def main():
         with torch.no_grad():
             for input_nodes, output_nodes, blocks in loader(nids, False):
                 y = label[output_nodes]
-                pred = model(blocks, feat[input_nodes]).argmax(1)
+                pred = model(blocks, feat[input_nodes].float()).argmax(1)
                 mask = y >= 0
                 correct += int((pred[mask] == y[mask]).sum())
                 total += int(mask.sum())
@@ -139,7 +142,7 @@ def main():
             except StopIteration:
                 break
             t1 = time.perf_counter()
-            x = feat[input_nodes]
+            x = feat[input_nodes].float()
             y = label[output_nodes]
             t2 = time.perf_counter()
             logits = model(blocks, x)

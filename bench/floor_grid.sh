@@ -7,6 +7,7 @@
 #   WIDTHS="100 1024" CNR_WIDTHS="" RUNS=2 bash bench/floor_grid.sh   # an empty list skips that graph
 #   MODEL=gcn FANOUTS=15,10,5 bash bench/floor_grid.sh
 #   SUMMARY_ONLY=1 bash bench/floor_grid.sh                    # only the table, from $OUT
+#   F16=1 bash bench/floor_grid.sh                             # features stored as f16 (both)
 #
 # Datasets: the products preset at NODES vertices (`fanout dataset gen --feat-dim W`) for every
 # width in WIDTHS, and cnr2000 with W-dim random features (10% train) for every width in
@@ -28,7 +29,9 @@ HIDDEN=${HIDDEN:-256}
 NODES=${NODES:-100000}
 WIDTHS=${WIDTHS-"100 256 602 1024 4096"}
 CNR_WIDTHS=${CNR_WIDTHS-"100 256 602 1024 4096"}
-OUT=${OUT:-bench/out/floor}
+F16=${F16:-}
+OUT=${OUT:-bench/out/floor${F16:+-f16}}
+DTYPE_FLAG=${F16:+--f16}
 SHARED=${SHARED:-../shared/datasets}
 PY=${PY:-.venv-peers/bin/python}
 BIN=${BIN:-target/release/fanout}
@@ -45,9 +48,9 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
     if [ ! -f "$OUT/$c/meta.txt" ]; then
       echo "[$c] writing the dataset" >&2
       if [ "$ds" = products ]; then
-        $BIN --quiet dataset gen --preset products --nodes "$NODES" --feat-dim "$w" "$OUT/$c" > /dev/null
+        $BIN --quiet dataset gen --preset products --nodes "$NODES" --feat-dim "$w" $DTYPE_FLAG "$OUT/$c" > /dev/null
       else
-        $BIN --quiet dataset import --format npy --random-features "$w" --train-frac 0.1 \
+        $BIN --quiet dataset import --format npy --random-features "$w" --train-frac 0.1 $DTYPE_FLAG \
           "$SHARED/cnr2000" "$OUT/$c" > /dev/null
       fi
     fi
