@@ -8,9 +8,9 @@
 use crate::array::{Array, Pod, Residency};
 use crate::checks::{self, IdCheck};
 use crate::error::{Error, Result};
-use crate::f16_rows::F16Rows;
 use crate::meta::{FeatDtype, Layout, Meta};
 use crate::progress::Progress;
+use crate::row_ops::RowOps;
 use half::f16;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -310,7 +310,7 @@ impl Features {
                 // SAFETY: `MaybeUninit<f32>` has the layout of `f32`, and the conversion only
                 // writes (initialised values) through the view.
                 let out = unsafe { &mut *(out as *mut [f32] as *mut [std::mem::MaybeUninit<f32>]) };
-                F16Rows::new().convert(&a[v * d..(v + 1) * d], out)
+                RowOps::new().convert_f16(&a[v * d..(v + 1) * d], out)
             }
         }
     }
@@ -326,7 +326,7 @@ impl Features {
         if d == 0 {
             return;
         }
-        let halves = F16Rows::new();
+        let ops = RowOps::new();
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(d)
             .zip(ids.par_iter())
@@ -342,7 +342,7 @@ impl Features {
                             o.write(x);
                         }
                     }
-                    FeatData::F16(a) => halves.convert(&a[v * d..(v + 1) * d], o),
+                    FeatData::F16(a) => ops.convert_f16(&a[v * d..(v + 1) * d], o),
                 }
             });
         // SAFETY: the `ids.len()` chunks of `d` elements cover all `len` elements, and each
@@ -377,21 +377,15 @@ impl Features {
             return;
         }
         out.reserve(len);
-        // One loop per storage type, so the f32 one is the plain loop it always was.
+        // One loop per storage type (the type is not tested per edge).
+        let ops = RowOps::new();
         match &self.data {
             FeatData::F32(a) => self.add_rows(ids, indptr, indices, coeff, out, |o, v, w| {
-                let x = &a[v * d..(v + 1) * d];
-                match w {
-                    None => o.iter_mut().zip(x).for_each(|(y, &x)| *y += x),
-                    Some(w) => o.iter_mut().zip(x).for_each(|(y, &x)| *y += w * x),
-                }
+                ops.add_f32(o, &a[v * d..(v + 1) * d], w)
             }),
-            FeatData::F16(a) => {
-                let halves = F16Rows::new();
-                self.add_rows(ids, indptr, indices, coeff, out, |o, v, w| {
-                    halves.add(o, &a[v * d..(v + 1) * d], w)
-                })
-            }
+            FeatData::F16(a) => self.add_rows(ids, indptr, indices, coeff, out, |o, v, w| {
+                ops.add_f16(o, &a[v * d..(v + 1) * d], w)
+            }),
         }
     }
 

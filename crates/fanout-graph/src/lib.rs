@@ -13,12 +13,12 @@ pub mod checks;
 pub mod checksum;
 pub mod dataset;
 pub mod error;
-mod f16_rows;
 pub mod info;
 pub mod meta;
 pub mod partition;
 pub mod progress;
 pub mod relabel;
+mod row_ops;
 pub mod verify;
 pub mod writer;
 
