@@ -370,13 +370,10 @@ impl Features {
         out: &mut Vec<f32>,
     ) {
         let d = self.dim;
-        let rows = indptr.len().saturating_sub(1);
-        let len = rows * d;
         out.clear();
         if d == 0 {
             return;
         }
-        out.reserve(len);
         // One loop per storage type (the type is not tested per edge).
         let ops = RowOps::new();
         match &self.data {
@@ -389,8 +386,8 @@ impl Features {
         }
     }
 
-    /// The loop of [`Features::aggregate_into`] (whose checks it relies on): every output row
-    /// zeroed, then `add(row, v, coeff)` for each of its edges in order, `v` the stored row.
+    /// The loop of [`Features::aggregate_into`] into the empty `out` (`dim > 0`): every output
+    /// row zeroed, then `add(row, v, coeff)` for each of its edges in order, `v` the stored row.
     fn add_rows<A>(
         &self,
         ids: &[u32],
@@ -404,6 +401,7 @@ impl Features {
     {
         let d = self.dim;
         let len = indptr.len().saturating_sub(1) * d;
+        out.reserve(len);
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(d)
             .enumerate()
