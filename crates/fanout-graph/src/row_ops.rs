@@ -2,13 +2,13 @@
 //! or f16 row to an f32 sum.
 //!
 //! Written by hand because `half`'s slice conversion calls a separate, non-inlined function
-//! for every 8 values (about 40% of a gather's time on a 256-wide f16 row), and converting
-//! into a buffer first costs a second pass; here the F16C conversion (8 values per
+//! for every 8 values (most of an f16 gather's time; README, "Features stored as f16"), and
+//! converting into a buffer first costs a second pass; here the F16C conversion (8 values per
 //! instruction, exact) feeds the copy or the sum directly. The f32 sum is the plain loop
 //! compiled for AVX where the CPU has it (the crate is built for baseline x86-64, 4 floats per
-//! instruction): 10-15% off a first-layer aggregation whose source rows wait in L1. Every
-//! path computes exactly what the scalar loop does, `y + w * x` with one rounding for the
-//! product and one for the sum (no fused multiply-add), so the bits never depend on the CPU.
+//! instruction). Every path computes exactly what the scalar loop does, `y + w * x` with one
+//! rounding for the product and one for the sum (no fused multiply-add), so the bits never
+//! depend on the CPU.
 
 use half::f16;
 use std::mem::MaybeUninit;
