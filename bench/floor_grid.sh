@@ -65,7 +65,7 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
     [ -z "${KEEP_DATA:-}" ] && rm -rf "${OUT:?}/$c"
   done
 fi
-python3 - "$OUT" "$RUNS" "$CASES" "$COMMON" <<'PY'
+python3 - "$OUT" "$RUNS" "$CASES" "$COMMON${F16:+ (features stored as f16)}" <<'PY'
 import json, sys, statistics as st
 out, runs, cases, common = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 print(f"settings: {common}\n")
