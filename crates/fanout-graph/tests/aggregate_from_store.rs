@@ -2,39 +2,15 @@
 //! the plain path it replaces, gathering the rows and adding them up, for f32 and f16 storage:
 //! the same bits, whatever the coefficients, repeated sources or row width.
 
-use fanout_graph::{
-    build_topology, files, BuildOptions, Dataset, DatasetWriter, FeatDtype, Meta, NoProgress,
-    SliceArcs,
-};
+use fanout_graph::{Dataset, FeatDtype};
 use half::f16;
+
+mod common;
 
 const N: u64 = 400;
 
-/// A dataset of `N` vertices with `dim`-wide features: `values` stored as f32, or rounded to
-/// f16 and stored as f16.
 fn write_dataset(out: &std::path::Path, dim: usize, values: &[f32], dtype: FeatDtype) {
-    let arcs: Vec<(u64, u64)> = (0..N).map(|v| (v, (v * 7 + 1) % N)).collect();
-    let mut w = DatasetWriter::create(out, false).unwrap();
-    let opts = BuildOptions {
-        num_nodes: Some(N),
-        ..Default::default()
-    };
-    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
-    match dtype {
-        FeatDtype::F32 => w.write_array(files::FEAT, values).unwrap(),
-        FeatDtype::F16 => {
-            let h: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
-            w.write_array(files::FEAT, &h).unwrap()
-        }
-    }
-    let meta = Meta {
-        num_node: N,
-        num_edge: st.num_arcs,
-        feat_dim: dim as u64,
-        feat_dtype: dtype,
-        ..Meta::default()
-    };
-    w.finish(meta, &NoProgress).unwrap();
+    common::write_dataset(out, N, dim, values, dtype)
 }
 
 /// Feature values with every kind of f16 in them: normal, subnormal, zero of both signs,

@@ -2,11 +2,13 @@
 //! reads back the same rows, and leaves features already in memory alone.
 
 use fanout_graph::{
-    build_topology, files, BuildOptions, Dataset, DatasetWriter, Meta, NoProgress, Progress,
+    build_topology, BuildOptions, Dataset, DatasetWriter, FeatDtype, Meta, NoProgress, Progress,
     Residency, SliceArcs,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+mod common;
 
 /// Records phases and the units reported in them.
 #[derive(Default)]
@@ -31,22 +33,8 @@ const N: u64 = 300;
 const DIM: usize = 5;
 
 fn write_dataset(out: &std::path::Path) {
-    let arcs: Vec<(u64, u64)> = (0..N).map(|v| (v, (v * 7 + 1) % N)).collect();
-    let mut w = DatasetWriter::create(out, false).unwrap();
-    let opts = BuildOptions {
-        num_nodes: Some(N),
-        ..Default::default()
-    };
-    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
     let feat: Vec<f32> = (0..N as usize * DIM).map(|i| (i as f32).sin()).collect();
-    w.write_array(files::FEAT, &feat).unwrap();
-    let meta = Meta {
-        num_node: N,
-        num_edge: st.num_arcs,
-        feat_dim: DIM as u64,
-        ..Meta::default()
-    };
-    w.finish(meta, &NoProgress).unwrap();
+    common::write_dataset(out, N, DIM, &feat, FeatDtype::F32);
 }
 
 #[test]
