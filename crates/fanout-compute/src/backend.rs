@@ -292,6 +292,22 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         x: &Self::Tensor,
         heads: usize,
     ) -> Self::Tensor;
+    /// Both gradients of [`Backend::spmm`] with coefficients, `(d x, d coeff)`: the results of
+    /// [`Backend::spmm_backward_x`] and [`Backend::spmm_backward_coeff`] (with `heads` the
+    /// columns of `coeff`), bit for bit. A backend may compute them in one pass.
+    fn spmm_backward(
+        &self,
+        block: &Self::Block,
+        coeff: &Self::Tensor,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+    ) -> (Self::Tensor, Self::Tensor) {
+        let heads = self.shape(coeff).1;
+        (
+            self.spmm_backward_x(block, Some(coeff), grad),
+            self.spmm_backward_coeff(block, grad, x, heads),
+        )
+    }
     /// [`Backend::spmm`] with the coefficients of `agg` (block aggregation).
     fn aggregate(&self, block: &Self::Block, x: &Self::Tensor, agg: Aggregation) -> Self::Tensor {
         let c = self.edge_coefficients(block, agg);

@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 
 use crate::backend::DropoutSpec;
 use crate::cpu::par::{
-    axpy_slice, copy, dot_slice, map1, map2, par_row_reduce, par_rows, sum_partials, ELEM_CHUNK,
-    REDUCE_ROWS,
+    axpy_heads, axpy_slice, copy, dot_heads, dot_slice, map1, map2, par_row_reduce, par_rows,
+    sum_partials, ELEM_CHUNK, REDUCE_ROWS,
 };
 use crate::tensor::Tensor;
 
@@ -491,9 +491,7 @@ pub(crate) fn head_dot(x: &Tensor, a: &Tensor) -> Tensor {
     let mut out = Tensor::zeros(x.rows(), heads);
     par_rows(out.data_mut(), heads, |n, o| {
         let xr = x.row(n);
-        for h in 0..heads {
-            o[h] = dot_slice(&xr[h * f..(h + 1) * f], a.row(h));
-        }
+        dot_heads(xr, a.data(), o);
     });
     out
 }
@@ -510,9 +508,7 @@ pub(crate) fn head_dot_backward(grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tenso
     let mut gx = Tensor::zeros(x.rows(), x.cols());
     par_rows(gx.data_mut(), heads * f, |n, o| {
         let g = grad.row(n);
-        for h in 0..heads {
-            axpy_slice(g[h], a.row(h), &mut o[h * f..(h + 1) * f]);
-        }
+        axpy_heads(g, a.data(), o);
     });
     let ga = par_row_reduce(x.rows(), heads * f, |r0, r1, acc| {
         for n in r0..r1 {

@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::Aggregation;
 use crate::block::{BlockDims, BlockRef};
 use crate::cpu::par::{
-    add_slice, axpy_slice, dot_slice, par_dst_edges, par_rows, par_rows_new, prefetch_row,
-    PREFETCH_AHEAD,
+    add_slice, axpy_heads, dot_heads, par_dst_edges, par_rows, par_rows_new,
+    par_rows_new_with_edges, prefetch_row, PREFETCH_AHEAD,
 };
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -41,6 +41,8 @@ struct Transposed {
     indptr: Vec<u32>,
     dst: Vec<u32>,
     eid: Vec<u32>,
+    /// Inverse of `eid`: edge `e` is at position `pos[e]` of the source-major order.
+    pos: Vec<u32>,
 }
 
 impl CpuBlock {
@@ -108,17 +110,23 @@ impl CpuBlock {
             }
             let e = inner.indices.len();
             let mut next = indptr.clone();
-            let (mut dst, mut eid) = (vec![0u32; e], vec![0u32; e]);
+            let (mut dst, mut eid, mut pos) = (vec![0u32; e], vec![0u32; e], vec![0u32; e]);
             for d in 0..inner.num_dst {
                 for edge in self.edges(d) {
                     let s = inner.indices[edge] as usize;
-                    let pos = next[s] as usize;
+                    let at = next[s];
                     next[s] += 1;
-                    dst[pos] = d as u32;
-                    eid[pos] = edge as u32;
+                    dst[at as usize] = d as u32;
+                    eid[at as usize] = edge as u32;
+                    pos[edge] = at;
                 }
             }
-            Transposed { indptr, dst, eid }
+            Transposed {
+                indptr,
+                dst,
+                eid,
+                pos,
+            }
         })
     }
 }
@@ -188,8 +196,7 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
     let dims = b.dims();
     assert_eq!(x.rows(), dims.num_src, "spmm: x rows != num_src");
     let cols = x.cols();
-    let heads = heads_of(coeff, dims.num_edges, cols, "spmm");
-    let f = cols / heads;
+    heads_of(coeff, dims.num_edges, cols, "spmm");
     let idx = b.indices();
     let out = par_rows_new(dims.num_dst, cols, |d, row| {
         for e in b.edges(d) {
@@ -201,9 +208,7 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
                 None => add_slice(xs, row),
                 Some(c) => {
                     let w = c.row(e);
-                    for h in 0..heads {
-                        axpy_slice(w[h], &xs[h * f..(h + 1) * f], &mut row[h * f..(h + 1) * f]);
-                    }
+                    axpy_heads(w, xs, row);
                 }
             }
         }
@@ -216,8 +221,7 @@ pub(crate) fn spmm_backward_x(b: &CpuBlock, coeff: Option<&Tensor>, grad: &Tenso
     let dims = b.dims();
     assert_eq!(grad.rows(), dims.num_dst, "spmm_backward_x: grad rows");
     let cols = grad.cols();
-    let heads = heads_of(coeff, dims.num_edges, cols, "spmm_backward_x");
-    let f = cols / heads;
+    heads_of(coeff, dims.num_edges, cols, "spmm_backward_x");
     let t = b.transposed();
     let out = par_rows_new(dims.num_src, cols, |s, row| {
         for i in t.indptr[s] as usize..t.indptr[s + 1] as usize {
@@ -229,9 +233,7 @@ pub(crate) fn spmm_backward_x(b: &CpuBlock, coeff: Option<&Tensor>, grad: &Tenso
                 None => add_slice(g, row),
                 Some(c) => {
                     let w = c.row(t.eid[i] as usize);
-                    for h in 0..heads {
-                        axpy_slice(w[h], &g[h * f..(h + 1) * f], &mut row[h * f..(h + 1) * f]);
-                    }
+                    axpy_heads(w, g, row);
                 }
             }
         }
@@ -249,19 +251,57 @@ pub(crate) fn spmm_backward_coeff(b: &CpuBlock, grad: &Tensor, x: &Tensor, heads
         heads > 0 && x.cols().is_multiple_of(heads),
         "spmm_backward_coeff: heads"
     );
-    let f = x.cols() / heads;
     let idx = b.indices();
     let mut out = Tensor::zeros(dims.num_edges, heads);
     par_dst_edges(b.indptr(), out.data_mut(), heads, |d, o| {
         let g = grad.row(d);
         for (i, e) in b.edges(d).enumerate() {
-            let xs = x.row(idx[e] as usize);
-            for h in 0..heads {
-                o[i * heads + h] = dot_slice(&g[h * f..(h + 1) * f], &xs[h * f..(h + 1) * f]);
+            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
+                prefetch_row(x.row(ahead as usize));
             }
+            let xs = x.row(idx[e] as usize);
+            dot_heads(g, xs, &mut o[i * heads..(i + 1) * heads]);
         }
     });
     out
+}
+
+/// See [`crate::Backend::spmm_backward`]. One source-major pass: each source's row of `x` is
+/// read once, while its gradient row is summed, instead of once per edge (a GAT layer's `x` is
+/// its projected sources, far larger than the caches); the coefficient gradients come out in
+/// source-major order and are then put in edge order. Each value is computed by the same
+/// operations, in the same order, as in [`spmm_backward_x`] and [`spmm_backward_coeff`].
+pub(crate) fn spmm_backward(
+    b: &CpuBlock,
+    coeff: &Tensor,
+    grad: &Tensor,
+    x: &Tensor,
+) -> (Tensor, Tensor) {
+    let dims = b.dims();
+    let cols = grad.cols();
+    assert_eq!(grad.rows(), dims.num_dst, "spmm_backward: grad rows");
+    assert_eq!(x.shape(), (dims.num_src, cols), "spmm_backward: x shape");
+    let heads = heads_of(Some(coeff), dims.num_edges, cols, "spmm_backward");
+    let t = b.transposed();
+    let mut by_src = vec![0.0f32; dims.num_edges * heads];
+    let gx = par_rows_new_with_edges(&t.indptr, cols, &mut by_src, heads, |s, row, ga| {
+        let xs = x.row(s);
+        let (lo, hi) = (t.indptr[s] as usize, t.indptr[s + 1] as usize);
+        for (i, o) in (lo..hi).zip(ga.chunks_exact_mut(heads)) {
+            if let Some(&ahead) = t.dst.get(i + PREFETCH_AHEAD) {
+                prefetch_row(grad.row(ahead as usize));
+            }
+            let g = grad.row(t.dst[i] as usize);
+            axpy_heads(coeff.row(t.eid[i] as usize), g, row);
+            dot_heads(g, xs, o);
+        }
+    });
+    let mut g_coeff = Tensor::zeros(dims.num_edges, heads);
+    par_rows(g_coeff.data_mut(), heads, |e, o| {
+        let at = t.pos[e] as usize * heads;
+        o.copy_from_slice(&by_src[at..at + heads]);
+    });
+    (Tensor::new(dims.num_src, cols, gx), g_coeff)
 }
 
 /// See [`crate::Backend::u_add_v`].

@@ -175,6 +175,15 @@ impl Backend for CpuBackend {
     ) -> Tensor {
         graph::spmm_backward_coeff(block, grad, x, heads)
     }
+    fn spmm_backward(
+        &self,
+        block: &CpuBlock,
+        coeff: &Tensor,
+        grad: &Tensor,
+        x: &Tensor,
+    ) -> (Tensor, Tensor) {
+        graph::spmm_backward(block, coeff, grad, x)
+    }
     fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
         graph::u_add_v(block, el, er)
     }

@@ -58,15 +58,10 @@ where
     v
 }
 
-/// Calls `f(d, slice)` for every destination `d` of a CSR with offsets `indptr`, where `slice`
-/// is `out[indptr[d] * width..indptr[d + 1] * width]` (the rows of `d`'s edges in an edge
-/// tensor `width` wide). Destinations are grouped into tasks of about `EDGES_PER_TASK` edges.
-pub(crate) fn par_dst_edges<F>(indptr: &[u32], out: &mut [f32], width: usize, f: F)
-where
-    F: Fn(usize, &mut [f32]) + Sync + Send,
-{
+/// Task boundaries `(d0, d1)` over the rows of a CSR with offsets `indptr`: a new task starts
+/// once one holds `EDGES_PER_TASK` edges (or 256 rows).
+fn edge_groups(indptr: &[u32]) -> Vec<(usize, usize)> {
     let num_dst = indptr.len() - 1;
-    // Group boundaries: start a new group once it holds EDGES_PER_TASK edges (or 256 dsts).
     let mut groups = Vec::new();
     let mut start = 0;
     for d in 0..num_dst {
@@ -79,14 +74,35 @@ where
     if start < num_dst {
         groups.push((start, num_dst));
     }
+    groups
+}
+
+/// `out` cut into each group's consecutive part, `per(d0, d1)` elements for group `(d0, d1)`.
+fn split_by_groups<'a, T>(
+    groups: &[(usize, usize)],
+    mut rest: &'a mut [T],
+    per: impl Fn(usize, usize) -> usize,
+) -> Vec<&'a mut [T]> {
     let mut slices = Vec::with_capacity(groups.len());
-    let mut rest = out;
-    for &(d0, d1) in &groups {
-        let len = (indptr[d1] - indptr[d0]) as usize * width;
-        let (head, tail) = rest.split_at_mut(len);
+    for &(d0, d1) in groups {
+        let (head, tail) = rest.split_at_mut(per(d0, d1));
         slices.push(head);
         rest = tail;
     }
+    slices
+}
+
+/// Calls `f(d, slice)` for every destination `d` of a CSR with offsets `indptr`, where `slice`
+/// is `out[indptr[d] * width..indptr[d + 1] * width]` (the rows of `d`'s edges in an edge
+/// tensor `width` wide). Destinations are grouped into tasks of about `EDGES_PER_TASK` edges.
+pub(crate) fn par_dst_edges<F>(indptr: &[u32], out: &mut [f32], width: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    let groups = edge_groups(indptr);
+    let slices = split_by_groups(&groups, out, |d0, d1| {
+        (indptr[d1] - indptr[d0]) as usize * width
+    });
     groups
         .into_par_iter()
         .zip(slices)
@@ -98,6 +114,54 @@ where
                 f(d, &mut slice[lo..hi]);
             }
         });
+}
+
+/// A new `rows x cols` matrix (`rows = indptr.len() - 1`) built row by row alongside an edge
+/// tensor: calls `f(r, row, edges)` for every row `r` of the CSR with offsets `indptr`, where
+/// `row` is row `r` of the result, zeroed before `f` sees it, and `edges` is
+/// `edge_out[indptr[r] * width..indptr[r + 1] * width]`. Rows are grouped into tasks as in
+/// [`par_dst_edges`].
+pub(crate) fn par_rows_new_with_edges<F>(
+    indptr: &[u32],
+    cols: usize,
+    edge_out: &mut [f32],
+    width: usize,
+    f: F,
+) -> Vec<f32>
+where
+    F: Fn(usize, &mut [f32], &mut [f32]) + Sync + Send,
+{
+    let rows = indptr.len() - 1;
+    let len = rows * cols;
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    let groups = edge_groups(indptr);
+    let row_parts = split_by_groups(&groups, &mut v.spare_capacity_mut()[..len], |d0, d1| {
+        (d1 - d0) * cols
+    });
+    let edge_parts = split_by_groups(&groups, edge_out, |d0, d1| {
+        (indptr[d1] - indptr[d0]) as usize * width
+    });
+    groups
+        .into_par_iter()
+        .zip(row_parts)
+        .zip(edge_parts)
+        .for_each(|(((d0, d1), rows_part), edges)| {
+            let base = indptr[d0] as usize;
+            for d in d0..d1 {
+                let row = &mut rows_part[(d - d0) * cols..(d - d0 + 1) * cols];
+                row.fill(std::mem::MaybeUninit::new(0.0));
+                // SAFETY: every element was just initialised; `MaybeUninit<f32>` has the
+                // layout of `f32`.
+                let row = unsafe { &mut *(row as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+                let lo = (indptr[d] as usize - base) * width;
+                let hi = (indptr[d + 1] as usize - base) * width;
+                f(d, row, &mut edges[lo..hi]);
+            }
+        });
+    // SAFETY: the groups cover every row, and each row was zeroed before `f` saw it (a panic
+    // in `f` unwinds before this line).
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// Sums `f(r0, r1)` over fixed chunks of `REDUCE_ROWS` rows of `0..rows`, each result a vector
@@ -240,9 +304,60 @@ pub(crate) fn add_slice(x: &[f32], y: &mut [f32]) {
     add_loop(x, y);
 }
 
-/// Row length from which [`axpy_slice`] and [`add_slice`] call their AVX loops (shorter rows,
-/// such as an attention head's, stay inline).
+/// `y[h f..(h + 1) f] += w[h] * x[h f..(h + 1) f]` for each head `h < w.len()`, where
+/// `f = y.len() / w.len()`: an attention layer's row of heads, each scaled by its own
+/// coefficient. The bits of one [`axpy_slice`] per head, with one AVX dispatch for the whole
+/// row (a head is often only 8-32 floats, too short to pay for a call each).
+#[inline]
+pub(crate) fn axpy_heads(w: &[f32], x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if y.len() >= WIDE_ROW && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked just above).
+        unsafe { avx::axpy_heads(w, x, y) };
+        return;
+    }
+    axpy_heads_loop(w, x, y);
+}
+
+/// `o[h] = dot_slice(a[h f..(h + 1) f], b[h f..(h + 1) f])` for each head `h < o.len()`, where
+/// `f = a.len() / o.len()` (AVX for wide rows, as [`axpy_heads`]).
+#[inline]
+pub(crate) fn dot_heads(a: &[f32], b: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if a.len() >= WIDE_ROW && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked just above).
+        unsafe { avx::dot_heads(a, b, o) };
+        return;
+    }
+    dot_heads_loop(a, b, o);
+}
+
+/// Row length from which [`axpy_slice`], [`add_slice`], [`axpy_heads`] and [`dot_heads`]
+/// call their AVX loops (shorter rows stay inline).
 const WIDE_ROW: usize = 32;
+
+#[inline(always)]
+fn axpy_heads_loop(w: &[f32], x: &[f32], y: &mut [f32]) {
+    let f = y.len() / w.len().max(1);
+    if f == 0 {
+        return;
+    }
+    for ((&a, x), y) in w.iter().zip(x.chunks_exact(f)).zip(y.chunks_exact_mut(f)) {
+        axpy_loop(a, x, y);
+    }
+}
+
+#[inline(always)]
+fn dot_heads_loop(a: &[f32], b: &[f32], o: &mut [f32]) {
+    let f = a.len() / o.len().max(1);
+    if f == 0 {
+        o.fill(0.0);
+        return;
+    }
+    for ((o, a), b) in o.iter_mut().zip(a.chunks_exact(f)).zip(b.chunks_exact(f)) {
+        *o = dot_loop(a, b);
+    }
+}
 
 #[inline(always)]
 fn axpy_loop(alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -273,12 +388,96 @@ mod avx {
     pub(super) unsafe fn add(x: &[f32], y: &mut [f32]) {
         super::add_loop(x, y)
     }
+
+    /// # Safety
+    /// The CPU must have AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn axpy_heads(w: &[f32], x: &[f32], y: &mut [f32]) {
+        super::axpy_heads_loop(w, x, y)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn dot_heads(a: &[f32], b: &[f32], o: &mut [f32]) {
+        let f = a.len() / o.len().max(1);
+        if f == 0 {
+            o.fill(0.0);
+            return;
+        }
+        for ((o, a), b) in o.iter_mut().zip(a.chunks_exact(f)).zip(b.chunks_exact(f)) {
+            *o = dot(a, b);
+        }
+    }
+
+    /// [`super::dot_slice`] with its eight partial sums in one register (the compiler,
+    /// left to the scalar loop, splits them into pairs).
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        use super::DOT_LANES;
+        use std::arch::x86_64::{
+            _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+        };
+        let n = a.len().min(b.len());
+        let full = n / DOT_LANES * DOT_LANES;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..full).step_by(DOT_LANES) {
+            // SAFETY: i + 8 <= full <= both lengths, so each load reads 8 floats in bounds.
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                )
+            };
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+        }
+        let mut s = [0.0f32; DOT_LANES];
+        // SAFETY: `s` holds 8 floats.
+        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), acc) };
+        for (l, (x, y)) in a[full..n].iter().zip(&b[full..n]).enumerate() {
+            s[l] += x * y;
+        }
+        super::dot_lanes_sum(&s)
+    }
 }
 
-/// Dot product in f32 (short vectors: one head of a row).
+/// Lanes of [`dot_slice`]'s partial sums.
+const DOT_LANES: usize = 8;
+
+/// Dot product in f32 over the shorter of the two slices, in a fixed order that does not
+/// depend on the CPU: product `i` is added to partial sum `i % 8` (each product rounded, then
+/// each sum: never a fused multiply-add), and the eight partial sums are added pairwise,
+/// `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`. Eight independent sums vectorise
+/// (one instruction per 8 products with AVX, two with baseline SSE, the same bits), where a
+/// single running sum is a chain of dependent scalar additions.
 #[inline]
 pub(crate) fn dot_slice(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(a, b)| a * b).sum()
+    dot_loop(a, b)
+}
+
+#[inline(always)]
+fn dot_loop(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut s = [0.0f32; DOT_LANES];
+    let (ca, cb) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..DOT_LANES {
+            s[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        s[l] += x * y;
+    }
+    dot_lanes_sum(&s)
+}
+
+/// The partial sums of [`dot_slice`] added in its order.
+#[inline(always)]
+fn dot_lanes_sum(s: &[f32; DOT_LANES]) -> f32 {
+    ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 
 /// Edges ahead of the current one whose source rows the sparse kernels prefetch.
@@ -345,5 +544,68 @@ mod tests {
                 .zip(&want)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn head_rows_give_one_scalar_loop_per_head() {
+        // Head widths below, at and above the vector widths; rows below and above WIDE_ROW.
+        for (heads, f) in [(1, 1), (3, 5), (8, 4), (4, 8), (8, 32), (2, 33), (1, 100)] {
+            let n = heads * f;
+            let x: Vec<f32> = (0..n).map(|i| ((i * 7919) as f32).sin() * 1e3).collect();
+            let z: Vec<f32> = (0..n).map(|i| ((i * 31) as f32).cos() * 1e-2).collect();
+            let y0: Vec<f32> = (0..n).map(|i| ((i * 104729) as f32).cos()).collect();
+            let w: Vec<f32> = (0..heads).map(|h| 0.37 - h as f32 * 0.71).collect();
+            let mut got = y0.clone();
+            axpy_heads(&w, &x, &mut got);
+            let mut want = y0.clone();
+            for h in 0..heads {
+                for k in h * f..(h + 1) * f {
+                    let p = w[h] * x[k];
+                    want[k] += p;
+                }
+            }
+            assert!(same_bits(&got, &want), "axpy_heads, {heads} x {f}");
+            let mut dots = vec![f32::NAN; heads];
+            dot_heads(&x, &z, &mut dots);
+            let want: Vec<f32> = (0..heads)
+                .map(|h| dot_slice(&x[h * f..(h + 1) * f], &z[h * f..(h + 1) * f]))
+                .collect();
+            assert!(same_bits(&dots, &want), "dot_heads, {heads} x {f}");
+        }
+    }
+
+    #[test]
+    fn dot_adds_in_eight_lanes_then_pairwise() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33, 100, 1000] {
+            // Magnitudes spread over many binades, so another order would round differently.
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) as f32).sin() * 10f32.powi(i as i32 % 7 - 3))
+                .collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 104729) as f32).cos()).collect();
+            let mut s = [0.0f32; 8];
+            for i in 0..n {
+                let p = a[i] * b[i];
+                s[i % 8] += p;
+            }
+            let want = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+            let got = dot_slice(&a, &b);
+            assert_eq!(got.to_bits(), want.to_bits(), "length {n}");
+            let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let scale: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (*x as f64 * *y as f64).abs())
+                .sum();
+            assert!(
+                (got as f64 - exact).abs() <= 1e-6 * scale.max(1e-30),
+                "length {n}"
+            );
+        }
+        // The shorter slice decides the length.
+        assert_eq!(dot_slice(&[1.0, 2.0, 3.0], &[4.0, 5.0]), 14.0);
     }
 }

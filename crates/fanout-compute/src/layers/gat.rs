@@ -164,8 +164,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
             }
         };
         let g_rst = g_rst.as_ref();
-        let mut gz = be.spmm_backward_x(&c.block, Some(&c.alpha), g_rst);
-        let g_alpha = be.spmm_backward_coeff(&c.block, g_rst, &c.z, self.heads);
+        let (mut gz, g_alpha) = be.spmm_backward(&c.block, &c.alpha, g_rst, &c.z);
         let g_e = be.edge_softmax_backward(&c.block, &c.alpha, &g_alpha);
         let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE);
         let g_el = be.edge_sum_to_src(&c.block, &g_scores);
