@@ -41,8 +41,21 @@ struct Transposed {
     indptr: Vec<u32>,
     dst: Vec<u32>,
     eid: Vec<u32>,
-    /// Inverse of `eid`: edge `e` is at position `pos[e]` of the source-major order.
-    pos: Vec<u32>,
+    /// Inverse of `eid`: edge `e` is at position `pos[e]` of the source-major order. Built on
+    /// first use (only the fused attention backward needs it).
+    pos: OnceLock<Vec<u32>>,
+}
+
+impl Transposed {
+    fn pos(&self) -> &[u32] {
+        self.pos.get_or_init(|| {
+            let mut pos = vec![0u32; self.eid.len()];
+            for (i, &e) in self.eid.iter().enumerate() {
+                pos[e as usize] = i as u32;
+            }
+            pos
+        })
+    }
 }
 
 impl CpuBlock {
@@ -87,11 +100,16 @@ impl CpuBlock {
 
     /// Number of block edges leaving each source (`num_src` entries).
     pub fn out_degrees(&self) -> Vec<u32> {
-        self.transposed()
-            .indptr
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .collect()
+        if let Some(t) = self.inner.transposed.get() {
+            return t.indptr.windows(2).map(|w| w[1] - w[0]).collect();
+        }
+        // Counted from the edges: the transpose costs several times more, and an input
+        // layer's block (GCN's largest) never needs it, having no gradient to propagate.
+        let mut deg = vec![0u32; self.inner.num_src];
+        for &s in &self.inner.indices {
+            deg[s as usize] += 1;
+        }
+        deg
     }
 
     fn edges(&self, d: usize) -> std::ops::Range<usize> {
@@ -110,22 +128,21 @@ impl CpuBlock {
             }
             let e = inner.indices.len();
             let mut next = indptr.clone();
-            let (mut dst, mut eid, mut pos) = (vec![0u32; e], vec![0u32; e], vec![0u32; e]);
+            let (mut dst, mut eid) = (vec![0u32; e], vec![0u32; e]);
             for d in 0..inner.num_dst {
                 for edge in self.edges(d) {
                     let s = inner.indices[edge] as usize;
-                    let at = next[s];
+                    let pos = next[s] as usize;
                     next[s] += 1;
-                    dst[at as usize] = d as u32;
-                    eid[at as usize] = edge as u32;
-                    pos[edge] = at;
+                    dst[pos] = d as u32;
+                    eid[pos] = edge as u32;
                 }
             }
             Transposed {
                 indptr,
                 dst,
                 eid,
-                pos,
+                pos: OnceLock::new(),
             }
         })
     }
@@ -297,8 +314,9 @@ pub(crate) fn spmm_backward(
         }
     });
     let mut g_coeff = Tensor::zeros(dims.num_edges, heads);
+    let pos = t.pos();
     par_rows(g_coeff.data_mut(), heads, |e, o| {
-        let at = t.pos[e] as usize * heads;
+        let at = pos[e] as usize * heads;
         o.copy_from_slice(&by_src[at..at + heads]);
     });
     (Tensor::new(dims.num_src, cols, gx), g_coeff)
