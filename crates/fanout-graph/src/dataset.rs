@@ -429,13 +429,16 @@ impl Features {
     /// in random order, so a gather is bound by memory latency (about 170 ns per 400-byte row
     /// on one core) unless the next rows' misses overlap the current copy. Fanout-compute's
     /// sparse kernels do the same on their source rows (`cpu::par::prefetch_row`); each crate
-    /// keeps its own few lines rather than depending on the other. No-op off x86-64 and for
-    /// ids out of range.
+    /// keeps its own few lines rather than depending on the other. The lines go to L2
+    /// (`PREFETCHT1`), not L1: a core tracks only a few dozen misses into L1 at once, and
+    /// prefetching 8 rows of 16 lines into it stalled on that limit (`PREFETCHT0` made a
+    /// first-layer aggregation from the store half as fast on one core of the 2-core VM's
+    /// EPYC). No-op off x86-64 and for ids out of range.
     #[inline(always)]
     fn prefetch_row(&self, v: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
             let d = self.dim;
             let (p, bytes): (*const i8, usize) = match &self.data {
                 FeatData::F32(a) => match a.get(v * d..(v + 1) * d) {
@@ -451,12 +454,12 @@ impl Features {
             while off < bytes {
                 // SAFETY: a prefetch never faults and reads nothing architecturally; the
                 // address is inside the row.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
                 off += 64;
             }
             if bytes > 0 {
                 // The last line, when the row does not start on a line boundary.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(bytes - 1)) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(bytes - 1)) };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -486,24 +486,26 @@ pub(crate) const PREFETCH_AHEAD: usize = 6;
 /// Asks the CPU to bring `row` into cache (every 64-byte line of it) without waiting.
 /// Random rows of a source matrix larger than the caches make aggregation latency-bound
 /// (about 200 ns per 400-byte row on one core); prefetching a few edges ahead overlaps those
-/// misses. A hint only: no effect on results, and a no-op off x86-64.
+/// misses. Into L2 (`PREFETCHT1`), as fanout-graph's `Features::prefetch_row` does: a core
+/// tracks only a few dozen misses into L1. A hint only: no effect on results, and a no-op
+/// off x86-64.
 #[inline(always)]
 pub(crate) fn prefetch_row(row: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let p = row.as_ptr().cast::<i8>();
         let bytes = std::mem::size_of_val(row);
         let mut off = 0;
         while off < bytes {
             // SAFETY: a prefetch never faults and reads nothing architecturally; the address
             // is inside `row` anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
             off += 64;
         }
         if bytes > 0 {
             // The last line, when the row does not start on a line boundary.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(bytes - 1)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(bytes - 1)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
