@@ -6,8 +6,11 @@ v's in-neighbours; feat.bin; label.bin; train/valid/test_set.bin), samples with
 `dgl.dataloading.NeighborSampler` (fanouts given in fanout's hop order from the seeds and
 reversed here, since DGL lists them from the input layer) and trains the same model:
 GraphSAGE = `SAGEConv(mean)` layers, GCN = `GraphConv(norm="both", allow_zero_in_degree=True)`
-layers, ReLU + dropout between layers (not on the input, not on the logits), Adam with L2
-weight decay, cross-entropy. Evaluation samples the validation and test sets with the same
+layers, GAT = `GATConv` with 8 heads (hidden layers concatenate 8 heads of hidden / 8 columns,
+the output layer averages 8 heads of the classes, as `fanout train --model gat`), GIN =
+`GINConv(MLP, "sum", learn_eps=True)` with the MLP Linear-ReLU-Linear (hidden width inside);
+ReLU + dropout between layers (not on the input, not on the logits), Adam with L2 weight
+decay, cross-entropy. Evaluation samples the validation and test sets with the same
 fanouts (DGL's standard mini-batch evaluation), as `fanout train` does, and like it under one
 fixed random key: DGL's and torch's generators are reseeded to the same value before every
 evaluation (and training's streams restored after), so every evaluation of a model sees the same
@@ -31,7 +34,7 @@ import time
 def parse():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True)
-    p.add_argument("--model", choices=["sage", "gcn"], default="sage")
+    p.add_argument("--model", choices=["sage", "gcn", "gat", "gin"], default="sage")
     p.add_argument("--fanouts", default="10,25", help="hop order from the seeds (fanout's order)")
     p.add_argument("--batch-size", type=int, default=8000)
     p.add_argument("--hidden", type=int, default=256)
@@ -43,6 +46,9 @@ def parse():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--eval-every", type=int, default=1)
     return p.parse_args()
+
+
+HEADS = 8  # attention heads of `fanout train --model gat`
 
 
 def main():
@@ -95,15 +101,27 @@ def main():
         def __init__(self):
             super().__init__()
             dims = [dim] + [a.hidden] * (layers - 1) + [classes]
-            conv = (lambda i, o: dglnn.SAGEConv(i, o, "mean")) if a.model == "sage" else \
-                (lambda i, o: dglnn.GraphConv(i, o, norm="both", allow_zero_in_degree=True))
-            self.layers = nn.ModuleList(conv(dims[i], dims[i + 1]) for i in range(layers))
+
+            def conv(i, o, last):
+                if a.model == "sage":
+                    return dglnn.SAGEConv(i, o, "mean")
+                if a.model == "gcn":
+                    return dglnn.GraphConv(i, o, norm="both", allow_zero_in_degree=True)
+                if a.model == "gat":
+                    return dglnn.GATConv(i, o if last else o // HEADS, HEADS, allow_zero_in_degree=True)
+                mlp = nn.Sequential(nn.Linear(i, a.hidden), nn.ReLU(), nn.Linear(a.hidden, o))
+                return dglnn.GINConv(mlp, "sum", learn_eps=True)
+
+            self.layers = nn.ModuleList(conv(dims[i], dims[i + 1], i + 1 == layers) for i in range(layers))
             self.drop = nn.Dropout(a.dropout)
 
         def forward(self, blocks, x):
             h = x
             for i, (layer, block) in enumerate(zip(self.layers, blocks)):
                 h = layer(block, h)
+                if a.model == "gat":
+                    # GATConv gives (nodes, heads, width): concatenate hidden heads, average the output's.
+                    h = h.flatten(1) if i + 1 < layers else h.mean(1)
                 if i + 1 < layers:
                     h = self.drop(F.relu(h))
             return h
