@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 
 use crate::backend::DropoutSpec;
 use crate::cpu::par::{
-    axpy_heads, axpy_slice, copy, dot_heads, dot_slice, map1, map2, par_row_reduce, par_rows,
-    sum_partials, ELEM_CHUNK, REDUCE_ROWS,
+    axpy_heads, axpy_slice, copy, dot_f64_slice, dot_heads, dot_slice, map1, map2, par_row_reduce,
+    par_rows, sum_partials, ELEM_CHUNK, REDUCE_ROWS,
 };
 use crate::tensor::Tensor;
 
@@ -116,12 +116,7 @@ pub(crate) fn dot(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.shape(), b.shape(), "dot: shapes differ");
     par_row_reduce(a.rows(), 1, |r0, r1, acc| {
         for r in r0..r1 {
-            acc[0] += a
-                .row(r)
-                .iter()
-                .zip(b.row(r))
-                .map(|(&x, &y)| x as f64 * y as f64)
-                .sum::<f64>();
+            acc[0] += dot_f64_slice(a.row(r), b.row(r));
         }
     })[0]
 }

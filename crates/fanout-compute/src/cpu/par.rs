@@ -410,6 +410,44 @@ mod avx {
         }
     }
 
+    /// [`super::dot_f64_slice`]: partial sums 0-3 and 4-7 in two registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+        use super::DOT_LANES;
+        use std::arch::x86_64::{
+            _mm256_add_pd, _mm256_cvtps_pd, _mm256_mul_pd, _mm256_setzero_pd, _mm256_storeu_pd,
+            _mm_loadu_ps,
+        };
+        let n = a.len().min(b.len());
+        let full = n / DOT_LANES * DOT_LANES;
+        let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        for i in (0..full).step_by(DOT_LANES) {
+            // SAFETY: i + 8 <= full <= both lengths: each load reads 4 floats in bounds.
+            unsafe {
+                let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
+                let xl = _mm256_cvtps_pd(_mm_loadu_ps(pa));
+                let yl = _mm256_cvtps_pd(_mm_loadu_ps(pb));
+                let xh = _mm256_cvtps_pd(_mm_loadu_ps(pa.add(4)));
+                let yh = _mm256_cvtps_pd(_mm_loadu_ps(pb.add(4)));
+                lo = _mm256_add_pd(lo, _mm256_mul_pd(xl, yl));
+                hi = _mm256_add_pd(hi, _mm256_mul_pd(xh, yh));
+            }
+        }
+        let mut s = [0.0f64; DOT_LANES];
+        // SAFETY: `s` holds 8 doubles.
+        unsafe {
+            _mm256_storeu_pd(s.as_mut_ptr(), lo);
+            _mm256_storeu_pd(s.as_mut_ptr().add(4), hi);
+        }
+        for (l, (x, y)) in a[full..n].iter().zip(&b[full..n]).enumerate() {
+            s[l] += *x as f64 * *y as f64;
+        }
+        ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
+    }
+
     /// [`super::dot_slice`] with its eight partial sums in one register (the compiler,
     /// left to the scalar loop, splits them into pairs).
     #[target_feature(enable = "avx")]
@@ -472,6 +510,29 @@ fn dot_loop(a: &[f32], b: &[f32]) -> f32 {
         s[l] += x * y;
     }
     dot_lanes_sum(&s)
+}
+
+/// Dot product accumulated in f64 over the shorter of the two slices, in [`dot_slice`]'s
+/// order (product `i`, exact in f64, into partial sum `i % 8`; the eight sums added pairwise),
+/// with AVX where the CPU has it (the same bits).
+#[inline]
+pub(crate) fn dot_f64_slice(a: &[f32], b: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if a.len().min(b.len()) >= WIDE_ROW && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked just above).
+        return unsafe { avx::dot_f64(a, b) };
+    }
+    dot_f64_loop(a, b)
+}
+
+#[inline(always)]
+fn dot_f64_loop(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len().min(b.len());
+    let mut s = [0.0f64; DOT_LANES];
+    for i in 0..n {
+        s[i % DOT_LANES] += a[i] as f64 * b[i] as f64;
+    }
+    ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 
 /// The partial sums of [`dot_slice`] added in its order.
@@ -609,5 +670,26 @@ mod tests {
         }
         // The shorter slice decides the length.
         assert_eq!(dot_slice(&[1.0, 2.0, 3.0], &[4.0, 5.0]), 14.0);
+    }
+
+    #[test]
+    fn f64_dot_adds_exact_products_in_eight_lanes_then_pairwise() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33, 100, 1000, 4099] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) as f32).sin() * 10f32.powi(i as i32 % 9 - 4))
+                .collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 104729) as f32).cos()).collect();
+            let mut s = [0.0f64; 8];
+            for i in 0..n {
+                s[i % 8] += a[i] as f64 * b[i] as f64;
+            }
+            let want = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+            assert_eq!(
+                dot_f64_slice(&a, &b).to_bits(),
+                want.to_bits(),
+                "length {n}"
+            );
+        }
+        assert_eq!(dot_f64_slice(&[1.0, 2.0, 3.0], &[4.0, 5.0]), 14.0);
     }
 }
