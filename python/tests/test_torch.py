@@ -186,8 +186,11 @@ def test_ctrl_c_stops_fanout_train_with_keyboard_interrupt(cora_path, tmp_path):
     import sys
 
     started = tmp_path / "started"
+    # The child installs Python's own SIGINT handler: a shell that starts the tests in the
+    # background passes SIGINT on ignored, and Python then keeps ignoring it.
     script = f"""
-import fanout, sys, time
+import fanout, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def mark(m):
     open({str(started)!r}, "w").close()
 t = time.monotonic()
