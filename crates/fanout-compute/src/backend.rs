@@ -256,6 +256,22 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         x: &Self::Tensor,
         a: &Self::Tensor,
     ) -> (Self::Tensor, Self::Tensor);
+    /// [`Backend::head_dot_backward`] with `d x` added into the first `N` rows of `acc`
+    /// instead of returned (`acc` as after `axpy_prefix(1.0, d x, acc, N)`, bit for bit), and
+    /// `d a` returned. Spares a layer the `N x (H*F)` temporary. Panics unless `acc` has
+    /// `x`'s width and at least its rows.
+    fn head_dot_backward_acc(
+        &self,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+        a: &Self::Tensor,
+        acc: &mut Self::Tensor,
+    ) -> Self::Tensor {
+        let (gx, ga) = self.head_dot_backward(grad, x, a);
+        let rows = self.shape(&gx).0;
+        self.axpy_prefix(1.0, &gx, acc, rows);
+        ga
+    }
     /// Mean over heads: `N x (H*F)` to `N x F`.
     fn head_mean(&self, x: &Self::Tensor, heads: usize) -> Self::Tensor;
     /// Gradient of [`Backend::head_mean`]: `N x F` to `N x (H*F)`, each head getting `grad / H`.

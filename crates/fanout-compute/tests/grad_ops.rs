@@ -152,6 +152,21 @@ fn pointwise_and_row_ops_backward() {
     assert_grad("head_dot d a", a.data(), da.data(), |v| {
         proj_loss(&BE.head_dot(&x, &t(&a, v)), &rh)
     });
+    // Added in place into as many rows, or into the first rows of a taller tensor.
+    for extra in [0, 3] {
+        let acc0 = rand_tensor(6 + extra, 8, &mut rng);
+        let mut want = acc0.clone();
+        BE.axpy_prefix(1.0, &dx, &mut want, 6);
+        let mut got = acc0.clone();
+        let da_acc = BE.head_dot_backward_acc(&rh, &x, &a, &mut got);
+        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "head_dot_backward_acc d x, {extra} rows more"
+        );
+        assert_eq!(bits(&da_acc), bits(&da), "head_dot_backward_acc d a");
+    }
     let rm = rand_tensor(6, 4, &mut rng);
     assert_grad(
         "head_mean",

@@ -505,6 +505,43 @@ pub(crate) fn head_dot_backward(grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tenso
         let g = grad.row(n);
         axpy_heads(g, a.data(), o);
     });
+    (gx, head_dot_grad_a(grad, x, heads, f))
+}
+
+/// See [`crate::Backend::head_dot_backward_acc`]: each row of `acc` gets its heads' terms
+/// added in place, the operations of [`head_dot_backward`]'s `d x` followed by an `axpy`.
+pub(crate) fn head_dot_backward_acc(
+    grad: &Tensor,
+    x: &Tensor,
+    a: &Tensor,
+    acc: &mut Tensor,
+) -> Tensor {
+    let (heads, f) = a.shape();
+    assert_eq!(
+        x.cols(),
+        heads * f,
+        "head_dot_backward_acc: x width != H * F"
+    );
+    assert_eq!(
+        grad.shape(),
+        (x.rows(), heads),
+        "head_dot_backward_acc: grad shape"
+    );
+    assert!(
+        acc.cols() == x.cols() && acc.rows() >= x.rows(),
+        "head_dot_backward_acc: acc {:?} for x {:?}",
+        acc.shape(),
+        x.shape()
+    );
+    let n = x.rows() * x.cols();
+    par_rows(&mut acc.data_mut()[..n], heads * f, |r, o| {
+        axpy_heads(grad.row(r), a.data(), o);
+    });
+    head_dot_grad_a(grad, x, heads, f)
+}
+
+/// `d a` of [`head_dot_backward`]: `sum_n grad[n, h] x[n, h*F + k]`, accumulated in f64.
+fn head_dot_grad_a(grad: &Tensor, x: &Tensor, heads: usize, f: usize) -> Tensor {
     let ga = par_row_reduce(x.rows(), heads * f, |r0, r1, acc| {
         for n in r0..r1 {
             let (g, xr) = (grad.row(n), x.row(n));
@@ -515,8 +552,7 @@ pub(crate) fn head_dot_backward(grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tenso
             }
         }
     });
-    let ga = Tensor::new(heads, f, ga.into_iter().map(|v| v as f32).collect());
-    (gx, ga)
+    Tensor::new(heads, f, ga.into_iter().map(|v| v as f32).collect())
 }
 
 /// See [`crate::Backend::head_mean`].

@@ -150,6 +150,15 @@ impl Backend for CpuBackend {
     fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
         dense::head_dot_backward(grad, x, a)
     }
+    fn head_dot_backward_acc(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        a: &Tensor,
+        acc: &mut Tensor,
+    ) -> Tensor {
+        dense::head_dot_backward_acc(grad, x, a, acc)
+    }
     fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
         dense::head_mean(x, heads)
     }

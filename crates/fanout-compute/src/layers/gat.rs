@@ -169,12 +169,9 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE);
         let g_el = be.edge_sum_to_src(&c.block, &g_scores);
         let g_er = be.edge_sum_to_dst(&c.block, &g_scores);
-        let (gz_l, g_attn_l) = be.head_dot_backward(&g_el, &c.z, &self.attn_l.value);
-        be.axpy(1.0, &gz_l, &mut gz);
+        let g_attn_l = be.head_dot_backward_acc(&g_el, &c.z, &self.attn_l.value, &mut gz);
         be.axpy(1.0, &g_attn_l, &mut self.attn_l.grad);
-        let (gz_r, g_attn_r) = be.head_dot_backward(&g_er, &c.z_dst, &self.attn_r.value);
-        let rows = be.shape(&gz_r).0;
-        be.axpy_prefix(1.0, &gz_r, &mut gz, rows);
+        let g_attn_r = be.head_dot_backward_acc(&g_er, &c.z_dst, &self.attn_r.value, &mut gz);
         be.axpy(1.0, &g_attn_r, &mut self.attn_r.grad);
         acc_at_b(be, &c.h_src, &gz, &mut self.weight);
         Ok(need.then(|| be.matmul(&gz, false, &self.weight.value, true)))
