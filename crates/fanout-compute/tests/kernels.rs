@@ -445,7 +445,25 @@ fn results_do_not_depend_on_the_thread_count() {
         let h = rand_tensor(2600, 40, &mut rng);
         BE.acc_at_b_shared(&gs, &mut [(&g1, &mut dw3), (&h, &mut dw4)]);
         let s = BE.sum_rows(&y);
-        (y, agg, back, (dw, acc, dw2, dw3, dw4), s, BE.dot(&x, &x))
+        // Attention kernels (GAT): 4 heads of 16, rows wide enough for the AVX loops.
+        let z = rand_tensor(5000, 64, &mut rng);
+        let coeff = rand_tensor(blk.num_edges(), 4, &mut rng);
+        let att = rand_tensor(4, 16, &mut rng);
+        let g = rand_tensor(3000, 64, &mut rng);
+        let (gz, gc) = BE.spmm_backward(&b, &coeff, &g, &z);
+        let el = BE.head_dot(&z, &att);
+        let mut gz_acc = rand_tensor(5000, 64, &mut rng);
+        let ga = BE.head_dot_backward_acc(&el, &z, &att, &mut gz_acc);
+        let heads = (BE.spmm(&b, Some(&coeff), &z), gz, gc, el, gz_acc, ga);
+        (
+            y,
+            agg,
+            back,
+            (dw, acc, dw2, dw3, dw4),
+            s,
+            BE.dot(&x, &x),
+            heads,
+        )
     };
     let pool = |n| {
         rayon::ThreadPoolBuilder::new()
@@ -466,6 +484,10 @@ fn results_do_not_depend_on_the_thread_count() {
     );
     assert!(one.4 == three.4, "column sums differ");
     assert!(one.5 == three.5, "dot product differs");
+    assert!(
+        one.6 == three.6 && one.6 == seven.6,
+        "attention kernels differ"
+    );
 }
 
 #[test]
