@@ -6,9 +6,9 @@ use std::mem::MaybeUninit;
 
 use crate::backend::DropoutSpec;
 use crate::cpu::par::{
-    axpy_heads, axpy_slice, copy, dot_f64_slice, dot_heads, dot_slice, map1, map2, par_row_reduce,
-    par_rows, sum_partials, ELEM_CHUNK, REDUCE_ROWS,
+    copy, map1, map2, par_row_reduce, par_rows, sum_partials, ELEM_CHUNK, REDUCE_ROWS,
 };
+use crate::cpu::rows::{axpy_heads, axpy_slice, dot_f64_slice, dot_heads, dot_slice};
 use crate::tensor::Tensor;
 
 /// See [`crate::Backend::add_bias`].

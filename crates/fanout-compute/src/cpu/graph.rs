@@ -10,10 +10,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::Aggregation;
 use crate::block::{BlockDims, BlockRef};
-use crate::cpu::par::{
-    add_slice, axpy_heads, dot_heads, par_dst_edges, par_rows, par_rows_new,
-    par_rows_new_with_edges, prefetch_row, PREFETCH_AHEAD,
-};
+use crate::cpu::par::{par_dst_edges, par_rows, par_rows_new, par_rows_new_with_edges};
+use crate::cpu::rows::{add_slice, axpy_heads, dot_heads, prefetch_row, PREFETCH_AHEAD};
 use crate::error::Result;
 use crate::tensor::Tensor;
 

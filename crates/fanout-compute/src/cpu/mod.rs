@@ -16,6 +16,7 @@ mod loss;
 mod optim;
 pub(crate) mod par;
 pub mod rates;
+mod rows;
 pub mod sparse_grad;
 
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
