@@ -91,6 +91,8 @@ def main():
     split = lambda s: torch.from_numpy(np.fromfile(os.path.join(d, f"{s}_set.bin"), dtype=np.uint32).astype(np.int64))
     train_nids, valid_nids, test_nids = split("train"), split("valid"), split("test")
 
+    if a.model == "gat" and a.hidden % HEADS:
+        sys.exit(f"dgl_train.py: GAT's hidden size must be a multiple of its {HEADS} heads")
     fanouts = [int(x) for x in a.fanouts.split(",")]
     layers = len(fanouts)
     sampler = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))

@@ -257,7 +257,8 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         a: &Self::Tensor,
     ) -> (Self::Tensor, Self::Tensor);
     /// [`Backend::head_dot_backward`] with `d x` added into the first `N` rows of `acc`
-    /// instead of returned (`acc` as after `axpy_prefix(1.0, d x, acc, N)`, bit for bit), and
+    /// instead of returned (`acc` as after `axpy_prefix(1.0, d x, acc, N)`, bit for bit up to
+    /// the sign of a zero: the temporary `d x` holds `+0` where a product is `-0`), and
     /// `d a` returned. Spares a layer the `N x (H*F)` temporary. Panics unless `acc` has
     /// `x`'s width and at least its rows.
     fn head_dot_backward_acc(

@@ -152,20 +152,28 @@ fn pointwise_and_row_ops_backward() {
     assert_grad("head_dot d a", a.data(), da.data(), |v| {
         proj_loss(&BE.head_dot(&x, &t(&a, v)), &rh)
     });
-    // Added in place into as many rows, or into the first rows of a taller tensor.
-    for extra in [0, 3] {
-        let acc0 = rand_tensor(6 + extra, 8, &mut rng);
-        let mut want = acc0.clone();
-        BE.axpy_prefix(1.0, &dx, &mut want, 6);
-        let mut got = acc0.clone();
-        let da_acc = BE.head_dot_backward_acc(&rh, &x, &a, &mut got);
-        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&got),
-            bits(&want),
-            "head_dot_backward_acc d x, {extra} rows more"
-        );
-        assert_eq!(bits(&da_acc), bits(&da), "head_dot_backward_acc d a");
+    // Added in place into as many rows, or into the first rows of a taller tensor; heads of
+    // 4 (rows of 8 floats, the scalar loops) and of 16 (rows of 64, the AVX loops).
+    let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (heads, f) in [(2, 4), (4, 16)] {
+        let xw = rand_tensor(6, heads * f, &mut rng);
+        let aw = rand_tensor(heads, f, &mut rng);
+        let gw = rand_tensor(6, heads, &mut rng);
+        let (dxw, daw) = BE.head_dot_backward(&gw, &xw, &aw);
+        for extra in [0, 3] {
+            let acc0 = rand_tensor(6 + extra, heads * f, &mut rng);
+            let mut want = acc0.clone();
+            BE.axpy_prefix(1.0, &dxw, &mut want, 6);
+            let mut got = acc0.clone();
+            let da_acc = BE.head_dot_backward_acc(&gw, &xw, &aw, &mut got);
+            let what = format!("{heads} heads of {f}, {extra} rows more");
+            assert_eq!(bits(&got), bits(&want), "head_dot_backward_acc d x, {what}");
+            assert_eq!(
+                bits(&da_acc),
+                bits(&daw),
+                "head_dot_backward_acc d a, {what}"
+            );
+        }
     }
     let rm = rand_tensor(6, 4, &mut rng);
     assert_grad(

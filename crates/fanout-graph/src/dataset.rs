@@ -428,7 +428,7 @@ impl Features {
     /// Hints the CPU to load stored row `v` (each 64-byte line) without waiting: rows are read
     /// in random order, so a gather is bound by memory latency (about 170 ns per 400-byte row
     /// on one core) unless the next rows' misses overlap the current copy. Fanout-compute's
-    /// sparse kernels do the same on their source rows (`cpu::par::prefetch_row`); each crate
+    /// sparse kernels do the same on their source rows (`cpu::rows::prefetch_row`); each crate
     /// keeps its own few lines rather than depending on the other. The lines go to L2
     /// (`PREFETCHT1`), not L1: a core tracks only a few dozen misses into L1 at once, and
     /// prefetching 8 rows of 16 lines into it stalled on that limit (`PREFETCHT0` made a

@@ -311,13 +311,15 @@ pub(crate) fn spmm_backward(
             dot_heads(g, xs, o);
         }
     });
-    let mut g_coeff = Tensor::zeros(dims.num_edges, heads);
     let pos = t.pos();
-    par_rows(g_coeff.data_mut(), heads, |e, o| {
+    let g_coeff = par_rows_new(dims.num_edges, heads, |e, o| {
         let at = pos[e] as usize * heads;
         o.copy_from_slice(&by_src[at..at + heads]);
     });
-    (Tensor::new(dims.num_src, cols, gx), g_coeff)
+    (
+        Tensor::new(dims.num_src, cols, gx),
+        Tensor::new(dims.num_edges, heads, g_coeff),
+    )
 }
 
 /// See [`crate::Backend::u_add_v`].

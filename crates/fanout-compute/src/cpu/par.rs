@@ -89,6 +89,7 @@ fn split_by_groups<'a, T>(
         slices.push(head);
         rest = tail;
     }
+    debug_assert!(rest.is_empty(), "the groups cover the whole buffer");
     slices
 }
 

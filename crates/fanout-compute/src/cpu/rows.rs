@@ -49,7 +49,7 @@ pub(crate) fn axpy_heads(w: &[f32], x: &[f32], y: &mut [f32]) {
 }
 
 /// `o[h] = dot_slice(a[h f..(h + 1) f], b[h f..(h + 1) f])` for each head `h < o.len()`, where
-/// `f = a.len() / o.len()` (AVX for wide rows, as [`axpy_heads`]).
+/// `f = a.len() / o.len()` and `b` is as long as `a` (AVX for wide rows, as [`axpy_heads`]).
 #[inline]
 pub(crate) fn dot_heads(a: &[f32], b: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -61,8 +61,8 @@ pub(crate) fn dot_heads(a: &[f32], b: &[f32], o: &mut [f32]) {
     dot_heads_loop(a, b, o);
 }
 
-/// Row length from which [`axpy_slice`], [`add_slice`], [`axpy_heads`] and [`dot_heads`]
-/// call their AVX loops (shorter rows stay inline).
+/// Row length from which [`axpy_slice`], [`add_slice`], [`axpy_heads`], [`dot_heads`] and
+/// [`dot_f64_slice`] call their AVX loops (shorter rows stay inline).
 const WIDE_ROW: usize = 32;
 
 #[inline(always)]
@@ -135,7 +135,8 @@ mod avx {
             return;
         }
         for ((o, a), b) in o.iter_mut().zip(a.chunks_exact(f)).zip(b.chunks_exact(f)) {
-            *o = dot(a, b);
+            // SAFETY: this function's caller guarantees AVX.
+            *o = unsafe { dot(a, b) };
         }
     }
 
@@ -179,9 +180,12 @@ mod avx {
 
     /// [`super::dot_slice`] with its eight partial sums in one register (the compiler,
     /// left to the scalar loop, splits them into pairs).
+    ///
+    /// # Safety
+    /// The CPU must have AVX.
     #[target_feature(enable = "avx")]
     #[inline]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         use super::DOT_LANES;
         use std::arch::x86_64::{
             _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
@@ -215,9 +219,9 @@ const DOT_LANES: usize = 8;
 /// Dot product in f32 over the shorter of the two slices, in a fixed order that does not
 /// depend on the CPU: product `i` is added to partial sum `i % 8` (each product rounded, then
 /// each sum: never a fused multiply-add), and the eight partial sums are added pairwise,
-/// `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`. Eight independent sums vectorise
-/// (one instruction per 8 products with AVX, two with baseline SSE, the same bits), where a
-/// single running sum is a chain of dependent scalar additions.
+/// `((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))`. Eight independent sums vectorise,
+/// where a single running sum is a chain of dependent scalar additions; [`dot_heads`]' AVX
+/// loop holds them in one register and gives the same bits.
 #[inline]
 pub(crate) fn dot_slice(a: &[f32], b: &[f32]) -> f32 {
     dot_loop(a, b)
