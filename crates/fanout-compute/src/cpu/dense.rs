@@ -493,23 +493,14 @@ pub(crate) fn head_dot(x: &Tensor, a: &Tensor) -> Tensor {
 
 /// See [`crate::Backend::head_dot_backward`].
 pub(crate) fn head_dot_backward(grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
-    let (heads, f) = a.shape();
-    assert_eq!(x.cols(), heads * f, "head_dot_backward: x width != H * F");
-    assert_eq!(
-        grad.shape(),
-        (x.rows(), heads),
-        "head_dot_backward: grad shape"
-    );
+    // `d x` is the in-place form's sum into zeros.
     let mut gx = Tensor::zeros(x.rows(), x.cols());
-    par_rows(gx.data_mut(), heads * f, |n, o| {
-        let g = grad.row(n);
-        axpy_heads(g, a.data(), o);
-    });
-    (gx, head_dot_grad_a(grad, x, heads, f))
+    let ga = head_dot_backward_acc(grad, x, a, &mut gx);
+    (gx, ga)
 }
 
 /// See [`crate::Backend::head_dot_backward_acc`]: each row of `acc` gets its heads' terms
-/// added in place, the operations of [`head_dot_backward`]'s `d x` followed by an `axpy`.
+/// (`grad[n, h] * a[h]`) added in place.
 pub(crate) fn head_dot_backward_acc(
     grad: &Tensor,
     x: &Tensor,

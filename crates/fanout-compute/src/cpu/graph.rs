@@ -98,11 +98,9 @@ impl CpuBlock {
 
     /// Number of block edges leaving each source (`num_src` entries).
     pub fn out_degrees(&self) -> Vec<u32> {
-        if let Some(t) = self.inner.transposed.get() {
-            return t.indptr.windows(2).map(|w| w[1] - w[0]).collect();
-        }
-        // Counted from the edges: the transpose costs several times more, and an input
-        // layer's block (GCN's largest) never needs it, having no gradient to propagate.
+        // Counted from the edges, not taken from the transpose: building that costs several
+        // times more, and an input layer's block (GCN's largest) never needs it otherwise,
+        // having no gradient to propagate.
         let mut deg = vec![0u32; self.inner.num_src];
         for &s in &self.inner.indices {
             deg[s as usize] += 1;

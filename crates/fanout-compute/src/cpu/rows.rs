@@ -78,13 +78,19 @@ fn axpy_heads_loop(w: &[f32], x: &[f32], y: &mut [f32]) {
 
 #[inline(always)]
 fn dot_heads_loop(a: &[f32], b: &[f32], o: &mut [f32]) {
+    dot_heads_with(a, b, o, dot_loop);
+}
+
+/// The head split of [`dot_heads`], each head's dot product by `dot`.
+#[inline(always)]
+fn dot_heads_with(a: &[f32], b: &[f32], o: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
     let f = a.len() / o.len().max(1);
     if f == 0 {
         o.fill(0.0);
         return;
     }
     for ((o, a), b) in o.iter_mut().zip(a.chunks_exact(f)).zip(b.chunks_exact(f)) {
-        *o = dot_loop(a, b);
+        *o = dot(a, b);
     }
 }
 
@@ -129,15 +135,8 @@ mod avx {
     /// The CPU must have AVX.
     #[target_feature(enable = "avx")]
     pub(super) unsafe fn dot_heads(a: &[f32], b: &[f32], o: &mut [f32]) {
-        let f = a.len() / o.len().max(1);
-        if f == 0 {
-            o.fill(0.0);
-            return;
-        }
-        for ((o, a), b) in o.iter_mut().zip(a.chunks_exact(f)).zip(b.chunks_exact(f)) {
-            // SAFETY: this function's caller guarantees AVX.
-            *o = unsafe { dot(a, b) };
-        }
+        // SAFETY: this function's caller guarantees AVX.
+        super::dot_heads_with(a, b, o, |a, b| unsafe { dot(a, b) });
     }
 
     /// [`super::dot_f64_slice`]: partial sums 0-3 and 4-7 in two registers.
@@ -175,7 +174,7 @@ mod avx {
         for (l, (x, y)) in a[full..n].iter().zip(&b[full..n]).enumerate() {
             s[l] += *x as f64 * *y as f64;
         }
-        ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
+        super::dot_lanes_sum(&s)
     }
 
     /// [`super::dot_slice`] with its eight partial sums in one register (the compiler,
@@ -265,12 +264,12 @@ fn dot_f64_loop(a: &[f32], b: &[f32]) -> f64 {
     for i in 0..n {
         s[i % DOT_LANES] += a[i] as f64 * b[i] as f64;
     }
-    ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
+    dot_lanes_sum(&s)
 }
 
-/// The partial sums of [`dot_slice`] added in its order.
+/// The partial sums of [`dot_slice`] (or [`dot_f64_slice`]) added in its order.
 #[inline(always)]
-fn dot_lanes_sum(s: &[f32; DOT_LANES]) -> f32 {
+fn dot_lanes_sum<T: Copy + std::ops::Add<Output = T>>(s: &[T; DOT_LANES]) -> T {
     ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 
