@@ -23,7 +23,9 @@
 //!
 //! A run is described by one serde value, [`TrainConfig`], and executed by [`train`] (all
 //! workers in this process) or [`train_worker`] (one worker of a group whose [`Comm`] the
-//! caller made, e.g. one MPI process); both return a [`TrainOutcome`]. The command line and
+//! caller made, e.g. one MPI process); both return a [`TrainOutcome`], and both have a
+//! variant over any [`Backend`](fanout_compute::Backend) ([`train_with_backend`],
+//! [`train_worker_with`]) for devices other than the CPU. The command line and
 //! the Python package are thin shells over these. Workers talk only through
 //! [`fanout_comm::Comm`]; a strategy ([`strategy`]) decides which seeds each worker trains,
 //! and every strategy runs the same loop, [`fit`], which all-reduces gradients between
@@ -60,8 +62,8 @@ pub use pipeline::{
     BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, TimedSampler,
 };
 pub use run::{
-    checkpoint_meta, open_dataset, train, train_worker, RunEnv, TrainOutcome, EMBEDDED_NODES,
-    EMBEDDED_SEED,
+    check_backend, checkpoint_meta, open_dataset, train, train_with_backend, train_worker,
+    train_worker_with, RunEnv, TrainOutcome, EMBEDDED_NODES, EMBEDDED_SEED,
 };
 pub use strategy::WorkerPlan;
 

@@ -5,6 +5,12 @@
 //! threads), and returns rank 0's outcome. [`train_worker`] runs one worker of a group whose
 //! [`Comm`] the caller made (one MPI process of `mpirun -np N fanout train ...`).
 //!
+//! Both compute on the CPU backend; [`train_with_backend`] and [`train_worker_with`] are the
+//! same runs on any [`Backend`] (the same generic code: `train` is
+//! `train_with_backend(CpuBackend, ..)`). A backend other than the CPU runs one worker with
+//! the single or data-parallel strategy for now; the rest is refused
+//! ([`check_backend`]), never run on the CPU instead.
+//!
 //! A worker is one pipeline feeding one trainer ([`crate::fit`]); the strategy decides which
 //! seeds it trains ([`crate::strategy::WorkerPlan`]). Workers first check that they were all
 //! given the same config. A worker that fails tells the others through [`Comm::fail`], so
@@ -28,6 +34,7 @@ use fanout_compute::{
 use fanout_graph::{Cancel, Dataset, NoProgress, Progress};
 use fanout_sample::{LoaderConfig, Sampler};
 use fanout_synth::{generate, GenOptions, Preset};
+use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -117,8 +124,11 @@ pub struct TrainOutcome {
     pub config: TrainConfig,
     /// Per-epoch metrics and the best-validation test accuracy.
     pub metrics: RunMetrics,
-    /// The best-validation model.
+    /// The best-validation model, on the CPU whatever backend trained it (its parameters are
+    /// exactly the trained ones, copied to the host).
     pub model: Model<CpuBackend>,
+    /// Name of the backend that trained the model ([`Backend::name`]: `"cpu"`, ...).
+    pub backend: &'static str,
     /// This worker's rank, and the number of workers.
     pub rank: usize,
     /// Workers in the run.
@@ -162,6 +172,7 @@ impl TrainOutcome {
             "dropout": c.dropout,
             "seed": c.seed,
             "threads": self.threads,
+            "backend": self.backend,
             "strategy": c.strategy_kind().name(),
             "workers": self.workers,
             "comm": { "kind": self.comm, "calls": self.comm_stats.calls,
@@ -424,19 +435,36 @@ pub fn open_dataset(cfg: &TrainConfig, progress: &dyn Progress) -> Result<Arc<Da
     Ok(Arc::new(ds))
 }
 
-/// Trains `cfg` in this process: one worker, or `cfg.workers` in-process workers (threads)
-/// sharing one opened dataset and splitting `cfg.threads` (default: all cores) between them.
-/// `obs` sees rank 0's progress. Returns rank 0's outcome; if any worker fails, the error of
-/// the worker that failed first.
+/// Trains `cfg` in this process on the CPU backend: one worker, or `cfg.workers` in-process
+/// workers (threads) sharing one opened dataset and splitting `cfg.threads` (default: all
+/// cores) between them. `obs` sees rank 0's progress. Returns rank 0's outcome; if any worker
+/// fails, the error of the worker that failed first. Same as
+/// `train_with_backend(CpuBackend, cfg, env, obs)`.
 pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Result<TrainOutcome> {
+    train_with_backend(CpuBackend, cfg, env, obs)
+}
+
+/// [`train`] computing on `be`: the model, its optimiser, the trial batch of
+/// `--cache-ratio auto` (measured through `env.probe`, which must measure `be`'s memory) and
+/// evaluation all run on `be`; sampling and feature extraction stay on the host. Given the
+/// same config, a backend whose kernels give the CPU's results trains the CPU's model bit for
+/// bit. The outcome's model is on the CPU ([`TrainOutcome::model`]). A backend other than the
+/// CPU is refused, before the dataset is opened, the options [`check_backend`] names.
+pub fn train_with_backend<B: Backend>(
+    be: B,
+    cfg: &TrainConfig,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
     cfg.validate()?;
+    check_backend(&be, cfg)?;
     let ds = open_dataset(cfg, env.progress)?;
     let n = cfg.workers.max(1);
     let mut group = LocalComm::group(n);
     if n == 1 {
         let comm = group.pop().expect("a group of one");
         let pool = single_worker_pool(cfg.threads)?;
-        return train_worker(ds, cfg, &comm, pool, env, obs);
+        return train_worker_with(be, ds, cfg, &comm, pool, env, obs);
     }
     let threads = cfg.threads.unwrap_or_else(available_cores);
     let per_worker = (threads / n).max(1);
@@ -455,11 +483,11 @@ pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Resu
         let others: Vec<_> = members
             .zip(pools)
             .map(|(comm, pool)| {
-                let (ds, env) = (ds.clone(), &quiet_env);
+                let (be, ds, env) = (be.clone(), ds.clone(), &quiet_env);
                 std::thread::Builder::new()
                     .name(format!("worker-{}", comm.rank()))
                     .spawn_scoped(s, move || {
-                        let r = train_worker(ds, cfg, &comm, Some(pool), env, &mut ());
+                        let r = train_worker_with(be, ds, cfg, &comm, Some(pool), env, &mut ());
                         if let Err(e) = &r {
                             comm.fail(&e.to_string());
                         }
@@ -468,7 +496,7 @@ pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Resu
                     .map_err(|e| ExecError::Invalid(format!("cannot start a worker thread: {e}")))
             })
             .collect::<Result<_>>()?;
-        let first = train_worker(ds.clone(), cfg, &comm0, Some(pool0), env, obs);
+        let first = train_worker_with(be, ds.clone(), cfg, &comm0, Some(pool0), env, obs);
         if let Err(e) = &first {
             comm0.fail(&e.to_string());
         }
@@ -552,11 +580,81 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
     Ok(())
 }
 
-/// Runs one worker of a group: `comm` joins it to the others (a one-member group for a
-/// single-worker run), `pool` is where it computes (`None`: the global rayon pool). Every
-/// worker of the group must be given the same `cfg` (checked first) and a dataset with the
-/// same content. Returns this worker's outcome; see [`TrainOutcome`].
+/// Refuses what runs on the CPU backend only for now when `be` is another backend (its
+/// [`Backend::name`] is not `"cpu"`), with an [`ExecError::Invalid`] naming the option:
+///
+/// - more than one worker (`--workers N`, or an MPI group of several ranks): workers would
+///   share one device, and their all-reduce and standby paths go through host copies that
+///   have only been checked on the CPU;
+/// - `--strategy factored` and `hybrid`: their sampler and trainer roles exchange parameters
+///   and gradients as CPU tensors ([`crate::factored`] is written for the CPU backend);
+/// - `--strategy split`: it needs several workers.
+///
+/// Everything else (single and data-parallel with one worker, caches, `--cache-ratio auto`,
+/// `--fuse-input`, `--resume` and checkpoints) runs on any backend. `Ok` for the CPU backend.
+pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
+    if be.name() == "cpu" {
+        return Ok(());
+    }
+    let cpu_only = |option: String| {
+        Err(ExecError::Invalid(format!(
+            "{option} runs on --device cpu only for now (this run computes on {})",
+            be.name()
+        )))
+    };
+    if cfg.workers > 1 {
+        return cpu_only(format!("--workers {}", cfg.workers));
+    }
+    match cfg.strategy_kind() {
+        StrategyKind::Single | StrategyKind::DataParallel => Ok(()),
+        s @ (StrategyKind::Factored | StrategyKind::Hybrid | StrategyKind::Split) => {
+            cpu_only(format!("--strategy {}", s.name()))
+        }
+    }
+}
+
+/// `x` as a `U` when it is one, else `x` back: how generic code hands a `Trainer<B>` or a
+/// `Model<B>` to the parts that take the CPU backend's, when `B` is [`CpuBackend`].
+fn as_type<T: 'static, U: 'static>(x: T) -> std::result::Result<U, T> {
+    let any: Box<dyn Any> = Box::new(x);
+    match any.downcast::<U>() {
+        Ok(u) => Ok(*u),
+        Err(any) => Err(*any.downcast::<T>().expect("the value boxed above")),
+    }
+}
+
+/// `model` on the CPU backend with exactly its parameter values: the model itself when it is
+/// already there, else a copy through checkpoint serialisation (every parameter downloaded;
+/// gradients and cached activations are not copied).
+fn into_cpu_model<B: Backend>(model: Model<B>) -> Result<Model<CpuBackend>> {
+    match as_type::<_, Model<CpuBackend>>(model) {
+        Ok(cpu) => Ok(cpu),
+        Err(model) => Ok(io::from_bytes(CpuBackend, &io::to_bytes(&model)?)?),
+    }
+}
+
+/// Runs one worker of a group on the CPU backend: `comm` joins it to the others (a one-member
+/// group for a single-worker run), `pool` is where it computes (`None`: the global rayon
+/// pool). Every worker of the group must be given the same `cfg` (checked first) and a
+/// dataset with the same content. Returns this worker's outcome; see [`TrainOutcome`]. Same
+/// as `train_worker_with(CpuBackend, ..)`.
 pub fn train_worker(
+    ds: Arc<Dataset>,
+    cfg: &TrainConfig,
+    comm: &dyn Comm,
+    pool: Option<Arc<rayon::ThreadPool>>,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
+    train_worker_with(CpuBackend, ds, cfg, comm, pool, env, obs)
+}
+
+/// [`train_worker`] computing on `be` (see [`train_with_backend`]): the model, optimiser,
+/// trial batch and evaluation run on `be`, `pool` holds the host threads that drive it. A
+/// backend other than the CPU is refused what [`check_backend`] names (a group of more than
+/// one worker among them).
+pub fn train_worker_with<B: Backend>(
+    be: B,
     ds: Arc<Dataset>,
     cfg: &TrainConfig,
     comm: &dyn Comm,
@@ -579,6 +677,7 @@ pub fn train_worker(
         )));
     }
     cfg.validate()?;
+    check_backend(&be, &cfg)?;
     if workers > 1 && cfg.strategy_kind() == StrategyKind::Single {
         return Err(ExecError::Invalid(format!(
             "{workers} workers were started for --strategy single; use --strategy data-parallel"
@@ -606,9 +705,8 @@ pub fn train_worker(
             .model
     };
     model_cfg.validate()?;
-    let be = CpuBackend;
-    let model = Model::new(be, model_cfg.clone())?;
-    let opt = Adam::new(be, cfg.lr.unwrap_or(0.003)).with_weight_decay(cfg.weight_decay);
+    let model = Model::new(be.clone(), model_cfg.clone())?;
+    let opt = Adam::new(be.clone(), cfg.lr.unwrap_or(0.003)).with_weight_decay(cfg.weight_decay);
     let resume = match env.resume {
         None => None,
         Some(_) if cfg.strategy_kind().is_factored() => {
@@ -621,7 +719,7 @@ pub fn train_worker(
             let shapes: Vec<(String, (usize, usize))> = model
                 .named_params()
                 .into_iter()
-                .map(|(n, p)| (n, (p.value.rows(), p.value.cols())))
+                .map(|(n, p)| (n, be.shape(&p.value)))
                 .collect();
             let per_param = opt.state_per_param();
             let n = ds.num_nodes();
@@ -639,6 +737,13 @@ pub fn train_worker(
         Some(d) => d.display().to_string(),
     };
     if cfg.strategy_kind().is_factored() {
+        // Factored roles compute on the CPU backend: `check_backend` refused any other.
+        let trainer = as_type::<_, Trainer<CpuBackend>>(trainer).map_err(|_| {
+            ExecError::Invalid(format!(
+                "--strategy {} runs on --device cpu only for now",
+                cfg.strategy_kind().name()
+            ))
+        })?;
         let summary = run_summary(&cfg, &ds, &model_cfg, trainer.model().num_params(), "");
         let run = crate::factored::FactoredRun {
             ds,
@@ -698,12 +803,16 @@ pub fn train_worker(
     };
     let (valid, test) = eval_pipelines(&ds, &sampler, &pcfg, batch_size, plan.eval_plan)?;
 
+    let mut described = plan.describe(workers, threads);
+    if be.name() != "cpu" {
+        described.push_str(&format!("; computing on {}", be.name()));
+    }
     obs.note(&run_summary(
         &cfg,
         &ds,
         &model_cfg,
         trainer.model().num_params(),
-        &plan.describe(workers, threads),
+        &described,
     ));
     let fit_cfg = FitConfig {
         epochs: cfg.epochs,
@@ -731,7 +840,13 @@ pub fn train_worker(
         let ctl = FitControl {
             cancel: env.cancel,
             resume,
-            rates: crate::floor::machine_rates(cfg.threads.unwrap_or_else(available_cores)),
+            // The floors are the CPU's GEMM rate and copy bandwidth: meaningless for another
+            // backend's steps, so they are neither measured nor reported there.
+            rates: if be.name() == "cpu" {
+                crate::floor::machine_rates(cfg.threads.unwrap_or_else(available_cores))
+            } else {
+                None
+            },
             on_epoch: if env.checkpoint.is_some() {
                 Some(&mut hook)
             } else {
@@ -772,7 +887,8 @@ pub fn train_worker(
     Ok(TrainOutcome {
         config: cfg,
         metrics,
-        model: trainer.into_model(),
+        model: into_cpu_model(trainer.into_model())?,
+        backend: be.name(),
         rank,
         workers,
         comm: comm.kind(),
@@ -851,13 +967,13 @@ fn model_fanouts(cfg: &TrainConfig) -> Vec<u32> {
 /// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
 /// summary line for the user.
 #[allow(clippy::type_complexity)]
-pub(crate) fn build_cache(
+pub(crate) fn build_cache<B: Backend>(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,
     sampler: &Arc<dyn Sampler>,
     plan: &WorkerPlan,
     pcfg: &PipelineConfig,
-    trainer: &mut Trainer<CpuBackend>,
+    trainer: &mut Trainer<B>,
     env: &RunEnv,
 ) -> Result<(
     Box<dyn fanout_cache::Extractor>,
@@ -1010,13 +1126,13 @@ pub(crate) fn build_cache(
 }
 
 /// PaGraph's cache sizing: one trial step measures the peak, the cache gets what is left.
-fn auto_size(
+fn auto_size<B: Backend>(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,
     sampler: &Arc<dyn Sampler>,
     plan: &WorkerPlan,
     pcfg: &PipelineConfig,
-    trainer: &mut Trainer<CpuBackend>,
+    trainer: &mut Trainer<B>,
     env: &RunEnv,
 ) -> Result<(usize, TrialMemory, AutoSize)> {
     let probe = env.probe.ok_or_else(|| {

@@ -342,6 +342,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         config: cfg,
         metrics,
         model: trainer.into_model(),
+        backend: "cpu",
         rank,
         workers: n,
         comm: comm.kind(),

@@ -1,0 +1,437 @@
+//! The run layer over a backend other than the CPU: `train_with_backend` with a backend that
+//! delegates every kernel to the CPU backend but is not named "cpu" trains the CPU's model
+//! bit for bit (so nothing of the run silently stays on `CpuBackend` or takes a CPU-only
+//! path), and the options that run on the CPU only are refused with a clear error.
+
+use fanout_compute::{
+    io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock, CrossEntropy,
+    DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
+};
+use fanout_exec::{
+    train, train_with_backend, CacheSpec, MemoryProbe, RunEnv, StrategyKind, TrainConfig,
+    TrainOutcome,
+};
+use fanout_graph::Dataset;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod common;
+use common::saved_tiny;
+
+/// A backend that is the CPU backend under another name: every method, provided ones
+/// included, delegates to the inner [`CpuBackend`].
+#[derive(Clone, Copy, Debug)]
+struct Named(CpuBackend);
+
+/// Calls of [`Named`]'s optimiser update and accuracy kernels (training and evaluation went
+/// through it), all tests together.
+static NAMED_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+impl Backend for Named {
+    type Tensor = Tensor;
+    type Block = CpuBlock;
+
+    fn name(&self) -> &'static str {
+        "named"
+    }
+    fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.0.on_compute_threads(f)
+    }
+    fn upload(&self, host: &Tensor) -> Tensor {
+        self.0.upload(host)
+    }
+    fn upload_owned(&self, host: Tensor) -> Tensor {
+        self.0.upload_owned(host)
+    }
+    fn download(&self, t: &Tensor) -> Tensor {
+        self.0.download(t)
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> Tensor {
+        self.0.zeros(rows, cols)
+    }
+    fn shape(&self, t: &Tensor) -> (usize, usize) {
+        self.0.shape(t)
+    }
+    fn fill_zero(&self, t: &mut Tensor) {
+        self.0.fill_zero(t)
+    }
+    fn prepare_block(&self, block: &BlockRef<'_>) -> fanout_compute::Result<CpuBlock> {
+        self.0.prepare_block(block)
+    }
+    fn block_dims(&self, block: &CpuBlock) -> BlockDims {
+        self.0.block_dims(block)
+    }
+    fn gemm(
+        &self,
+        alpha: f32,
+        a: &Tensor,
+        trans_a: bool,
+        b: &Tensor,
+        trans_b: bool,
+        beta: f32,
+        c: &mut Tensor,
+    ) {
+        self.0.gemm(alpha, a, trans_a, b, trans_b, beta, c)
+    }
+    fn acc_at_b_shared(&self, g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
+        self.0.acc_at_b_shared(g, pairs)
+    }
+    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
+        self.0.matmul(a, trans_a, b, trans_b)
+    }
+    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
+        self.0.add_bias(x, bias)
+    }
+    fn sum_rows(&self, x: &Tensor) -> Tensor {
+        self.0.sum_rows(x)
+    }
+    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) {
+        self.0.axpy(alpha, x, y)
+    }
+    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
+        self.0.axpy_prefix(alpha, x, y, rows)
+    }
+    fn prefix_rows(&self, x: &Tensor, rows: usize) -> Tensor {
+        self.0.prefix_rows(x, rows)
+    }
+    fn scale(&self, x: &mut Tensor, alpha: f32) {
+        self.0.scale(x, alpha)
+    }
+    fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
+        self.0.mul(a, b)
+    }
+    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+        self.0.mul_sum_rows(a, b)
+    }
+    fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
+        self.0.dot(a, b)
+    }
+    fn relu(&self, x: &Tensor) -> Tensor {
+        self.0.relu(x)
+    }
+    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> Tensor {
+        self.0.relu_backward(grad, out)
+    }
+    fn leaky_relu(&self, x: &Tensor, slope: f32) -> Tensor {
+        self.0.leaky_relu(x, slope)
+    }
+    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
+        self.0.leaky_relu_backward(grad, x, slope)
+    }
+    fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
+        self.0.dropout(x, p, key, row_ids)
+    }
+    fn epilogue(
+        &self,
+        x: &mut Tensor,
+        bias: Option<&Tensor>,
+        relu: bool,
+        dropout: Option<DropoutSpec<'_>>,
+        keep: bool,
+    ) -> Option<Tensor> {
+        self.0.epilogue(x, bias, relu, dropout, keep)
+    }
+    fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
+        self.0.l2_normalize_rows(x)
+    }
+    fn l2_normalize_rows_backward(&self, grad: &Tensor, y: &Tensor, norms: &Tensor) -> Tensor {
+        self.0.l2_normalize_rows_backward(grad, y, norms)
+    }
+    fn head_dot(&self, x: &Tensor, a: &Tensor) -> Tensor {
+        self.0.head_dot(x, a)
+    }
+    fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
+        self.0.head_dot_backward(grad, x, a)
+    }
+    fn head_dot_backward_acc(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        a: &Tensor,
+        acc: &mut Tensor,
+    ) -> Tensor {
+        self.0.head_dot_backward_acc(grad, x, a, acc)
+    }
+    fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
+        self.0.head_mean(x, heads)
+    }
+    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> Tensor {
+        self.0.head_mean_backward(grad, heads)
+    }
+    fn edge_coefficients(&self, block: &CpuBlock, agg: Aggregation) -> Option<Tensor> {
+        self.0.edge_coefficients(block, agg)
+    }
+    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
+        self.0.spmm(block, coeff, x)
+    }
+    fn spmm_backward_x(&self, block: &CpuBlock, coeff: Option<&Tensor>, grad: &Tensor) -> Tensor {
+        self.0.spmm_backward_x(block, coeff, grad)
+    }
+    fn spmm_backward_coeff(
+        &self,
+        block: &CpuBlock,
+        grad: &Tensor,
+        x: &Tensor,
+        heads: usize,
+    ) -> Tensor {
+        self.0.spmm_backward_coeff(block, grad, x, heads)
+    }
+    fn spmm_backward(
+        &self,
+        block: &CpuBlock,
+        coeff: &Tensor,
+        grad: &Tensor,
+        x: &Tensor,
+    ) -> (Tensor, Tensor) {
+        self.0.spmm_backward(block, coeff, grad, x)
+    }
+    fn aggregate(&self, block: &CpuBlock, x: &Tensor, agg: Aggregation) -> Tensor {
+        self.0.aggregate(block, x, agg)
+    }
+    fn aggregate_backward(&self, block: &CpuBlock, grad: &Tensor, agg: Aggregation) -> Tensor {
+        self.0.aggregate_backward(block, grad, agg)
+    }
+    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
+        self.0.u_add_v(block, el, er)
+    }
+    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+        self.0.edge_sum_to_src(block, e)
+    }
+    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+        self.0.edge_sum_to_dst(block, e)
+    }
+    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> Tensor {
+        self.0.edge_softmax(block, scores)
+    }
+    fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
+        self.0.edge_softmax_backward(block, a, grad)
+    }
+    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
+        self.0.gather_rows(x, idx)
+    }
+    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
+        self.0.scatter_add_rows(y, idx, x)
+    }
+    fn softmax_cross_entropy(
+        &self,
+        logits: &Tensor,
+        labels: &[i64],
+    ) -> fanout_compute::Result<CrossEntropy<Tensor>> {
+        self.0.softmax_cross_entropy(logits, labels)
+    }
+    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
+        NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.accuracy(logits, labels)
+    }
+    fn adam_update(
+        &self,
+        value: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamUpdate,
+    ) {
+        NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.adam_update(value, grad, m, v, hp)
+    }
+    fn sgd_update(&self, value: &mut Tensor, grad: &Tensor, buf: &mut Tensor, hp: &SgdUpdate) {
+        self.0.sgd_update(value, grad, buf, hp)
+    }
+}
+
+/// A memory probe with fixed figures, so that `--cache-ratio auto` runs its trial batch.
+struct FixedProbe;
+
+impl MemoryProbe for FixedProbe {
+    fn name(&self) -> String {
+        "fixed".into()
+    }
+    fn available(&self) -> Result<u64, String> {
+        Ok(1 << 30)
+    }
+    fn reset_peak(&self) -> u64 {
+        0
+    }
+    fn peak(&self) -> u64 {
+        1 << 20
+    }
+}
+
+fn config(ds: &Dataset, model: ModelKind) -> TrainConfig {
+    TrainConfig {
+        dataset: Some(ds.dir.clone()),
+        model,
+        fanouts: Some(vec![4, 3]),
+        batch_size: Some(40),
+        hidden: Some(32),
+        epochs: 3,
+        lr: Some(0.01),
+        dropout: 0.5,
+        threads: Some(2),
+        seed: 5,
+        ..TrainConfig::default()
+    }
+}
+
+/// Every parameter's bits, in `named_params` order.
+fn param_bits(m: &Model<CpuBackend>) -> Vec<(String, Vec<u32>)> {
+    m.named_params()
+        .into_iter()
+        .map(|(n, p)| (n, p.value.data().iter().map(|v| v.to_bits()).collect()))
+        .collect()
+}
+
+/// Bit-identical training: the same losses and accuracies every epoch, the same best model.
+fn assert_identical(a: &TrainOutcome, b: &TrainOutcome, what: &str) {
+    assert_eq!(a.metrics.epochs.len(), b.metrics.epochs.len(), "{what}");
+    for (x, y) in a.metrics.epochs.iter().zip(&b.metrics.epochs) {
+        assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "{what}: loss");
+        assert_eq!(x.train_acc.to_bits(), y.train_acc.to_bits(), "{what}");
+        assert_eq!(
+            x.val_acc.map(f64::to_bits),
+            y.val_acc.map(f64::to_bits),
+            "{what}"
+        );
+        assert_eq!(
+            x.test_acc.map(f64::to_bits),
+            y.test_acc.map(f64::to_bits),
+            "{what}"
+        );
+        assert_eq!((x.batches, x.seeds), (y.batches, y.seeds), "{what}");
+    }
+    assert_eq!(a.metrics.test_acc.to_bits(), b.metrics.test_acc.to_bits());
+    assert_eq!(
+        a.metrics.best_val_acc.to_bits(),
+        b.metrics.best_val_acc.to_bits()
+    );
+    assert_eq!(a.metrics.best_epoch, b.metrics.best_epoch, "{what}");
+    assert_eq!(a.model.config(), b.model.config(), "{what}");
+    assert!(
+        param_bits(&a.model) == param_bits(&b.model),
+        "{what}: parameters differ"
+    );
+}
+
+#[test]
+fn another_backend_trains_the_cpu_model_bit_for_bit() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    let probe = FixedProbe;
+    let auto_env = RunEnv {
+        probe: Some(&probe),
+        ..RunEnv::default()
+    };
+    let cached = TrainConfig {
+        cache: CacheSpec {
+            policy: "degree".into(),
+            ratio: "auto".into(),
+            ..CacheSpec::default()
+        },
+        ..config(&ds, ModelKind::Sage)
+    };
+    let fused = TrainConfig {
+        fuse_input: true,
+        ..config(&ds, ModelKind::Gcn)
+    };
+    let cases = [
+        ("sage", config(&ds, ModelKind::Sage), &env),
+        ("gat", config(&ds, ModelKind::Gat), &env),
+        ("gcn, fused input", fused, &env),
+        ("sage, auto-sized cache", cached, &auto_env),
+    ];
+    for (what, cfg, env) in cases {
+        let cpu = train(&cfg, env, &mut ()).unwrap();
+        let before = NAMED_CALLS.load(Ordering::Relaxed);
+        let named = train_with_backend(Named(CpuBackend), &cfg, env, &mut ()).unwrap();
+        assert!(
+            NAMED_CALLS.load(Ordering::Relaxed) > before,
+            "{what}: not run on Named"
+        );
+        assert_identical(&named, &cpu, what);
+        assert_eq!((cpu.backend, named.backend), ("cpu", "named"));
+        let (rc, rn) = (cpu.report(), named.report());
+        assert_eq!(
+            (rc["backend"].as_str(), rn["backend"].as_str()),
+            (Some("cpu"), Some("named"))
+        );
+        assert_eq!(rc["cache"], rn["cache"], "{what}: the cache built");
+        // The CPU's floors are not reported for another backend's steps.
+        assert!(rc["machine_rates"].is_object() && rn["machine_rates"].is_null());
+    }
+}
+
+#[test]
+fn another_backend_checkpoints_and_resumes_like_the_cpu() {
+    let (_dir, ds) = saved_tiny(800);
+    let t = tempfile::tempdir().unwrap();
+    let (ckpt, saved) = (t.path().join("ckpt.safetensors"), t.path().join("model.st"));
+    let cfg = config(&ds, ModelKind::Sage);
+    let cpu = train(&cfg, &RunEnv::default(), &mut ()).unwrap();
+    // Two epochs with a checkpoint after each, then the third resumed from it.
+    let first = TrainConfig {
+        epochs: 2,
+        ..cfg.clone()
+    };
+    let env = RunEnv {
+        checkpoint: Some(&ckpt),
+        ..RunEnv::default()
+    };
+    train_with_backend(Named(CpuBackend), &first, &env, &mut ()).unwrap();
+    let env = RunEnv {
+        resume: Some(&ckpt),
+        ..RunEnv::default()
+    };
+    let resumed = train_with_backend(Named(CpuBackend), &cfg, &env, &mut ()).unwrap();
+    assert_eq!(resumed.metrics.epochs.len(), 1);
+    assert_eq!(
+        resumed.metrics.epochs[0].loss.to_bits(),
+        cpu.metrics.epochs[2].loss.to_bits()
+    );
+    assert_eq!(
+        resumed.metrics.test_acc.to_bits(),
+        cpu.metrics.test_acc.to_bits()
+    );
+    assert!(param_bits(&resumed.model) == param_bits(&cpu.model));
+    // The outcome's model saves as the CPU run's does.
+    resumed.save_model(&saved).unwrap();
+    let loaded = io::load(CpuBackend, &saved).unwrap();
+    assert!(param_bits(&loaded) == param_bits(&cpu.model));
+}
+
+#[test]
+fn another_backend_refuses_what_runs_on_the_cpu_only() {
+    let (_dir, ds) = saved_tiny(400);
+    let base = config(&ds, ModelKind::Sage);
+    let refused = |cfg: TrainConfig| -> String {
+        match train_with_backend(Named(CpuBackend), &cfg, &RunEnv::default(), &mut ()) {
+            Ok(_) => panic!("{cfg:?} ran on another backend"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = refused(TrainConfig {
+        workers: 2,
+        ..base.clone()
+    });
+    assert!(
+        e.contains("--workers 2 runs on --device cpu only for now"),
+        "{e}"
+    );
+    for s in [
+        StrategyKind::Factored,
+        StrategyKind::Hybrid,
+        StrategyKind::Split,
+    ] {
+        let e = refused(TrainConfig {
+            strategy: Some(s),
+            ..base.clone()
+        });
+        let want = format!("--strategy {} runs on --device cpu only for now", s.name());
+        assert!(e.contains(&want), "{e}");
+    }
+    // A one-worker data-parallel run is allowed.
+    let dp = TrainConfig {
+        strategy: Some(StrategyKind::DataParallel),
+        epochs: 1,
+        ..base
+    };
+    train_with_backend(Named(CpuBackend), &dp, &RunEnv::default(), &mut ()).unwrap();
+}
