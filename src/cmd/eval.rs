@@ -35,8 +35,8 @@ pub struct EvalArgs {
     /// Where the features are read from (as `fanout train --feature-residency`).
     #[arg(long, value_enum, default_value = "auto")]
     pub feature_residency: ResidencyArg,
-    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
-    /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
+    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. Evaluation runs on the CPU only
+    /// for now, so cuda stops with an error.
     #[arg(long, default_value = "cpu")]
     pub device: fanout_cuda::DeviceSpec,
 }
@@ -54,7 +54,15 @@ pub enum SplitArg {
 
 /// Runs `fanout eval`: a thin shell over [`fanout_exec::evaluate_checkpoint`].
 pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
-    let _device = crate::cmd::device::open_for_compute(a.device)?;
+    if !matches!(
+        crate::cmd::device::open_for_compute(a.device)?,
+        crate::cmd::device::Compute::Cpu
+    ) {
+        return Err(format!(
+            "--device {}: fanout eval computes on --device cpu only for now",
+            a.device
+        ));
+    }
     if let Some(t) = a.threads {
         if t == 0 {
             return Err("--threads must be at least 1".into());

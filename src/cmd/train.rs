@@ -2,6 +2,7 @@
 //! optional config file) become a [`TrainConfig`], progress is drawn on the terminal, and rank
 //! 0 writes the metrics JSON and the checkpoint.
 
+use crate::cmd::device::Compute;
 use crate::cmd::residency::ResidencyArg;
 use crate::cmd::sampler_args::SamplerArgs;
 use crate::memory::HostHeap;
@@ -164,7 +165,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub queue_depth: Option<usize>,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
-    /// `--features cuda`; its compute path is not implemented yet, so cuda stops with an error.
+    /// `--features cuda` and the NVIDIA driver, NVRTC and cuBLAS libraries at run time; the
+    /// model computes on the GPU, sampling and feature extraction stay on the CPU for now.
     #[arg(long, default_value = "cpu")]
     pub device: fanout_cuda::DeviceSpec,
 }
@@ -380,10 +382,16 @@ pub fn run(
     quiet: bool,
     cancel: Option<&fanout_graph::Cancel>,
 ) -> Result<(), String> {
-    let _device = crate::cmd::device::open_for_compute(a.device)?;
+    let compute = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
     if fanout_comm::launched_by_mpi() {
+        if !matches!(compute, Compute::Cpu) {
+            return Err(format!(
+                "--device {}: runs under mpirun compute on --device cpu only for now",
+                a.device
+            ));
+        }
         // Validated by each rank once the launcher's rank count is known.
         return crate::cmd::mpi::train(a, &cfg, quiet);
     }
@@ -404,7 +412,12 @@ pub fn run(
         resume: a.resume.as_deref(),
     };
     let mut obs = observer(&cfg, quiet);
-    let out = fanout_exec::train(&cfg, &env, &mut obs).map_err(|e| e.to_string())?;
+    let out = match compute {
+        Compute::Cpu => fanout_exec::train(&cfg, &env, &mut obs),
+        #[cfg(feature = "cuda")]
+        Compute::Cuda(be) => fanout_exec::train_with_backend(be, &cfg, &env, &mut obs),
+    }
+    .map_err(|e| e.to_string())?;
     finish(a, &out)
 }
 

@@ -16,6 +16,15 @@ use std::sync::Arc;
 /// Runs driver call(s) `f`, mapping a driver error or a panic inside the bindings to
 /// [`Error::Driver`] named after `call`.
 fn guarded<T>(call: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, Error> {
+    guarded_any(call, f)
+}
+
+/// [`guarded`] for any library whose errors display (NVRTC, cuBLAS, or a message): its error
+/// or a panic inside the bindings (a missing library or symbol) becomes [`Error::Driver`].
+pub(crate) fn guarded_any<T, E: std::fmt::Display>(
+    call: &'static str,
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, Error> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(Error::Driver {

@@ -22,12 +22,16 @@ mod error;
 mod spec;
 
 #[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
 mod cuda;
 
 pub use device::{open, Device, DeviceInfo, DeviceKind};
 pub use error::Error;
 pub use spec::{DeviceSpec, ParseDeviceError};
 
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CudaBlock, CudaTensor};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_count, driver_present, CudaDevice, PinnedBuffer, Stream};
 

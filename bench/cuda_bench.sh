@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The CUDA benchmark of issue 21, run on the GPU machine (GUIDE §5) from the repository root.
+# That machine has no Rust toolchain: build here first, carrying the binaries in one ignored
+# folder (default .gpu/):
+#
+#   cargo build --release --features cuda && cargo build --release --features cuda -p fanout-cuda --example cuda_kernels
+#   mkdir -p .gpu && cp target/release/fanout target/release/examples/cuda_kernels .gpu/
+#
+# then, there: `bash bench/cuda_bench.sh` (environment: GPU_DIR=.gpu, OUT=directory for the
+# metrics JSON, NODES=vertices of the products preset (default: the preset's own small scale;
+# 2449029 is ogbn-products' size), EPOCHS=3, THREADS=CPU threads of the CPU runs (default: all
+# cores), MODELS="gcn sage" (gcn runs 15,10,5; any other model 10,25)).
+#
+# What it runs, each case on --device cuda and on --device cpu of the same machine, in turn:
+# products preset, GCN 15,10,5 and SAGE 10,25, batch 8000, hidden 256 (the settings of issue 21).
+# It prints, per case and device, the median epoch and its sample / extract / train split (the
+# stages overlap: the epoch is about the slowest stage, not their sum), seeds per second, the
+# final loss and test accuracy; then the graph kernels against the device's copy rate
+# (examples/cuda_kernels.rs).
+#
+# What it does not measure yet: sampling and feature extraction run on the CPU in this version
+# (the GPU trains), so there is no GPU SEPS, no extraction GB/s and no torch.index_select
+# comparison; PyTorch Geometric's NeighborLoader needs pyg-lib or torch-sparse, which the GPU
+# machine's image does not have.
+set -euo pipefail
+GPU_DIR=${GPU_DIR:-.gpu}
+OUT=${OUT:-/tmp/cuda-bench}
+EPOCHS=${EPOCHS:-3}
+THREADS=${THREADS:-$(nproc)}
+MODELS=${MODELS:-gcn sage}
+BIN=$GPU_DIR/fanout
+mkdir -p "$OUT"
+
+# The CUDA libraries fanout loads at run time (libnvrtc, libcublas) may sit outside the default
+# search path on that machine (the CUDA toolkit's lib64, or the pip wheels of PyTorch).
+for lib in libnvrtc.so libcublas.so; do
+  if ! ldconfig -p | grep -q "$lib"; then
+    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
+    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+done
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+nvidia-smi -L || true
+
+DATA=$OUT/products
+if [ ! -f "$DATA/meta.txt" ]; then
+  echo "writing the products preset (${NODES:-default} vertices)" >&2
+  "$BIN" --quiet dataset gen --preset products ${NODES:+--nodes "$NODES"} "$DATA" > /dev/null
+fi
+
+run() { # name device model fanouts
+  "$BIN" --quiet train --dataset "$DATA" --device "$2" --model "$3" --fanouts "$4" \
+    --batch-size 8000 --hidden 256 --epochs "$EPOCHS" --threads "$THREADS" \
+    --metrics-out "$OUT/$1-$2.json" > /dev/null
+}
+fanouts_of() { case $1 in gcn) echo 15,10,5 ;; *) echo 10,25 ;; esac; }
+for model in $MODELS; do
+  for dev in cuda cpu; do
+    echo "[$model $dev]" >&2; run "$model" "$dev" "$model" "$(fanouts_of "$model")"
+  done
+done
+
+python3 - "$OUT" "$MODELS" <<'PY'
+import json, sys, statistics as st
+out, models = sys.argv[1], sys.argv[2].split()
+print("| model | device | epoch s | sample s | extract s | train s | seeds/s | loss (last epoch) | test acc |")
+print("|---|---|---|---|---|---|---|---|---|")
+for model in models:
+    for dev in ("cuda", "cpu"):
+        try:
+            j = json.load(open(f"{out}/{model}-{dev}.json"))
+        except (OSError, ValueError) as e:
+            print(f"| {model} | {dev} | missing ({e}) |")
+            continue
+        later = j["epochs"][1:] or j["epochs"]
+        med = lambda k: st.median(e[k] for e in later)
+        seeds = st.median(e["seeds"] / e["wall_s"] for e in later)
+        print(f"| {model} | {dev} | {j['median_epoch_s']:.3f} | {med('sample_s'):.3f} | {med('extract_s'):.3f} | "
+              f"{med('train_s'):.3f} | {seeds:,.0f} | {j['epochs'][-1]['loss']:.4f} | {j['test_acc']:.4f} |")
+PY
+
+if [ -x "$GPU_DIR/cuda_kernels" ]; then
+  "$GPU_DIR/cuda_kernels"
+fi

@@ -1,0 +1,143 @@
+//! Times the CUDA backend's graph kernels against the device's copy bandwidth and the CPU
+//! backend on the same block (run on a GPU machine):
+//!
+//! `cargo run --release --features cuda -p fanout-cuda --example cuda_kernels [DST FANOUT COLS]`
+//!
+//! The block has DST destinations (default 100,000) with FANOUT (default 10) uniformly drawn
+//! sources each among 5 x DST sources, features COLS (default 256) wide: the input layer of a
+//! GraphSAGE batch. Prints one line per operation: median of 10 timed runs after 2 warm-ups,
+//! the bytes the operation must move at least (gathered source rows read once per edge, output
+//! written once), and the rate that gives; then the device's copy rate (bytes read + written).
+
+use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
+use fanout_cuda::{CudaBackend, CudaDevice};
+use fanout_rand::Rng;
+use std::time::Instant;
+
+fn median_s(mut f: impl FnMut(), sync: &dyn Fn()) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    sync();
+    let mut t: Vec<f64> = (0..10)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            sync();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[5]
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse()
+                .expect("arguments: DST FANOUT COLS (whole numbers)")
+        })
+        .collect();
+    let (dst, fanout, cols) = (
+        *args.first().unwrap_or(&100_000),
+        *args.get(1).unwrap_or(&10),
+        *args.get(2).unwrap_or(&256),
+    );
+    let src = 5 * dst;
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("no GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    let g = CudaBackend::new(&dev).expect("CUDA backend");
+    println!(
+        "device: {} | block: {dst} destinations, {fanout} edges each, {src} sources, {cols} columns",
+        dev.name()
+    );
+    let mut rng = Rng::new(1);
+    let indptr: Vec<u32> = (0..=dst).map(|d| (d * fanout) as u32).collect();
+    let indices: Vec<u32> = (0..dst * fanout)
+        .map(|_| rng.below(src as u64) as u32)
+        .collect();
+    let br = BlockRef {
+        num_dst: dst,
+        num_src: src,
+        indptr: &indptr,
+        indices: &indices,
+        weights: None,
+    };
+    let x = Tensor::from_fn(src, cols, |_, _| rng.next_f32());
+    let gd = Tensor::from_fn(dst, cols, |_, _| rng.next_f32());
+    let (gb, cb) = (
+        g.prepare_block(&br).unwrap(),
+        CpuBackend.prepare_block(&br).unwrap(),
+    );
+    let (gx, ggd) = (g.upload(&x), g.upload(&gd));
+    let _ = g.aggregate_backward(&gb, &ggd, Aggregation::Mean); // builds the transpose once
+    let edges = (dst * fanout) as f64;
+    let row = (cols * 4) as f64;
+    let gsync = || g.synchronize();
+    let nosync = || {};
+    let report = |name: &str, bytes: f64, gpu_s: f64, cpu_s: f64| {
+        println!(
+            "{name:<28} GPU {:>9.3} ms {:>8.1} GB/s | CPU {:>9.3} ms ({:.1}x the GPU's time)",
+            gpu_s * 1e3,
+            bytes / gpu_s / 1e9,
+            cpu_s * 1e3,
+            cpu_s / gpu_s
+        );
+    };
+    let bytes = edges * row + dst as f64 * row;
+    report(
+        "aggregate mean (spmm)",
+        bytes,
+        median_s(|| drop(g.aggregate(&gb, &gx, Aggregation::Mean)), &gsync),
+        median_s(
+            || drop(CpuBackend.aggregate(&cb, &x, Aggregation::Mean)),
+            &nosync,
+        ),
+    );
+    let bytes = edges * row + src as f64 * row;
+    report(
+        "aggregate mean backward",
+        bytes,
+        median_s(
+            || drop(g.aggregate_backward(&gb, &ggd, Aggregation::Mean)),
+            &gsync,
+        ),
+        median_s(
+            || drop(CpuBackend.aggregate_backward(&cb, &gd, Aggregation::Mean)),
+            &nosync,
+        ),
+    );
+    let idx: Vec<u32> = (0..dst).map(|_| rng.below(src as u64) as u32).collect();
+    report(
+        "gather_rows",
+        2.0 * dst as f64 * row,
+        median_s(|| drop(g.gather_rows(&gx, &idx)), &gsync),
+        median_s(|| drop(CpuBackend.gather_rows(&x, &idx)), &nosync),
+    );
+    let w = Tensor::from_fn(cols, cols, |_, _| rng.next_f32());
+    let gw = g.upload(&w);
+    let flops = 2.0 * src as f64 * (cols * cols) as f64;
+    let gs = median_s(|| drop(g.matmul(&gx, false, &gw, false)), &gsync);
+    let cs = median_s(|| drop(CpuBackend.matmul(&x, false, &w, false)), &nosync);
+    println!(
+        "{:<28} GPU {:>9.3} ms {:>8.1} TFLOP/s | CPU {:>9.3} ms ({:.1}x)",
+        "gemm S x C x C (FP32)",
+        gs * 1e3,
+        flops / gs / 1e12,
+        cs * 1e3,
+        cs / gs
+    );
+    let copy = median_s(|| drop(gx.clone()), &gsync);
+    println!(
+        "{:<28} GPU {:>9.3} ms {:>8.1} GB/s (read + written)",
+        "device copy of x",
+        copy * 1e3,
+        2.0 * src as f64 * row / copy / 1e9
+    );
+}

@@ -1,0 +1,464 @@
+// fanout's CUDA kernels: the element-wise, row, graph, loss and optimiser operations of the
+// `Backend` trait (dense products go to cuBLAS). Compiled at run time by NVRTC, once per process
+// and device, with `--fmad=false` so that products and sums round as the CPU backend's do
+// (which never contracts a multiply and an add); where a kernel sums in the same order as the
+// CPU (spmm, per-edge and per-row loops), its result is the CPU's bit for bit.
+//
+// Conventions: tensors are row-major f32; `n` counts elements (64-bit); loops are grid-stride,
+// so any grid size is correct. Blocks (message-flow graphs) are destination-major CSR:
+// `indptr[d]..indptr[d+1]` are the edges into destination d, `indices[e]` the local source of
+// edge e, `edst[e]` its destination; the transposed side lists, per source s,
+// `tptr[s]..tptr[s+1]` with `tdst` (destination) and `teid` (edge id) in edge order.
+
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define GRID_STRIDE(i, n) \
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+// ----- element-wise -----
+
+extern "C" __global__ void add_bias(float* x, const float* b, i64 n, int cols) {
+  GRID_STRIDE(i, n) { x[i] = x[i] + b[i % cols]; }
+}
+
+extern "C" __global__ void axpy(float alpha, const float* x, float* y, i64 n) {
+  GRID_STRIDE(i, n) { y[i] = y[i] + alpha * x[i]; }
+}
+
+extern "C" __global__ void scale(float* x, float alpha, i64 n) {
+  GRID_STRIDE(i, n) { x[i] = alpha * x[i]; }
+}
+
+extern "C" __global__ void mul(const float* a, const float* b, float* out, i64 n) {
+  GRID_STRIDE(i, n) { out[i] = a[i] * b[i]; }
+}
+
+extern "C" __global__ void relu(const float* x, float* out, i64 n) {
+  GRID_STRIDE(i, n) { out[i] = fmaxf(x[i], 0.0f); }
+}
+
+extern "C" __global__ void relu_backward(const float* g, const float* out, float* o, i64 n) {
+  GRID_STRIDE(i, n) { o[i] = out[i] > 0.0f ? g[i] : 0.0f; }
+}
+
+extern "C" __global__ void leaky_relu(const float* x, float* out, float slope, i64 n) {
+  GRID_STRIDE(i, n) {
+    float v = x[i];
+    out[i] = v > 0.0f ? v : slope * v;
+  }
+}
+
+extern "C" __global__ void leaky_relu_backward(const float* g, const float* x, float* out,
+                                               float slope, i64 n) {
+  GRID_STRIDE(i, n) { out[i] = x[i] > 0.0f ? g[i] : slope * g[i]; }
+}
+
+// ----- dropout and the fused epilogue -----
+
+// C. Wellons' lowbias32, as fanout_rand::lowbias32.
+__device__ __forceinline__ u32 lowbias32(u32 v) {
+  v ^= v >> 16;
+  v *= 0x7feb352du;
+  v ^= v >> 15;
+  v *= 0x846ca68bu;
+  return v ^ (v >> 16);
+}
+
+// The mask value of element (r, c): `keep` or 0. `seeds[r]` is mix_keys([key, id]) of row r.
+__device__ __forceinline__ float drop_mask(const u64* seeds, i64 r, int c, u32 thr, float keep) {
+  u64 s = seeds[r];
+  u32 lo = (u32)s, hi = (u32)(s >> 32);
+  u32 d = lowbias32(lowbias32(lo + (u32)c) ^ hi);
+  return keep * (float)(d >= thr ? 1u : 0u);
+}
+
+extern "C" __global__ void dropout(const float* x, const u64* seeds, u32 thr, float keep,
+                                   float* out, float* mask, i64 n, int cols) {
+  GRID_STRIDE(i, n) {
+    float m = drop_mask(seeds, i / cols, (int)(i % cols), thr, keep);
+    mask[i] = m;
+    out[i] = x[i] * m;
+  }
+}
+
+// x <- drop(act(x + bias)); factor (when not null) gets the gradient factor. `bias` and
+// `seeds` may be null (no bias, no dropout).
+extern "C" __global__ void epilogue(float* x, const float* bias, int relu_on, const u64* seeds,
+                                    u32 thr, float keep, float* factor, i64 n, int cols) {
+  GRID_STRIDE(i, n) {
+    int c = (int)(i % cols);
+    float z = bias ? x[i] + bias[c] : x[i];
+    float a = relu_on ? fmaxf(z, 0.0f) : z;
+    float m = seeds ? drop_mask(seeds, i / cols, c, thr, keep) : 1.0f;
+    x[i] = seeds ? a * m : a;
+    if (factor) factor[i] = (!relu_on || z > 0.0f) ? m : 0.0f;
+  }
+}
+
+// ----- reductions -----
+
+// Column sums of a rows x cols matrix in chunks of `chunk` rows: out[k * cols + c] is the sum
+// of rows k*chunk .. (k+1)*chunk of column c. Applied until one row is left.
+extern "C" __global__ void col_sum_chunks(const float* x, float* out, i64 rows, int cols,
+                                          int chunk) {
+  i64 chunks = (rows + chunk - 1) / chunk;
+  GRID_STRIDE(i, chunks * cols) {
+    i64 k = i / cols;
+    int c = (int)(i % cols);
+    i64 end = (k + 1) * chunk < rows ? (k + 1) * chunk : rows;
+    float s = 0.0f;
+    for (i64 r = k * chunk; r < end; r++) s += x[r * cols + c];
+    out[i] = s;
+  }
+}
+
+// Per-block partial sums of a[i] * b[i] in double; `partial` has gridDim.x entries (blockDim.x
+// must be 256). The host adds the partials in order.
+extern "C" __global__ void dot_partials(const float* a, const float* b, double* partial, i64 n) {
+  __shared__ double buf[256];
+  double s = 0.0;
+  GRID_STRIDE(i, n) { s += (double)a[i] * (double)b[i]; }
+  buf[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (threadIdx.x < w) buf[threadIdx.x] += buf[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = buf[0];
+}
+
+// ----- rows: L2 normalisation (one warp per row) -----
+
+extern "C" __global__ void l2_norms(const float* x, float* norms, i64 rows, int cols) {
+  i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+  for (i64 r = warp; r < rows; r += warps) {
+    double s = 0.0;
+    for (int c = lane; c < cols; c += 32) {
+      double v = (double)x[r * cols + c];
+      s += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) norms[r] = s > 0.0 ? (float)sqrt(s) : 1.0f;
+  }
+}
+
+extern "C" __global__ void div_rows(const float* x, const float* norms, float* y, i64 n,
+                                    int cols) {
+  GRID_STRIDE(i, n) {
+    float inv = 1.0f / norms[i / cols];
+    y[i] = x[i] * inv;
+  }
+}
+
+extern "C" __global__ void l2_backward(const float* g, const float* y, const float* norms,
+                                       float* out, i64 rows, int cols) {
+  i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x % 32;
+  i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+  for (i64 r = warp; r < rows; r += warps) {
+    float p = 0.0f;
+    for (int c = lane; c < cols; c += 32) p += g[r * cols + c] * y[r * cols + c];
+    for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+    float inv = 1.0f / norms[r];
+    for (int c = lane; c < cols; c += 32) {
+      i64 i = r * cols + c;
+      out[i] = (g[i] - y[i] * p) * inv;
+    }
+  }
+}
+
+// ----- heads -----
+
+// out[n, h] = sum_f x[n, h*F + f] * a[h, f]
+extern "C" __global__ void head_dot(const float* x, const float* a, float* out, i64 rows,
+                                    int heads, int f) {
+  GRID_STRIDE(i, rows * heads) {
+    i64 r = i / heads;
+    int h = (int)(i % heads);
+    const float* xr = x + r * heads * f + h * f;
+    const float* ar = a + h * f;
+    float s = 0.0f;
+    for (int k = 0; k < f; k++) s += xr[k] * ar[k];
+    out[i] = s;
+  }
+}
+
+// out[n, j] = g[n, j / F] * v[j] where v is `x` (per-row, `v_row_stride` = cols) or `a`
+// (shared, stride 0); with `acc`, adds into out instead of writing.
+extern "C" __global__ void head_scale(const float* g, const float* v, i64 v_row_stride,
+                                      float* out, i64 rows, int heads, int f, int acc) {
+  i64 cols = (i64)heads * f;
+  GRID_STRIDE(i, rows * cols) {
+    i64 r = i / cols;
+    int j = (int)(i % cols);
+    float p = g[r * heads + j / f] * v[r * v_row_stride + j];
+    out[i] = acc ? out[i] + p : p;
+  }
+}
+
+extern "C" __global__ void head_mean(const float* x, float* out, i64 rows, int heads, int f,
+                                     float inv) {
+  GRID_STRIDE(i, rows * f) {
+    i64 r = i / f;
+    int k = (int)(i % f);
+    float s = 0.0f;
+    for (int h = 0; h < heads; h++) s = s + inv * x[r * heads * f + h * f + k];
+    out[i] = s;
+  }
+}
+
+extern "C" __global__ void head_mean_backward(const float* g, float* out, i64 rows, int heads,
+                                              int f, float inv) {
+  i64 cols = (i64)heads * f;
+  GRID_STRIDE(i, rows * cols) {
+    i64 r = i / cols;
+    int k = (int)(i % cols) % f;
+    out[i] = g[r * f + k] * inv;
+  }
+}
+
+// ----- blocks -----
+
+extern "C" __global__ void edge_dst(const u32* indptr, u32* edst, i64 dsts) {
+  GRID_STRIDE(d, dsts) {
+    for (u32 e = indptr[d]; e < indptr[d + 1]; e++) edst[e] = (u32)d;
+  }
+}
+
+// counts[s] += number of edges leaving source s (integer atomics: the result is exact).
+extern "C" __global__ void count_sources(const u32* indices, u32* counts, i64 edges) {
+  GRID_STRIDE(e, edges) { atomicAdd(&counts[indices[e]], 1u); }
+}
+
+// kind 0: mean, 1: weighted (w may be null), 2: weighted mean, 3: GCN both (outdeg = edges
+// leaving each source, from count_sources).
+extern "C" __global__ void edge_coefficients(const u32* indptr, const u32* indices,
+                                             const float* w, const u32* outdeg, int kind,
+                                             float* out, i64 dsts) {
+  GRID_STRIDE(d, dsts) {
+    u32 b = indptr[d], e_end = indptr[d + 1];
+    u32 deg = e_end - b;
+    if (kind == 0) {
+      float v = 1.0f / (float)(deg > 0 ? deg : 1);
+      for (u32 e = b; e < e_end; e++) out[e] = v;
+    } else if (kind == 1) {
+      for (u32 e = b; e < e_end; e++) out[e] = w ? w[e] : 1.0f;
+    } else if (kind == 2) {
+      float total = 0.0f;
+      for (u32 e = b; e < e_end; e++) total += w ? w[e] : 1.0f;
+      float denom = fmaxf(total, 1.0f);
+      for (u32 e = b; e < e_end; e++) out[e] = (w ? w[e] : 1.0f) / denom;
+    } else {
+      double din = (double)(deg > 0 ? deg : 1);
+      for (u32 e = b; e < e_end; e++) {
+        u32 s = indices[e];
+        u32 od = outdeg[s];
+        double dout = (double)(od > 0 ? od : 1);
+        out[e] = (float)(1.0 / sqrt(dout * din));
+      }
+    }
+  }
+}
+
+// out[d, j] = sum over edges e into d of coeff[e, j / F] * x[src(e), j] (coeff null = 1).
+extern "C" __global__ void spmm(const u32* indptr, const u32* indices, const float* coeff,
+                                int heads, const float* x, float* out, i64 dsts, int cols) {
+  int f = cols / heads;
+  GRID_STRIDE(i, dsts * cols) {
+    i64 d = i / cols;
+    int j = (int)(i % cols);
+    int h = j / f;
+    float acc = 0.0f;
+    for (u32 e = indptr[d]; e < indptr[d + 1]; e++) {
+      float v = x[(i64)indices[e] * cols + j];
+      acc = acc + (coeff ? coeff[(i64)e * heads + h] * v : v);
+    }
+    out[i] = acc;
+  }
+}
+
+// dx[s, j] = sum over edges e out of s (edge order) of coeff[e, j / F] * g[dst(e), j].
+extern "C" __global__ void spmm_t(const u32* tptr, const u32* tdst, const u32* teid,
+                                  const float* coeff, int heads, const float* g, float* out,
+                                  i64 srcs, int cols) {
+  int f = cols / heads;
+  GRID_STRIDE(i, srcs * cols) {
+    i64 s = i / cols;
+    int j = (int)(i % cols);
+    int h = j / f;
+    float acc = 0.0f;
+    for (u32 k = tptr[s]; k < tptr[s + 1]; k++) {
+      float v = g[(i64)tdst[k] * cols + j];
+      acc = acc + (coeff ? coeff[(i64)teid[k] * heads + h] * v : v);
+    }
+    out[i] = acc;
+  }
+}
+
+// dcoeff[e, h] = <g[dst(e), head h], x[src(e), head h]>.
+extern "C" __global__ void spmm_coeff_grad(const u32* indices, const u32* edst, const float* g,
+                                           const float* x, float* out, i64 edges, int heads,
+                                           int f) {
+  i64 cols = (i64)heads * f;
+  GRID_STRIDE(i, edges * heads) {
+    i64 e = i / heads;
+    int h = (int)(i % heads);
+    const float* gr = g + (i64)edst[e] * cols + h * f;
+    const float* xr = x + (i64)indices[e] * cols + h * f;
+    float s = 0.0f;
+    for (int k = 0; k < f; k++) s += gr[k] * xr[k];
+    out[i] = s;
+  }
+}
+
+extern "C" __global__ void u_add_v(const u32* indices, const u32* edst, const float* el,
+                                   const float* er, float* out, i64 edges, int heads) {
+  GRID_STRIDE(i, edges * heads) {
+    i64 e = i / heads;
+    int h = (int)(i % heads);
+    out[i] = el[(i64)indices[e] * heads + h] + er[(i64)edst[e] * heads + h];
+  }
+}
+
+extern "C" __global__ void edge_sum_to_dst(const u32* indptr, const float* x, float* out,
+                                           i64 dsts, int heads) {
+  GRID_STRIDE(i, dsts * heads) {
+    i64 d = i / heads;
+    int h = (int)(i % heads);
+    float s = 0.0f;
+    for (u32 e = indptr[d]; e < indptr[d + 1]; e++) s += x[(i64)e * heads + h];
+    out[i] = s;
+  }
+}
+
+extern "C" __global__ void edge_sum_to_src(const u32* tptr, const u32* teid, const float* x,
+                                           float* out, i64 srcs, int heads) {
+  GRID_STRIDE(i, srcs * heads) {
+    i64 s = i / heads;
+    int h = (int)(i % heads);
+    float acc = 0.0f;
+    for (u32 k = tptr[s]; k < tptr[s + 1]; k++) acc += x[(i64)teid[k] * heads + h];
+    out[i] = acc;
+  }
+}
+
+extern "C" __global__ void edge_softmax(const u32* indptr, const float* s, float* out, i64 dsts,
+                                        int heads) {
+  GRID_STRIDE(i, dsts * heads) {
+    i64 d = i / heads;
+    int h = (int)(i % heads);
+    u32 b = indptr[d], end = indptr[d + 1];
+    float m = -__int_as_float(0x7f800000);
+    for (u32 e = b; e < end; e++) m = fmaxf(m, s[(i64)e * heads + h]);
+    float total = 0.0f;
+    for (u32 e = b; e < end; e++) {
+      float v = expf(s[(i64)e * heads + h] - m);
+      out[(i64)e * heads + h] = v;
+      total += v;
+    }
+    for (u32 e = b; e < end; e++) out[(i64)e * heads + h] /= total;
+  }
+}
+
+extern "C" __global__ void edge_softmax_backward(const u32* indptr, const float* a,
+                                                 const float* g, float* out, i64 dsts,
+                                                 int heads) {
+  GRID_STRIDE(i, dsts * heads) {
+    i64 d = i / heads;
+    int h = (int)(i % heads);
+    u32 b = indptr[d], end = indptr[d + 1];
+    float s = 0.0f;
+    for (u32 e = b; e < end; e++) s += a[(i64)e * heads + h] * g[(i64)e * heads + h];
+    for (u32 e = b; e < end; e++) {
+      i64 k = (i64)e * heads + h;
+      out[k] = a[k] * (g[k] - s);
+    }
+  }
+}
+
+// ----- row gathers and scatters -----
+
+extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* out, i64 n,
+                                       int cols) {
+  GRID_STRIDE(i, n * cols) {
+    i64 r = i / cols;
+    int c = (int)(i % cols);
+    out[i] = x[(i64)idx[r] * cols + c];
+  }
+}
+
+// y[target[g], :] += sum of x[members[k], :] for k in gptr[g]..gptr[g+1], in that order.
+extern "C" __global__ void scatter_add_groups(const u32* target, const u32* gptr,
+                                              const u32* members, const float* x, float* y,
+                                              i64 groups, int cols) {
+  GRID_STRIDE(i, groups * cols) {
+    i64 g = i / cols;
+    int c = (int)(i % cols);
+    float acc = y[(i64)target[g] * cols + c];
+    for (u32 k = gptr[g]; k < gptr[g + 1]; k++) acc = acc + x[(i64)members[k] * cols + c];
+    y[(i64)target[g] * cols + c] = acc;
+  }
+}
+
+// ----- loss and metrics (one thread per row) -----
+
+extern "C" __global__ void softmax_xent(const float* x, const int* labels, float inv,
+                                        float* grad, double* row_loss, i64 rows, int classes) {
+  GRID_STRIDE(r, rows) {
+    const float* xr = x + r * classes;
+    float* g = grad + r * classes;
+    int y = labels[r];
+    if (y < 0) {
+      row_loss[r] = 0.0;
+      for (int c = 0; c < classes; c++) g[c] = 0.0f;
+      continue;
+    }
+    float m = -__int_as_float(0x7f800000);
+    for (int c = 0; c < classes; c++) m = fmaxf(m, xr[c]);
+    double sum = 0.0;
+    for (int c = 0; c < classes; c++) sum += exp((double)(xr[c] - m));
+    double lse = (double)m + log(sum);
+    row_loss[r] = lse - (double)xr[y];
+    for (int c = 0; c < classes; c++) g[c] = (float)exp((double)xr[c] - lse) * inv;
+    g[y] -= inv;
+  }
+}
+
+extern "C" __global__ void argmax_hits(const float* x, const int* labels, int* hit, i64 rows,
+                                       int classes) {
+  GRID_STRIDE(r, rows) {
+    const float* xr = x + r * classes;
+    int best = 0;
+    for (int c = 1; c < classes; c++)
+      if (xr[c] > xr[best]) best = c;
+    hit[r] = labels[r] >= 0 && best == labels[r];
+  }
+}
+
+// ----- optimisers (PyTorch semantics, as the CPU backend) -----
+
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, float b1, float b2,
+                                float eps, float wd, float step_size, float inv_sqrt_bc2, i64 n) {
+  GRID_STRIDE(i, n) {
+    float gi = g[i] + wd * p[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (sqrtf(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+
+extern "C" __global__ void sgd(float* p, const float* g, float lr, float wd, i64 n) {
+  GRID_STRIDE(i, n) { p[i] -= lr * (g[i] + wd * p[i]); }
+}
+
+extern "C" __global__ void sgd_momentum(float* p, const float* g, float* buf, float lr, float mu,
+                                        float wd, i64 n) {
+  GRID_STRIDE(i, n) {
+    buf[i] = mu * buf[i] + g[i] + wd * p[i];
+    p[i] -= lr * buf[i];
+  }
+}

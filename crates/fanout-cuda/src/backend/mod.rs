@@ -1,0 +1,220 @@
+//! The CUDA compute backend (feature `cuda`): `fanout_compute::Backend` on one GPU.
+//!
+//! Tensors live in device memory ([`CudaTensor`]); dense products go to cuBLAS (FP32, no TF32),
+//! everything else to the CUDA C kernels of `kernels.cu`, compiled with NVRTC once per process
+//! and device. All work is queued on one stream, in order; host values (`download`, `dot`, the
+//! loss, accuracy counts) wait for it.
+//!
+//! The `Backend` trait is infallible: a device error inside a kernel call (out of memory, a
+//! failed launch) panics with a message naming the call and the driver's error; opening the
+//! backend and preparing blocks return errors.
+
+mod block;
+pub(crate) mod kernels;
+mod ops;
+
+pub use block::CudaBlock;
+
+use crate::{CudaDevice, Error};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use fanout_compute::Tensor;
+use kernels::Kernels;
+use std::fmt;
+use std::sync::Arc;
+
+/// `fanout_compute::Backend` on one CUDA device.
+///
+/// Guarantees: every operation gives the values the trait documents; element-wise, row, graph
+/// and optimiser kernels round as the CPU backend does (no fused multiply-add) and sum in the
+/// same order where the CPU sums sequentially, so most results equal the CPU's bit for bit;
+/// matrix products (cuBLAS) and column sums sum in another order and agree to rounding.
+/// Results are deterministic (no atomics: gradients flowing to sources use the block's
+/// transpose). Clones share the device, stream and kernels.
+#[derive(Clone)]
+pub struct CudaBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    stream: Arc<CudaStream>,
+    kernels: Arc<Kernels>,
+    blas: CudaBlas,
+    index: u32,
+    name: String,
+}
+
+impl fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CudaBackend(cuda:{} {})",
+            self.inner.index, self.inner.name
+        )
+    }
+}
+
+impl CudaBackend {
+    /// The backend on `device`: its default stream, a cuBLAS handle and the kernels (compiled
+    /// on first use in this process). Errors: NVRTC or cuBLAS cannot be loaded (their
+    /// libraries, `libnvrtc.so` and `libcublas.so`, must be on the library path), or the
+    /// kernels do not compile or load.
+    pub fn new(device: &CudaDevice) -> Result<Self, Error> {
+        let ctx = device.context();
+        keep_freed_memory(ctx)?;
+        let kernels = kernels::kernels_for(ctx)?;
+        let stream = ctx.default_stream();
+        let blas = crate::cuda::guarded_any("cublasCreate", || CudaBlas::new(stream.clone()))?;
+        Ok(CudaBackend {
+            inner: Arc::new(Inner {
+                stream,
+                kernels,
+                blas,
+                index: device.index(),
+                name: device.name().to_string(),
+            }),
+        })
+    }
+
+    /// The device index (`N` of `cuda:N`).
+    pub fn index(&self) -> u32 {
+        self.inner.index
+    }
+
+    /// Blocks until all queued work has finished (for timing).
+    pub fn synchronize(&self) {
+        if let Err(e) = self.inner.stream.synchronize() {
+            device_failed("cuStreamSynchronize", e);
+        }
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// `len` zeroed device elements (at least one is allocated: the driver refuses empty
+    /// allocations).
+    pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> CudaSlice<T> {
+        self.stream()
+            .alloc_zeros(len.max(1))
+            .unwrap_or_else(|e| device_failed("cuMemAlloc", e))
+    }
+
+    /// A device copy of `host` (one element more than nothing when empty).
+    pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(&self, host: &[T]) -> CudaSlice<T> {
+        if host.is_empty() {
+            return self.alloc(0);
+        }
+        self.stream()
+            .clone_htod(host)
+            .unwrap_or_else(|e| device_failed("cuMemcpyHtoD", e))
+    }
+
+    /// The first `len` elements of `dev`, copied to the host (waits for queued work).
+    pub(crate) fn to_host<T: DeviceRepr + Default + Clone>(
+        &self,
+        dev: &CudaSlice<T>,
+        len: usize,
+    ) -> Vec<T> {
+        if len == 0 {
+            return Vec::new();
+        }
+        self.stream()
+            .clone_dtoh(&dev.slice(0..len))
+            .unwrap_or_else(|e| device_failed("cuMemcpyDtoH", e))
+    }
+
+    /// The device address of `s` (for optional kernel arguments, passed as `u64`; 0 = null).
+    /// Safe to pass to a kernel on this backend's one stream while `s` lives: frees are
+    /// ordered on the same stream.
+    pub(crate) fn addr<T>(&self, s: Option<&CudaSlice<T>>) -> u64 {
+        s.map_or(0, |s| s.device_ptr(self.stream()).0)
+    }
+}
+
+/// Makes the device's default memory pool keep the memory that is freed (as PyTorch's caching
+/// allocator does) instead of handing it back to the driver at every synchronisation: every
+/// kernel call allocates its output, and re-mapping freed memory at each training step costs
+/// more than the kernels. Nothing to do on a device without stream-ordered allocation.
+fn keep_freed_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<(), Error> {
+    use cudarc::driver::{result, sys};
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    crate::cuda::guarded_any("cuMemPoolSetAttribute(release threshold)", || {
+        let mut keep: u64 = u64::MAX;
+        // SAFETY: the device handle comes from a live context; the attribute takes a u64.
+        unsafe {
+            let pool = result::device::get_default_mem_pool(ctx.cu_device())?;
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+        }
+    })
+}
+
+/// A row-major `f32` matrix in device memory.
+///
+/// Guarantees: the buffer holds at least `rows * cols` elements (at least one: empty tensors
+/// keep a one-element buffer); element `(r, c)` is at `r * cols + c`. Cloning copies on the
+/// device.
+#[derive(Clone)]
+pub struct CudaTensor {
+    rows: usize,
+    cols: usize,
+    data: CudaSlice<f32>,
+}
+
+impl CudaTensor {
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaTensor({} x {})", self.rows, self.cols)
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn new_tensor(&self, rows: usize, cols: usize) -> CudaTensor {
+        CudaTensor {
+            rows,
+            cols,
+            data: self.alloc(rows * cols),
+        }
+    }
+
+    pub(crate) fn tensor_from_host(&self, host: &Tensor) -> CudaTensor {
+        CudaTensor {
+            rows: host.rows(),
+            cols: host.cols(),
+            data: self.to_device(host.data()),
+        }
+    }
+
+    pub(crate) fn tensor_to_host(&self, t: &CudaTensor) -> Tensor {
+        Tensor::new(t.rows, t.cols, self.to_host(&t.data, t.len()))
+    }
+}
+
+/// Panics with a message naming the CUDA call that failed and the driver's error: the trait's
+/// methods cannot return device errors (see the module documentation).
+#[track_caller]
+pub(crate) fn device_failed(call: &str, e: impl fmt::Display) -> ! {
+    panic!("CUDA {call} failed: {e}")
+}

@@ -1,0 +1,986 @@
+//! `impl Backend for CudaBackend`: shape checks on the host, the work in `kernels.cu` or cuBLAS.
+
+use super::block::CudaBlock;
+use super::kernels::{launch, THREADS};
+use super::{device_failed, CudaBackend, CudaTensor};
+use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use fanout_compute::{
+    AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, ComputeError, CrossEntropy, DropoutSpec,
+    Result, SgdUpdate, Tensor,
+};
+
+/// Rows summed per thread and pass by the column-sum kernel.
+const COL_SUM_CHUNK: usize = 32;
+/// Blocks of the f64 dot product's partial sums (a fixed grid: the result does not depend on
+/// the size of the device).
+const DOT_BLOCKS: usize = 256;
+
+fn same_shape(what: &str, a: &CudaTensor, b: &CudaTensor) {
+    assert_eq!(a.shape(), b.shape(), "{what}: shapes differ");
+}
+
+fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
+    assert!(
+        heads > 0 && cols.is_multiple_of(heads),
+        "{what}: {cols} columns do not split into {heads} heads"
+    );
+    cols / heads
+}
+
+/// The dropout threshold and scale of the CPU backend (`p` in `[0, 1)`).
+fn dropout_params(p: f32) -> (u32, f32) {
+    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
+    (thr, 1.0 / (1.0 - p))
+}
+
+impl CudaBackend {
+    /// The per-row dropout seeds `mix_keys([key, id])` (id = the row's vertex id, or its index).
+    fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> Vec<u64> {
+        if let Some(ids) = row_ids {
+            assert!(
+                ids.len() >= rows,
+                "dropout: {} row ids for {rows} rows",
+                ids.len()
+            );
+        }
+        (0..rows)
+            .map(|r| {
+                let id = row_ids.map_or(r as u64, |ids| ids[r] as u64);
+                fanout_rand::mix_keys(&[key, id])
+            })
+            .collect()
+    }
+
+    /// Column sums (`1 x cols`) by passes of [`COL_SUM_CHUNK`] rows.
+    fn col_sums(&self, x: &CudaTensor) -> CudaTensor {
+        let (mut rows, cols) = x.shape();
+        let mut cur: Option<CudaTensor> = None;
+        loop {
+            let src = cur.as_ref().unwrap_or(x);
+            let chunks = rows.div_ceil(COL_SUM_CHUNK).max(1);
+            let out = self.new_tensor(chunks, cols);
+            let (r64, c32, ch) = (rows as i64, cols as i32, COL_SUM_CHUNK as i32);
+            let mut o = out;
+            launch!(
+                self.inner,
+                "col_sum_chunks",
+                chunks * cols,
+                [&src.data, &mut o.data, &r64, &c32, &ch]
+            );
+            rows = chunks;
+            cur = Some(o);
+            if rows == 1 {
+                return cur.expect("set above");
+            }
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Block = CudaBlock;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    // ----- memory -----
+
+    fn upload(&self, host: &Tensor) -> CudaTensor {
+        self.tensor_from_host(host)
+    }
+    fn download(&self, t: &CudaTensor) -> Tensor {
+        self.tensor_to_host(t)
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> CudaTensor {
+        self.new_tensor(rows, cols)
+    }
+    fn shape(&self, t: &CudaTensor) -> (usize, usize) {
+        t.shape()
+    }
+    fn fill_zero(&self, t: &mut CudaTensor) {
+        if let Err(e) = self.stream().memset_zeros(&mut t.data) {
+            device_failed("cuMemsetD8", e);
+        }
+    }
+    fn prepare_block(&self, block: &BlockRef<'_>) -> Result<CudaBlock> {
+        block.validate()?;
+        Ok(self.upload_block(block))
+    }
+    fn block_dims(&self, block: &CudaBlock) -> BlockDims {
+        block.0.dims
+    }
+
+    // ----- dense -----
+
+    fn gemm(
+        &self,
+        alpha: f32,
+        a: &CudaTensor,
+        trans_a: bool,
+        b: &CudaTensor,
+        trans_b: bool,
+        beta: f32,
+        c: &mut CudaTensor,
+    ) {
+        let (m, k) = if trans_a {
+            (a.cols, a.rows)
+        } else {
+            (a.rows, a.cols)
+        };
+        let (kb, n) = if trans_b {
+            (b.cols, b.rows)
+        } else {
+            (b.rows, b.cols)
+        };
+        assert_eq!(k, kb, "gemm: inner dimensions {k} and {kb} differ");
+        assert_eq!(
+            c.shape(),
+            (m, n),
+            "gemm: C is {:?}, expected {:?}",
+            c.shape(),
+            (m, n)
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            if beta == 0.0 {
+                self.fill_zero(c);
+            } else {
+                self.scale(c, beta);
+            }
+            return;
+        }
+        // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B's
+        // buffer first (leading dimension = B's row length) and A's second.
+        let op = |t| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let cfg = GemmConfig {
+            transa: op(trans_b),
+            transb: op(trans_a),
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha,
+            lda: b.cols.max(1) as i32,
+            ldb: a.cols.max(1) as i32,
+            beta,
+            ldc: n as i32,
+        };
+        // SAFETY: the shapes above make every matrix cuBLAS reads or writes lie inside the
+        // buffers (lda/ldb/ldc are the row lengths of the row-major operands).
+        if let Err(e) = unsafe { self.inner.blas.gemm(cfg, &b.data, &a.data, &mut c.data) } {
+            device_failed("cublasSgemm", e);
+        }
+    }
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) {
+        assert_eq!(bias.shape(), (1, x.cols), "add_bias: bias shape");
+        let (n, cols) = (x.len() as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "add_bias",
+            x.len(),
+            [&mut x.data, &bias.data, &n, &cols]
+        );
+    }
+    fn sum_rows(&self, x: &CudaTensor) -> CudaTensor {
+        if x.rows == 0 {
+            return self.new_tensor(1, x.cols);
+        }
+        self.col_sums(x)
+    }
+    fn axpy(&self, alpha: f32, x: &CudaTensor, y: &mut CudaTensor) {
+        same_shape("axpy", x, y);
+        let n = x.len() as i64;
+        launch!(
+            self.inner,
+            "axpy",
+            x.len(),
+            [&alpha, &x.data, &mut y.data, &n]
+        );
+    }
+    fn axpy_prefix(&self, alpha: f32, x: &CudaTensor, y: &mut CudaTensor, rows: usize) {
+        assert_eq!(x.cols, y.cols, "axpy_prefix: column counts differ");
+        assert!(
+            x.rows >= rows && y.rows >= rows,
+            "axpy_prefix: {rows} rows asked of {} and {}",
+            x.rows,
+            y.rows
+        );
+        let n = rows * x.cols;
+        let n64 = n as i64;
+        launch!(self.inner, "axpy", n, [&alpha, &x.data, &mut y.data, &n64]);
+    }
+    fn prefix_rows(&self, x: &CudaTensor, rows: usize) -> CudaTensor {
+        assert!(rows <= x.rows, "prefix_rows: {rows} of {} rows", x.rows);
+        let mut out = self.new_tensor(rows, x.cols);
+        let n = rows * x.cols;
+        if n > 0 {
+            let src = x.data.slice(0..n);
+            let mut dst = out.data.slice_mut(0..n);
+            if let Err(e) = self.stream().memcpy_dtod(&src, &mut dst) {
+                device_failed("cuMemcpyDtoD", e);
+            }
+        }
+        out
+    }
+    fn scale(&self, x: &mut CudaTensor, alpha: f32) {
+        let n = x.len() as i64;
+        launch!(self.inner, "scale", x.len(), [&mut x.data, &alpha, &n]);
+    }
+    fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
+        same_shape("mul", a, b);
+        let mut out = self.new_tensor(a.rows, a.cols);
+        let n = a.len() as i64;
+        launch!(
+            self.inner,
+            "mul",
+            a.len(),
+            [&a.data, &b.data, &mut out.data, &n]
+        );
+        out
+    }
+    fn mul_sum_rows(&self, a: &CudaTensor, b: &CudaTensor) -> (CudaTensor, CudaTensor) {
+        let p = self.mul(a, b);
+        let s = self.sum_rows(&p);
+        (p, s)
+    }
+    fn dot(&self, a: &CudaTensor, b: &CudaTensor) -> f64 {
+        same_shape("dot", a, b);
+        let mut partial = self.alloc::<f64>(DOT_BLOCKS);
+        let n = a.len() as i64;
+        let cfg = LaunchConfig {
+            grid_dim: (DOT_BLOCKS as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let func = self.inner.kernels.get("dot_partials");
+        let mut l = self.stream().launch_builder(func);
+        l.arg(&a.data).arg(&b.data).arg(&mut partial).arg(&n);
+        // SAFETY: dot_partials(const float*, const float*, double*, i64) with DOT_BLOCKS
+        // partials and blocks of THREADS (= 256, the kernel's shared buffer) threads.
+        if let Err(e) = unsafe { l.launch(cfg) } {
+            device_failed("launch dot_partials", e);
+        }
+        self.to_host(&partial, DOT_BLOCKS).iter().sum()
+    }
+    fn relu(&self, x: &CudaTensor) -> CudaTensor {
+        let mut out = self.new_tensor(x.rows, x.cols);
+        let n = x.len() as i64;
+        launch!(self.inner, "relu", x.len(), [&x.data, &mut out.data, &n]);
+        out
+    }
+    fn relu_backward(&self, grad: &CudaTensor, out: &CudaTensor) -> CudaTensor {
+        same_shape("relu_backward", grad, out);
+        let mut o = self.new_tensor(grad.rows, grad.cols);
+        let n = grad.len() as i64;
+        launch!(
+            self.inner,
+            "relu_backward",
+            grad.len(),
+            [&grad.data, &out.data, &mut o.data, &n]
+        );
+        o
+    }
+    fn leaky_relu(&self, x: &CudaTensor, slope: f32) -> CudaTensor {
+        let mut o = self.new_tensor(x.rows, x.cols);
+        let n = x.len() as i64;
+        launch!(
+            self.inner,
+            "leaky_relu",
+            x.len(),
+            [&x.data, &mut o.data, &slope, &n]
+        );
+        o
+    }
+    fn leaky_relu_backward(&self, grad: &CudaTensor, x: &CudaTensor, slope: f32) -> CudaTensor {
+        same_shape("leaky_relu_backward", grad, x);
+        let mut o = self.new_tensor(x.rows, x.cols);
+        let n = x.len() as i64;
+        launch!(
+            self.inner,
+            "leaky_relu_backward",
+            x.len(),
+            [&grad.data, &x.data, &mut o.data, &slope, &n]
+        );
+        o
+    }
+    fn dropout(
+        &self,
+        x: &CudaTensor,
+        p: f32,
+        key: u64,
+        row_ids: Option<&[u32]>,
+    ) -> (CudaTensor, CudaTensor) {
+        let (thr, keep) = dropout_params(p);
+        let seeds = self.to_device(&self.dropout_seeds(x.rows, key, row_ids));
+        let mut out = self.new_tensor(x.rows, x.cols);
+        let mut mask = self.new_tensor(x.rows, x.cols);
+        let (n, cols) = (x.len() as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "dropout",
+            x.len(),
+            [
+                &x.data,
+                &seeds,
+                &thr,
+                &keep,
+                &mut out.data,
+                &mut mask.data,
+                &n,
+                &cols
+            ]
+        );
+        (out, mask)
+    }
+    fn epilogue(
+        &self,
+        x: &mut CudaTensor,
+        bias: Option<&CudaTensor>,
+        relu: bool,
+        dropout: Option<DropoutSpec<'_>>,
+        keep: bool,
+    ) -> Option<CudaTensor> {
+        if let Some(b) = bias {
+            assert_eq!(b.shape(), (1, x.cols), "epilogue: bias shape");
+        }
+        let (thr, scale) = dropout.map_or((0, 1.0), |d| dropout_params(d.p));
+        let seeds = dropout.map(|d| self.to_device(&self.dropout_seeds(x.rows, d.key, d.row_ids)));
+        let mut factor =
+            (keep && (relu || dropout.is_some())).then(|| self.new_tensor(x.rows, x.cols));
+        let bias_addr = self.addr(bias.map(|b| &b.data));
+        let seeds_addr = self.addr(seeds.as_ref());
+        let factor_addr = self.addr(factor.as_mut().map(|f| &f.data));
+        let relu_on = relu as i32;
+        let (n, cols) = (x.len() as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "epilogue",
+            x.len(),
+            [
+                &mut x.data,
+                &bias_addr,
+                &relu_on,
+                &seeds_addr,
+                &thr,
+                &scale,
+                &factor_addr,
+                &n,
+                &cols
+            ]
+        );
+        factor
+    }
+    fn l2_normalize_rows(&self, x: &CudaTensor) -> (CudaTensor, CudaTensor) {
+        let mut norms = self.new_tensor(x.rows, 1);
+        let mut y = self.new_tensor(x.rows, x.cols);
+        let (rows, cols, n) = (x.rows as i64, x.cols as i32, x.len() as i64);
+        launch!(
+            self.inner,
+            "l2_norms",
+            x.rows * 32,
+            [&x.data, &mut norms.data, &rows, &cols]
+        );
+        launch!(
+            self.inner,
+            "div_rows",
+            x.len(),
+            [&x.data, &norms.data, &mut y.data, &n, &cols]
+        );
+        (y, norms)
+    }
+    fn l2_normalize_rows_backward(
+        &self,
+        grad: &CudaTensor,
+        y: &CudaTensor,
+        norms: &CudaTensor,
+    ) -> CudaTensor {
+        same_shape("l2_normalize_rows_backward", grad, y);
+        assert_eq!(
+            norms.shape(),
+            (y.rows, 1),
+            "l2_normalize_rows_backward: norms"
+        );
+        let mut out = self.new_tensor(y.rows, y.cols);
+        let (rows, cols) = (y.rows as i64, y.cols as i32);
+        launch!(
+            self.inner,
+            "l2_backward",
+            y.rows * 32,
+            [
+                &grad.data,
+                &y.data,
+                &norms.data,
+                &mut out.data,
+                &rows,
+                &cols
+            ]
+        );
+        out
+    }
+    fn head_dot(&self, x: &CudaTensor, a: &CudaTensor) -> CudaTensor {
+        let (heads, f) = a.shape();
+        assert_eq!(
+            x.cols,
+            heads * f,
+            "head_dot: x has {} columns, a is {heads} x {f}",
+            x.cols
+        );
+        let mut out = self.new_tensor(x.rows, heads);
+        let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
+        launch!(
+            self.inner,
+            "head_dot",
+            x.rows * heads,
+            [&x.data, &a.data, &mut out.data, &rows, &h32, &f32_]
+        );
+        out
+    }
+    fn head_dot_backward(
+        &self,
+        grad: &CudaTensor,
+        x: &CudaTensor,
+        a: &CudaTensor,
+    ) -> (CudaTensor, CudaTensor) {
+        let mut dx = self.new_tensor(x.rows, x.cols);
+        let da = self.head_dot_backward_acc(grad, x, a, &mut dx);
+        (dx, da)
+    }
+    fn head_dot_backward_acc(
+        &self,
+        grad: &CudaTensor,
+        x: &CudaTensor,
+        a: &CudaTensor,
+        acc: &mut CudaTensor,
+    ) -> CudaTensor {
+        let (heads, f) = a.shape();
+        assert_eq!(x.cols, heads * f, "head_dot_backward: x columns");
+        assert_eq!(
+            grad.shape(),
+            (x.rows, heads),
+            "head_dot_backward: grad shape"
+        );
+        assert!(
+            acc.cols == x.cols && acc.rows >= x.rows,
+            "head_dot_backward_acc: acc is {:?} for x {:?}",
+            acc.shape(),
+            x.shape()
+        );
+        let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
+        let n = x.len();
+        // d x[n, j] += g[n, j / F] * a[j] (a shared by every row: stride 0).
+        let (zero_stride, one) = (0i64, 1i32);
+        launch!(
+            self.inner,
+            "head_scale",
+            n,
+            [
+                &grad.data,
+                &a.data,
+                &zero_stride,
+                &mut acc.data,
+                &rows,
+                &h32,
+                &f32_,
+                &one
+            ]
+        );
+        // d a = column sums of g[n, j / F] * x[n, j].
+        let mut prod = self.new_tensor(x.rows, x.cols);
+        let (stride, zero) = (x.cols as i64, 0i32);
+        launch!(
+            self.inner,
+            "head_scale",
+            n,
+            [
+                &grad.data,
+                &x.data,
+                &stride,
+                &mut prod.data,
+                &rows,
+                &h32,
+                &f32_,
+                &zero
+            ]
+        );
+        let mut da = self.sum_rows(&prod);
+        da.rows = heads;
+        da.cols = f;
+        da
+    }
+    fn head_mean(&self, x: &CudaTensor, heads: usize) -> CudaTensor {
+        let f = heads_split(x.cols, heads, "head_mean");
+        let mut out = self.new_tensor(x.rows, f);
+        let inv = 1.0 / heads as f32;
+        let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
+        launch!(
+            self.inner,
+            "head_mean",
+            x.rows * f,
+            [&x.data, &mut out.data, &rows, &h32, &f32_, &inv]
+        );
+        out
+    }
+    fn head_mean_backward(&self, grad: &CudaTensor, heads: usize) -> CudaTensor {
+        assert!(heads > 0, "head_mean_backward: zero heads");
+        let f = grad.cols;
+        let mut out = self.new_tensor(grad.rows, heads * f);
+        let inv = 1.0 / heads as f32;
+        let (rows, h32, f32_) = (grad.rows as i64, heads as i32, f as i32);
+        launch!(
+            self.inner,
+            "head_mean_backward",
+            grad.rows * heads * f,
+            [&grad.data, &mut out.data, &rows, &h32, &f32_, &inv]
+        );
+        out
+    }
+
+    // ----- graph -----
+
+    fn edge_coefficients(&self, block: &CudaBlock, agg: Aggregation) -> Option<CudaTensor> {
+        let kind: i32 = match agg {
+            Aggregation::Sum => return None,
+            Aggregation::Mean => 0,
+            Aggregation::Weighted => 1,
+            Aggregation::WeightedMean => 2,
+            Aggregation::GcnBoth => 3,
+        };
+        let b = &block.0;
+        let outdeg = if kind == 3 {
+            self.addr(Some(self.out_degrees(block)))
+        } else {
+            0
+        };
+        let w = self.addr(b.weights.as_ref());
+        let mut out = self.new_tensor(b.dims.num_edges, 1);
+        let dsts = b.dims.num_dst as i64;
+        launch!(
+            self.inner,
+            "edge_coefficients",
+            b.dims.num_dst,
+            [
+                &b.indptr,
+                &b.indices,
+                &w,
+                &outdeg,
+                &kind,
+                &mut out.data,
+                &dsts
+            ]
+        );
+        Some(out)
+    }
+    fn spmm(&self, block: &CudaBlock, coeff: Option<&CudaTensor>, x: &CudaTensor) -> CudaTensor {
+        let b = &block.0;
+        let heads = coeff.map_or(1, |c| c.cols);
+        if let Some(c) = coeff {
+            assert_eq!(c.rows, b.dims.num_edges, "spmm: coefficient rows != edges");
+        }
+        heads_split(x.cols, heads, "spmm");
+        assert_eq!(x.rows, b.dims.num_src, "spmm: x rows != num_src");
+        let mut out = self.new_tensor(b.dims.num_dst, x.cols);
+        let c = self.addr(coeff.map(|c| &c.data));
+        let (h32, dsts, cols) = (heads as i32, b.dims.num_dst as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "spmm",
+            b.dims.num_dst * x.cols,
+            [
+                &b.indptr,
+                &b.indices,
+                &c,
+                &h32,
+                &x.data,
+                &mut out.data,
+                &dsts,
+                &cols
+            ]
+        );
+        out
+    }
+    fn spmm_backward_x(
+        &self,
+        block: &CudaBlock,
+        coeff: Option<&CudaTensor>,
+        grad: &CudaTensor,
+    ) -> CudaTensor {
+        let dims = block.0.dims;
+        let heads = coeff.map_or(1, |c| c.cols);
+        if let Some(c) = coeff {
+            assert_eq!(c.rows, dims.num_edges, "spmm_backward_x: coefficient rows");
+        }
+        heads_split(grad.cols, heads, "spmm_backward_x");
+        assert_eq!(
+            grad.rows, dims.num_dst,
+            "spmm_backward_x: grad rows != num_dst"
+        );
+        let t = self.transposed(block);
+        let mut out = self.new_tensor(dims.num_src, grad.cols);
+        let c = self.addr(coeff.map(|c| &c.data));
+        let (h32, srcs, cols) = (heads as i32, dims.num_src as i64, grad.cols as i32);
+        launch!(
+            self.inner,
+            "spmm_t",
+            dims.num_src * grad.cols,
+            [
+                &t.ptr,
+                &t.dst,
+                &t.eid,
+                &c,
+                &h32,
+                &grad.data,
+                &mut out.data,
+                &srcs,
+                &cols
+            ]
+        );
+        out
+    }
+    fn spmm_backward_coeff(
+        &self,
+        block: &CudaBlock,
+        grad: &CudaTensor,
+        x: &CudaTensor,
+        heads: usize,
+    ) -> CudaTensor {
+        let b = &block.0;
+        let f = heads_split(x.cols, heads, "spmm_backward_coeff");
+        assert_eq!(
+            grad.shape(),
+            (b.dims.num_dst, x.cols),
+            "spmm_backward_coeff: grad"
+        );
+        assert_eq!(x.rows, b.dims.num_src, "spmm_backward_coeff: x rows");
+        let mut out = self.new_tensor(b.dims.num_edges, heads);
+        let (edges, h32, f32_) = (b.dims.num_edges as i64, heads as i32, f as i32);
+        launch!(
+            self.inner,
+            "spmm_coeff_grad",
+            b.dims.num_edges * heads,
+            [
+                &b.indices,
+                &b.edst,
+                &grad.data,
+                &x.data,
+                &mut out.data,
+                &edges,
+                &h32,
+                &f32_
+            ]
+        );
+        out
+    }
+    fn u_add_v(&self, block: &CudaBlock, el: &CudaTensor, er: &CudaTensor) -> CudaTensor {
+        let b = &block.0;
+        let heads = el.cols;
+        assert_eq!(el.rows, b.dims.num_src, "u_add_v: el rows");
+        assert_eq!(er.shape(), (b.dims.num_dst, heads), "u_add_v: er shape");
+        let mut out = self.new_tensor(b.dims.num_edges, heads);
+        let (edges, h32) = (b.dims.num_edges as i64, heads as i32);
+        launch!(
+            self.inner,
+            "u_add_v",
+            b.dims.num_edges * heads,
+            [
+                &b.indices,
+                &b.edst,
+                &el.data,
+                &er.data,
+                &mut out.data,
+                &edges,
+                &h32
+            ]
+        );
+        out
+    }
+    fn edge_sum_to_src(&self, block: &CudaBlock, e: &CudaTensor) -> CudaTensor {
+        let dims = block.0.dims;
+        assert_eq!(e.rows, dims.num_edges, "edge_sum_to_src: rows != edges");
+        let t = self.transposed(block);
+        let mut out = self.new_tensor(dims.num_src, e.cols);
+        let (srcs, h32) = (dims.num_src as i64, e.cols as i32);
+        launch!(
+            self.inner,
+            "edge_sum_to_src",
+            dims.num_src * e.cols,
+            [&t.ptr, &t.eid, &e.data, &mut out.data, &srcs, &h32]
+        );
+        out
+    }
+    fn edge_sum_to_dst(&self, block: &CudaBlock, e: &CudaTensor) -> CudaTensor {
+        let b = &block.0;
+        assert_eq!(e.rows, b.dims.num_edges, "edge_sum_to_dst: rows != edges");
+        let mut out = self.new_tensor(b.dims.num_dst, e.cols);
+        let (dsts, h32) = (b.dims.num_dst as i64, e.cols as i32);
+        launch!(
+            self.inner,
+            "edge_sum_to_dst",
+            b.dims.num_dst * e.cols,
+            [&b.indptr, &e.data, &mut out.data, &dsts, &h32]
+        );
+        out
+    }
+    fn edge_softmax(&self, block: &CudaBlock, scores: &CudaTensor) -> CudaTensor {
+        let b = &block.0;
+        assert_eq!(
+            scores.rows, b.dims.num_edges,
+            "edge_softmax: rows != num_edges"
+        );
+        let mut out = self.new_tensor(scores.rows, scores.cols);
+        let (dsts, h32) = (b.dims.num_dst as i64, scores.cols as i32);
+        launch!(
+            self.inner,
+            "edge_softmax",
+            b.dims.num_dst * scores.cols,
+            [&b.indptr, &scores.data, &mut out.data, &dsts, &h32]
+        );
+        out
+    }
+    fn edge_softmax_backward(
+        &self,
+        block: &CudaBlock,
+        a: &CudaTensor,
+        grad: &CudaTensor,
+    ) -> CudaTensor {
+        let b = &block.0;
+        assert_eq!(a.rows, b.dims.num_edges, "edge_softmax_backward: a rows");
+        same_shape("edge_softmax_backward", a, grad);
+        let mut out = self.new_tensor(a.rows, a.cols);
+        let (dsts, h32) = (b.dims.num_dst as i64, a.cols as i32);
+        launch!(
+            self.inner,
+            "edge_softmax_backward",
+            b.dims.num_dst * a.cols,
+            [&b.indptr, &a.data, &grad.data, &mut out.data, &dsts, &h32]
+        );
+        out
+    }
+    fn gather_rows(&self, x: &CudaTensor, idx: &[u32]) -> CudaTensor {
+        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= x.rows) {
+            panic!("gather_rows: index {bad} out of range for {} rows", x.rows);
+        }
+        let idx_d = self.to_device(idx);
+        let mut out = self.new_tensor(idx.len(), x.cols);
+        let (n, cols) = (idx.len() as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "gather_rows",
+            idx.len() * x.cols,
+            [&x.data, &idx_d, &mut out.data, &n, &cols]
+        );
+        out
+    }
+    fn scatter_add_rows(&self, y: &mut CudaTensor, idx: &[u32], x: &CudaTensor) {
+        assert_eq!(x.rows, idx.len(), "scatter_add_rows: x rows != indices");
+        assert_eq!(x.cols, y.cols, "scatter_add_rows: column counts differ");
+        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= y.rows) {
+            panic!(
+                "scatter_add_rows: index {bad} out of range for {} rows",
+                y.rows
+            );
+        }
+        // Group the rows by target (a stable sort: each target adds its rows in index order),
+        // so that one thread owns each target element and no atomics are needed.
+        let mut order: Vec<u32> = (0..idx.len() as u32).collect();
+        order.sort_by_key(|&i| idx[i as usize]);
+        let (mut targets, mut gptr) = (Vec::new(), vec![0u32]);
+        for (k, &i) in order.iter().enumerate() {
+            let t = idx[i as usize];
+            if targets.last() != Some(&t) {
+                if k > 0 {
+                    gptr.push(k as u32);
+                }
+                targets.push(t);
+            }
+        }
+        gptr.push(order.len() as u32);
+        if targets.is_empty() {
+            return;
+        }
+        let (t_d, p_d, m_d) = (
+            self.to_device(&targets),
+            self.to_device(&gptr),
+            self.to_device(&order),
+        );
+        let (groups, cols) = (targets.len() as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "scatter_add_groups",
+            targets.len() * x.cols,
+            [&t_d, &p_d, &m_d, &x.data, &mut y.data, &groups, &cols]
+        );
+    }
+
+    // ----- loss and metrics -----
+
+    fn softmax_cross_entropy(
+        &self,
+        logits: &CudaTensor,
+        labels: &[i64],
+    ) -> Result<CrossEntropy<CudaTensor>> {
+        let (rows, classes) = logits.shape();
+        if labels.len() != rows {
+            return Err(ComputeError::shape(
+                "softmax_cross_entropy labels",
+                (rows, 1),
+                (labels.len(), 1),
+            ));
+        }
+        let mut count = 0;
+        for (row, &label) in labels.iter().enumerate() {
+            if label == -1 {
+                continue;
+            }
+            if label < 0 || label as u64 >= classes as u64 {
+                return Err(ComputeError::Label {
+                    row,
+                    label,
+                    classes,
+                });
+            }
+            count += 1;
+        }
+        let mut grad = self.new_tensor(rows, classes);
+        if count == 0 {
+            return Ok(CrossEntropy {
+                loss: 0.0,
+                count,
+                grad,
+            });
+        }
+        let lab: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+        let lab_d = self.to_device(&lab);
+        let mut row_loss = self.alloc::<f64>(rows);
+        let inv = 1.0 / count as f32;
+        let (r64, c32) = (rows as i64, classes as i32);
+        launch!(
+            self.inner,
+            "softmax_xent",
+            rows,
+            [
+                &logits.data,
+                &lab_d,
+                &inv,
+                &mut grad.data,
+                &mut row_loss,
+                &r64,
+                &c32
+            ]
+        );
+        let total: f64 = self.to_host(&row_loss, rows).iter().sum();
+        Ok(CrossEntropy {
+            loss: (total / count as f64) as f32,
+            count,
+            grad,
+        })
+    }
+    fn accuracy(&self, logits: &CudaTensor, labels: &[i64]) -> (usize, usize) {
+        assert_eq!(labels.len(), logits.rows, "accuracy: label count != rows");
+        let labelled = labels.iter().filter(|&&l| l >= 0).count();
+        let lab: Vec<i32> = labels
+            .iter()
+            .map(|&l| i32::try_from(l).unwrap_or(-1))
+            .collect();
+        let lab_d = self.to_device(&lab);
+        let mut hit = self.alloc::<i32>(logits.rows);
+        let (r64, c32) = (logits.rows as i64, logits.cols as i32);
+        launch!(
+            self.inner,
+            "argmax_hits",
+            logits.rows,
+            [&logits.data, &lab_d, &mut hit, &r64, &c32]
+        );
+        let correct = self
+            .to_host(&hit, logits.rows)
+            .iter()
+            .filter(|&&h| h != 0)
+            .count();
+        (correct, labelled)
+    }
+
+    // ----- optimiser updates -----
+
+    fn adam_update(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        m: &mut CudaTensor,
+        v: &mut CudaTensor,
+        hp: &AdamUpdate,
+    ) {
+        let shape = value.shape();
+        assert!(
+            grad.shape() == shape && m.shape() == shape && v.shape() == shape,
+            "adam_update: shapes differ"
+        );
+        assert!(hp.step >= 1, "adam_update: step is 1-based");
+        let t = hp.step.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - (hp.beta1 as f64).powi(t);
+        let bc2 = 1.0 - (hp.beta2 as f64).powi(t);
+        let step_size = (hp.lr as f64 / bc1) as f32;
+        let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+        let n = value.len() as i64;
+        launch!(
+            self.inner,
+            "adam",
+            value.len(),
+            [
+                &mut value.data,
+                &grad.data,
+                &mut m.data,
+                &mut v.data,
+                &hp.beta1,
+                &hp.beta2,
+                &hp.eps,
+                &hp.weight_decay,
+                &step_size,
+                &inv_sqrt_bc2,
+                &n
+            ]
+        );
+    }
+    fn sgd_update(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        buf: &mut CudaTensor,
+        hp: &SgdUpdate,
+    ) {
+        same_shape("sgd_update", value, grad);
+        let n = value.len() as i64;
+        if hp.momentum == 0.0 {
+            launch!(
+                self.inner,
+                "sgd",
+                value.len(),
+                [&mut value.data, &grad.data, &hp.lr, &hp.weight_decay, &n]
+            );
+            return;
+        }
+        same_shape("sgd_update momentum buffer", value, buf);
+        launch!(
+            self.inner,
+            "sgd_momentum",
+            value.len(),
+            [
+                &mut value.data,
+                &grad.data,
+                &mut buf.data,
+                &hp.lr,
+                &hp.momentum,
+                &hp.weight_decay,
+                &n
+            ]
+        );
+    }
+}

@@ -1,0 +1,770 @@
+//! The CUDA backend against the CPU backend on the same inputs: every `Backend` operation on
+//! random tensors and blocks (edgeless destinations, repeated sources, weights), dropout masks
+//! bit for bit, determinism, and whole models (forward, gradients, Adam steps) for every model
+//! kind. Skips itself, printing why, where there is no GPU.
+//!
+//! Each test collects every mismatch before failing, so one run on a GPU reports them all.
+#![cfg(feature = "cuda")]
+
+use fanout_compute::{
+    Adam, AdamUpdate, Aggregation, Backend, BlockRef, CpuBackend, DropoutSpec, Mode, Model,
+    ModelConfig, ModelKind, Optimizer, SgdUpdate, Tensor,
+};
+use fanout_cuda::{CudaBackend, CudaDevice};
+use fanout_rand::Rng;
+
+const CPU: CpuBackend = CpuBackend;
+
+/// The backend on GPU 0, or `None` (printing why) without one.
+fn gpu() -> Option<CudaBackend> {
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: no GPU here ({e})");
+            return None;
+        }
+    };
+    match CudaBackend::new(&dev) {
+        Ok(b) => Some(b),
+        // A GPU is there but the backend cannot start: that is a failure, not a skip.
+        Err(e) => panic!(
+            "GPU 0 opened ({}) but the CUDA backend did not start: {e}",
+            dev.name()
+        ),
+    }
+}
+
+fn rand(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
+    Tensor::from_fn(rows, cols, |_, _| rng.next_f32() * 2.0 - 1.0)
+}
+
+struct Owned {
+    num_dst: usize,
+    num_src: usize,
+    indptr: Vec<u32>,
+    indices: Vec<u32>,
+    weights: Option<Vec<f32>>,
+}
+
+impl Owned {
+    /// Destination 1 has no edge, destination 0 a self edge; repeated sources happen.
+    fn random(num_dst: usize, num_src: usize, max_deg: u64, weighted: bool, rng: &mut Rng) -> Self {
+        let (mut indptr, mut indices) = (vec![0u32], Vec::new());
+        for d in 0..num_dst {
+            let deg = if d == 1 { 0 } else { 1 + rng.below(max_deg) };
+            for k in 0..deg {
+                let s = if d == 0 && k == 0 {
+                    0
+                } else {
+                    rng.below(num_src as u64) as u32
+                };
+                indices.push(s);
+            }
+            indptr.push(indices.len() as u32);
+        }
+        let weights = weighted.then(|| {
+            (0..indices.len())
+                .map(|_| 1.0 + rng.below(4) as f32)
+                .collect()
+        });
+        Owned {
+            num_dst,
+            num_src,
+            indptr,
+            indices,
+            weights,
+        }
+    }
+
+    fn as_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            num_dst: self.num_dst,
+            num_src: self.num_src,
+            indptr: &self.indptr,
+            indices: &self.indices,
+            weights: self.weights.as_deref(),
+        }
+    }
+}
+
+/// Collected mismatches, reported together.
+#[derive(Default)]
+struct Report {
+    failures: Vec<String>,
+    checked: usize,
+    bit_equal: usize,
+}
+
+impl Report {
+    /// `got` (downloaded from the GPU) against `want` (CPU): same shape, every element within
+    /// `tol * max(1, |want|)`, NaN where NaN.
+    fn close(&mut self, what: &str, want: &Tensor, got: &Tensor, tol: f32) {
+        self.checked += 1;
+        if want.shape() != got.shape() {
+            self.failures.push(format!(
+                "{what}: shape {:?} != CPU {:?}",
+                got.shape(),
+                want.shape()
+            ));
+            return;
+        }
+        let mut worst = (0.0f32, 0usize);
+        let mut bits = true;
+        for (i, (&w, &g)) in want.data().iter().zip(got.data()).enumerate() {
+            bits &= w.to_bits() == g.to_bits();
+            let err = if w.is_nan() || g.is_nan() {
+                if w.is_nan() && g.is_nan() {
+                    0.0
+                } else {
+                    f32::INFINITY
+                }
+            } else {
+                (w - g).abs() / w.abs().max(1.0)
+            };
+            if err > worst.0 {
+                worst = (err, i);
+            }
+        }
+        self.bit_equal += bits as usize;
+        if worst.0 > tol {
+            let i = worst.1;
+            self.failures.push(format!(
+                "{what}: element {i} is {} on the GPU, {} on the CPU (relative error {:.3e} > {tol:.0e})",
+                got.data()[i],
+                want.data()[i],
+                worst.0
+            ));
+        }
+    }
+
+    fn same_bits(&mut self, what: &str, want: &Tensor, got: &Tensor) {
+        self.checked += 1;
+        if want != got {
+            self.failures
+                .push(format!("{what}: not bit for bit the CPU's"));
+        } else {
+            self.bit_equal += 1;
+        }
+    }
+
+    fn finish(self, name: &str) {
+        eprintln!(
+            "{name}: {} comparisons, {} bit for bit the CPU's, {} failed",
+            self.checked,
+            self.bit_equal,
+            self.failures.len()
+        );
+        assert!(
+            self.failures.is_empty(),
+            "{name}: {} mismatches:\n{}",
+            self.failures.len(),
+            self.failures.join("\n")
+        );
+    }
+}
+
+const TOL: f32 = 1e-5;
+const GEMM_TOL: f32 = 1e-4;
+
+#[test]
+fn every_operation_matches_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    let mut r = Report::default();
+    let mut rng = Rng::new(7);
+    let up = |t: &Tensor| g.upload(t);
+    let down = |t: &<CudaBackend as Backend>::Tensor| g.download(t);
+
+    // Memory.
+    let x = rand(37, 19, &mut rng);
+    r.same_bits("upload/download", &x, &down(&up(&x)));
+    let mut z = up(&x);
+    g.fill_zero(&mut z);
+    r.same_bits("fill_zero", &Tensor::zeros(37, 19), &down(&z));
+    r.same_bits("zeros", &Tensor::zeros(5, 3), &down(&g.zeros(5, 3)));
+    r.same_bits(
+        "empty",
+        &Tensor::zeros(0, 4),
+        &down(&up(&Tensor::zeros(0, 4))),
+    );
+
+    // Dense products, every transpose, beta 0 and 1, and the degenerate shapes.
+    for &(m, k, n) in &[(1, 1, 1), (33, 17, 9), (128, 300, 64), (5, 0, 3), (0, 4, 2)] {
+        for &(ta, tb) in &[(false, false), (true, false), (false, true), (true, true)] {
+            let a = if ta {
+                rand(k, m, &mut rng)
+            } else {
+                rand(m, k, &mut rng)
+            };
+            let b = if tb {
+                rand(n, k, &mut rng)
+            } else {
+                rand(k, n, &mut rng)
+            };
+            let c0 = rand(m, n, &mut rng);
+            for &beta in &[0.0f32, 1.0] {
+                let mut cc = c0.clone();
+                CPU.gemm(0.5, &a, ta, &b, tb, beta, &mut cc);
+                let mut gc = up(&c0);
+                g.gemm(0.5, &up(&a), ta, &up(&b), tb, beta, &mut gc);
+                r.close(
+                    &format!("gemm {m}x{k}x{n} ta={ta} tb={tb} beta={beta}"),
+                    &cc,
+                    &down(&gc),
+                    GEMM_TOL,
+                );
+            }
+        }
+    }
+    let (a, gr) = (rand(50, 12, &mut rng), rand(50, 7, &mut rng));
+    let (mut c1, mut c2) = (rand(12, 7, &mut rng), rand(12, 7, &mut rng));
+    let (mut d1, mut d2) = (up(&c1), up(&c2));
+    CPU.acc_at_b_shared(&gr, &mut [(&a, &mut c1), (&a, &mut c2)]);
+    let ga = up(&a);
+    g.acc_at_b_shared(&up(&gr), &mut [(&ga, &mut d1), (&ga, &mut d2)]);
+    r.close("acc_at_b_shared 1", &c1, &down(&d1), GEMM_TOL);
+    r.close("acc_at_b_shared 2", &c2, &down(&d2), GEMM_TOL);
+
+    // Element-wise and row operations, on a tensor with zeros and negative values.
+    let mut x = rand(301, 67, &mut rng);
+    x.data_mut()[3] = 0.0;
+    x.data_mut()[4] = -0.0;
+    let y = rand(301, 67, &mut rng);
+    let bias = rand(1, 67, &mut rng);
+    let (gx, gy, gb) = (up(&x), up(&y), up(&bias));
+    let mut t = x.clone();
+    CPU.add_bias(&mut t, &bias);
+    let mut u = gx.clone();
+    g.add_bias(&mut u, &gb);
+    r.close("add_bias", &t, &down(&u), TOL);
+    r.close(
+        "sum_rows",
+        &CPU.sum_rows(&x),
+        &down(&g.sum_rows(&gx)),
+        TOL * 10.0,
+    );
+    r.close(
+        "sum_rows 0 rows",
+        &CPU.sum_rows(&Tensor::zeros(0, 3)),
+        &down(&g.sum_rows(&g.zeros(0, 3))),
+        TOL,
+    );
+    let mut t = y.clone();
+    CPU.axpy(-0.75, &x, &mut t);
+    let mut u = gy.clone();
+    g.axpy(-0.75, &gx, &mut u);
+    r.close("axpy", &t, &down(&u), TOL);
+    let small = rand(40, 67, &mut rng);
+    let mut t = y.clone();
+    CPU.axpy_prefix(2.0, &small, &mut t, 31);
+    let mut u = gy.clone();
+    g.axpy_prefix(2.0, &up(&small), &mut u, 31);
+    r.close("axpy_prefix", &t, &down(&u), TOL);
+    r.same_bits(
+        "prefix_rows",
+        &CPU.prefix_rows(&x, 100),
+        &down(&g.prefix_rows(&gx, 100)),
+    );
+    let mut t = x.clone();
+    CPU.scale(&mut t, 1.5);
+    let mut u = gx.clone();
+    g.scale(&mut u, 1.5);
+    r.close("scale", &t, &down(&u), TOL);
+    r.close("mul", &CPU.mul(&x, &y), &down(&g.mul(&gx, &gy)), TOL);
+    let (p, s) = CPU.mul_sum_rows(&x, &y);
+    let (gp, gs) = g.mul_sum_rows(&gx, &gy);
+    r.close("mul_sum_rows product", &p, &down(&gp), TOL);
+    r.close("mul_sum_rows sums", &s, &down(&gs), TOL * 10.0);
+    let (dc, dg) = (CPU.dot(&x, &y), g.dot(&gx, &gy));
+    r.checked += 1;
+    if (dc - dg).abs() > 1e-9 * dc.abs().max(1.0) {
+        r.failures
+            .push(format!("dot: {dg} on the GPU, {dc} on the CPU"));
+    }
+    let relu = CPU.relu(&x);
+    r.close("relu", &relu, &down(&g.relu(&gx)), 0.0);
+    r.close(
+        "relu_backward",
+        &CPU.relu_backward(&y, &relu),
+        &down(&g.relu_backward(&gy, &up(&relu))),
+        0.0,
+    );
+    r.close(
+        "leaky_relu",
+        &CPU.leaky_relu(&x, 0.2),
+        &down(&g.leaky_relu(&gx, 0.2)),
+        TOL,
+    );
+    r.close(
+        "leaky_relu_backward",
+        &CPU.leaky_relu_backward(&y, &x, 0.2),
+        &down(&g.leaky_relu_backward(&gy, &gx, 0.2)),
+        TOL,
+    );
+
+    // Dropout and the epilogue: masks bit for bit (with and without row ids).
+    let ids: Vec<u32> = (0..301).map(|i| (i * 7919) % 100_003).collect();
+    for (p, row_ids) in [(0.5f32, None), (0.3, Some(&ids[..])), (0.0, None)] {
+        let (o, m) = CPU.dropout(&x, p, 99, row_ids);
+        let (go, gm) = g.dropout(&gx, p, 99, row_ids);
+        r.same_bits(
+            &format!("dropout mask p={p} ids={}", row_ids.is_some()),
+            &m,
+            &down(&gm),
+        );
+        r.close(&format!("dropout output p={p}"), &o, &down(&go), 0.0);
+    }
+    for bias_on in [false, true] {
+        for relu_on in [false, true] {
+            for drop_on in [false, true] {
+                for keep in [false, true] {
+                    let spec = drop_on.then_some(DropoutSpec {
+                        p: 0.4,
+                        key: 5,
+                        row_ids: Some(&ids),
+                    });
+                    let mut t = x.clone();
+                    let fc = CPU.epilogue(&mut t, bias_on.then_some(&bias), relu_on, spec, keep);
+                    let mut u = gx.clone();
+                    let fg = g.epilogue(&mut u, bias_on.then_some(&gb), relu_on, spec, keep);
+                    let what = format!(
+                        "epilogue bias={bias_on} relu={relu_on} dropout={drop_on} keep={keep}"
+                    );
+                    r.close(&what, &t, &down(&u), 0.0);
+                    match (fc, fg) {
+                        (None, None) => {}
+                        (Some(a), Some(b)) => {
+                            r.close(&format!("{what} factor"), &a, &down(&b), 0.0)
+                        }
+                        (a, b) => r.failures.push(format!(
+                            "{what}: factor {} on the CPU, {} on the GPU",
+                            a.is_some(),
+                            b.is_some()
+                        )),
+                    }
+                }
+            }
+        }
+    }
+
+    // Row normalisation (a zero row included) and heads.
+    let mut xz = x.clone();
+    xz.data_mut()[67..134].fill(0.0);
+    let (yc, nc) = CPU.l2_normalize_rows(&xz);
+    let (yg, ng) = g.l2_normalize_rows(&up(&xz));
+    r.close("l2_normalize_rows y", &yc, &down(&yg), TOL);
+    r.close("l2_normalize_rows norms", &nc, &down(&ng), TOL);
+    r.close(
+        "l2_normalize_rows_backward",
+        &CPU.l2_normalize_rows_backward(&y, &yc, &nc),
+        &down(&g.l2_normalize_rows_backward(&gy, &up(&yc), &up(&nc))),
+        TOL * 10.0,
+    );
+    for &(heads, f) in &[(1usize, 67usize), (8, 4), (3, 33)] {
+        let xh = rand(123, heads * f, &mut rng);
+        let ah = rand(heads, f, &mut rng);
+        let gh = rand(123, heads, &mut rng);
+        let (gxh, gah, ggh) = (up(&xh), up(&ah), up(&gh));
+        r.close(
+            &format!("head_dot {heads}x{f}"),
+            &CPU.head_dot(&xh, &ah),
+            &down(&g.head_dot(&gxh, &gah)),
+            TOL,
+        );
+        let (dxc, dac) = CPU.head_dot_backward(&gh, &xh, &ah);
+        let (dxg, dag) = g.head_dot_backward(&ggh, &gxh, &gah);
+        r.close(
+            &format!("head_dot_backward dx {heads}x{f}"),
+            &dxc,
+            &down(&dxg),
+            TOL,
+        );
+        r.close(
+            &format!("head_dot_backward da {heads}x{f}"),
+            &dac,
+            &down(&dag),
+            TOL * 10.0,
+        );
+        let acc0 = rand(130, heads * f, &mut rng);
+        let mut acc = acc0.clone();
+        let dac2 = CPU.head_dot_backward_acc(&gh, &xh, &ah, &mut acc);
+        let mut gacc = up(&acc0);
+        let dag2 = g.head_dot_backward_acc(&ggh, &gxh, &gah, &mut gacc);
+        r.close(
+            &format!("head_dot_backward_acc acc {heads}x{f}"),
+            &acc,
+            &down(&gacc),
+            TOL,
+        );
+        r.close(
+            &format!("head_dot_backward_acc da {heads}x{f}"),
+            &dac2,
+            &down(&dag2),
+            TOL * 10.0,
+        );
+        r.close(
+            &format!("head_mean {heads}x{f}"),
+            &CPU.head_mean(&xh, heads),
+            &down(&g.head_mean(&gxh, heads)),
+            TOL,
+        );
+        let gm = rand(123, f, &mut rng);
+        r.close(
+            &format!("head_mean_backward {heads}x{f}"),
+            &CPU.head_mean_backward(&gm, heads),
+            &down(&g.head_mean_backward(&up(&gm), heads)),
+            TOL,
+        );
+    }
+
+    // Graph operations on random blocks (one edgeless).
+    let blocks = [
+        Owned::random(50, 120, 9, true, &mut rng),
+        Owned::random(300, 900, 25, false, &mut rng),
+        Owned::random(7, 7, 1, true, &mut rng),
+        Owned {
+            num_dst: 4,
+            num_src: 6,
+            indptr: vec![0; 5],
+            indices: vec![],
+            weights: None,
+        },
+    ];
+    for (bi, ob) in blocks.iter().enumerate() {
+        let br = ob.as_ref();
+        let (cb, gbk) = (
+            CPU.prepare_block(&br).unwrap(),
+            g.prepare_block(&br).unwrap(),
+        );
+        assert_eq!(CPU.block_dims(&cb), g.block_dims(&gbk));
+        let (s, d, e) = (ob.num_src, ob.num_dst, ob.indices.len());
+        for agg in [
+            Aggregation::Sum,
+            Aggregation::Mean,
+            Aggregation::Weighted,
+            Aggregation::WeightedMean,
+            Aggregation::GcnBoth,
+        ] {
+            let cc = CPU.edge_coefficients(&cb, agg);
+            let gc = g.edge_coefficients(&gbk, agg);
+            match (&cc, &gc) {
+                (None, None) => {}
+                (Some(a), Some(b)) => r.close(
+                    &format!("block {bi} coefficients {agg:?}"),
+                    a,
+                    &down(b),
+                    TOL,
+                ),
+                _ => r
+                    .failures
+                    .push(format!("block {bi} coefficients {agg:?}: Some/None differ")),
+            }
+            let xs = rand(s, 24, &mut rng);
+            let gd = rand(d, 24, &mut rng);
+            r.close(
+                &format!("block {bi} aggregate {agg:?}"),
+                &CPU.aggregate(&cb, &xs, agg),
+                &down(&g.aggregate(&gbk, &up(&xs), agg)),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} aggregate_backward {agg:?}"),
+                &CPU.aggregate_backward(&cb, &gd, agg),
+                &down(&g.aggregate_backward(&gbk, &up(&gd), agg)),
+                TOL,
+            );
+        }
+        for heads in [1usize, 4] {
+            let f = 6;
+            let xs = rand(s, heads * f, &mut rng);
+            let coeff = rand(e, heads, &mut rng);
+            let gd = rand(d, heads * f, &mut rng);
+            let (gxs, gco, ggd) = (up(&xs), up(&coeff), up(&gd));
+            r.close(
+                &format!("block {bi} spmm heads={heads}"),
+                &CPU.spmm(&cb, Some(&coeff), &xs),
+                &down(&g.spmm(&gbk, Some(&gco), &gxs)),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} spmm_backward_x heads={heads}"),
+                &CPU.spmm_backward_x(&cb, Some(&coeff), &gd),
+                &down(&g.spmm_backward_x(&gbk, Some(&gco), &ggd)),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} spmm_backward_coeff heads={heads}"),
+                &CPU.spmm_backward_coeff(&cb, &gd, &xs, heads),
+                &down(&g.spmm_backward_coeff(&gbk, &ggd, &gxs, heads)),
+                TOL,
+            );
+            let (dxc, dcc) = CPU.spmm_backward(&cb, &coeff, &gd, &xs);
+            let (dxg, dcg) = g.spmm_backward(&gbk, &gco, &ggd, &gxs);
+            r.close(
+                &format!("block {bi} spmm_backward dx heads={heads}"),
+                &dxc,
+                &down(&dxg),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} spmm_backward dcoeff heads={heads}"),
+                &dcc,
+                &down(&dcg),
+                TOL,
+            );
+            let el = rand(s, heads, &mut rng);
+            let er = rand(d, heads, &mut rng);
+            let sc = CPU.u_add_v(&cb, &el, &er);
+            r.close(
+                &format!("block {bi} u_add_v"),
+                &sc,
+                &down(&g.u_add_v(&gbk, &up(&el), &up(&er))),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} edge_sum_to_src"),
+                &CPU.edge_sum_to_src(&cb, &coeff),
+                &down(&g.edge_sum_to_src(&gbk, &gco)),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} edge_sum_to_dst"),
+                &CPU.edge_sum_to_dst(&cb, &coeff),
+                &down(&g.edge_sum_to_dst(&gbk, &gco)),
+                TOL,
+            );
+            let a = CPU.edge_softmax(&cb, &sc);
+            r.close(
+                &format!("block {bi} edge_softmax"),
+                &a,
+                &down(&g.edge_softmax(&gbk, &up(&sc))),
+                TOL,
+            );
+            r.close(
+                &format!("block {bi} edge_softmax_backward"),
+                &CPU.edge_softmax_backward(&cb, &a, &coeff),
+                &down(&g.edge_softmax_backward(&gbk, &up(&a), &gco)),
+                TOL,
+            );
+        }
+    }
+    // Row gathers and scatters (repeated indices).
+    let idx: Vec<u32> = (0..500).map(|_| rng.below(301) as u32).collect();
+    r.same_bits(
+        "gather_rows",
+        &CPU.gather_rows(&x, &idx),
+        &down(&g.gather_rows(&gx, &idx)),
+    );
+    let src = rand(500, 67, &mut rng);
+    let mut t = y.clone();
+    CPU.scatter_add_rows(&mut t, &idx, &src);
+    let mut u = gy.clone();
+    g.scatter_add_rows(&mut u, &idx, &up(&src));
+    r.close("scatter_add_rows", &t, &down(&u), TOL);
+
+    // Loss and metrics (unlabelled rows included).
+    let logits = rand(200, 47, &mut rng);
+    let labels: Vec<i64> = (0..200)
+        .map(|i| if i % 7 == 3 { -1 } else { rng.below(47) as i64 })
+        .collect();
+    let ce = CPU.softmax_cross_entropy(&logits, &labels).unwrap();
+    let cg = g.softmax_cross_entropy(&up(&logits), &labels).unwrap();
+    r.checked += 1;
+    if ce.count != cg.count || (ce.loss - cg.loss).abs() > 1e-6 * ce.loss.abs().max(1.0) {
+        r.failures.push(format!(
+            "softmax_cross_entropy: loss {} / {} rows on the GPU, {} / {} on the CPU",
+            cg.loss, cg.count, ce.loss, ce.count
+        ));
+    }
+    r.close("softmax_cross_entropy grad", &ce.grad, &down(&cg.grad), TOL);
+    let bad = g.softmax_cross_entropy(&up(&logits), &[5; 200].map(|v: i64| v * 10));
+    r.checked += 1;
+    if bad.is_ok() {
+        r.failures
+            .push("softmax_cross_entropy accepted labels >= classes".into());
+    }
+    r.checked += 1;
+    if CPU.accuracy(&logits, &labels) != g.accuracy(&up(&logits), &labels) {
+        r.failures.push(format!(
+            "accuracy: {:?} on the GPU, {:?} on the CPU",
+            g.accuracy(&up(&logits), &labels),
+            CPU.accuracy(&logits, &labels)
+        ));
+    }
+
+    // Optimiser updates.
+    let (p0, g0, m0, v0) = (
+        rand(20, 9, &mut rng),
+        rand(20, 9, &mut rng),
+        rand(20, 9, &mut rng),
+        rand(20, 9, &mut rng).map_abs(),
+    );
+    let hp = AdamUpdate {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        step: 3,
+    };
+    let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+    CPU.adam_update(&mut p, &g0, &mut m, &mut v, &hp);
+    let (mut gp, mut gm, mut gv) = (up(&p0), up(&m0), up(&v0));
+    g.adam_update(&mut gp, &up(&g0), &mut gm, &mut gv, &hp);
+    r.close("adam value", &p, &down(&gp), TOL);
+    r.close("adam m", &m, &down(&gm), TOL);
+    r.close("adam v", &v, &down(&gv), TOL);
+    for momentum in [0.0f32, 0.9] {
+        let hp = SgdUpdate {
+            lr: 0.1,
+            momentum,
+            weight_decay: 0.001,
+        };
+        let (mut p, mut b) = (p0.clone(), m0.clone());
+        CPU.sgd_update(&mut p, &g0, &mut b, &hp);
+        let (mut gp, mut gb) = (up(&p0), up(&m0));
+        g.sgd_update(&mut gp, &up(&g0), &mut gb, &hp);
+        r.close(
+            &format!("sgd value momentum={momentum}"),
+            &p,
+            &down(&gp),
+            TOL,
+        );
+    }
+    r.finish("every_operation_matches_the_cpu_backend");
+}
+
+trait MapAbs {
+    fn map_abs(self) -> Self;
+}
+impl MapAbs for Tensor {
+    fn map_abs(mut self) -> Self {
+        self.data_mut().iter_mut().for_each(|v| *v = v.abs());
+        self
+    }
+}
+
+#[test]
+fn gradients_to_sources_are_deterministic() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(3);
+    let ob = Owned::random(2000, 5000, 30, false, &mut rng);
+    let b = g.prepare_block(&ob.as_ref()).unwrap();
+    let gd = g.upload(&rand(2000, 64, &mut rng));
+    let first = g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth));
+    for _ in 0..3 {
+        assert_eq!(
+            first,
+            g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth))
+        );
+    }
+}
+
+/// Two layers of one kind on a small graph, trained for a few Adam steps with dropout on both
+/// backends: logits, loss, every parameter gradient of the first step, and the parameters after
+/// the last step agree.
+#[test]
+fn models_train_as_on_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut r = Report::default();
+    let mut rng = Rng::new(11);
+    let (n, seeds, classes, in_dim) = (200, 64, 5, 16);
+    let lists: Vec<Vec<u32>> = (0..n)
+        .map(|v| {
+            let mut l = vec![v as u32];
+            l.extend((0..1 + rng.below(6)).map(|_| rng.below(n as u64) as u32));
+            l
+        })
+        .collect();
+    let block = |ls: &[Vec<u32>], rng: &mut Rng| {
+        let (mut indptr, mut indices) = (vec![0u32], Vec::new());
+        for l in ls {
+            indices.extend_from_slice(l);
+            indptr.push(indices.len() as u32);
+        }
+        let w = (0..indices.len())
+            .map(|_| 1.0 + rng.below(3) as f32)
+            .collect();
+        Owned {
+            num_dst: ls.len(),
+            num_src: n,
+            indptr,
+            indices,
+            weights: Some(w),
+        }
+    };
+    let b0 = block(&lists, &mut rng);
+    let b1 = block(&lists[..seeds], &mut rng);
+    let b1 = Owned { num_src: n, ..b1 };
+    let x = rand(n, in_dim, &mut rng);
+    let labels: Vec<i64> = (0..seeds).map(|_| rng.below(classes) as i64).collect();
+    for kind in [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::Gat,
+        ModelKind::Gin,
+        ModelKind::PinSage,
+    ] {
+        let mut cfg = ModelConfig::new(kind, in_dim, 32, classes as usize, 2);
+        cfg.dropout = 0.2;
+        cfg.heads = 4;
+        let mut mc = Model::new(CPU, cfg.clone()).unwrap();
+        let mut mg = Model::new(g.clone(), cfg).unwrap();
+        let bc = mc.prepare_blocks(&[b0.as_ref(), b1.as_ref()]).unwrap();
+        let bg = mg.prepare_blocks(&[b0.as_ref(), b1.as_ref()]).unwrap();
+        let (mut oc, mut og) = (Adam::new(CPU, 0.01), Adam::new(g.clone(), 0.01));
+        let gx = g.upload(&x);
+        for step in 0..4u64 {
+            let mode = Mode::Train { dropout_key: step };
+            let lc = mc.forward(&bc, x.clone(), mode).unwrap();
+            let lg = mg.forward(&bg, gx.clone(), mode).unwrap();
+            r.close(
+                &format!("{kind:?} step {step} logits"),
+                &lc,
+                &g.download(&lg),
+                1e-4,
+            );
+            let cc = CPU.softmax_cross_entropy(&lc, &labels).unwrap();
+            let cg = g.softmax_cross_entropy(&lg, &labels).unwrap();
+            r.checked += 1;
+            if (cc.loss - cg.loss).abs() > 1e-4 * cc.loss.abs().max(1.0) {
+                r.failures.push(format!(
+                    "{kind:?} step {step}: loss {} on the GPU, {} on the CPU",
+                    cg.loss, cc.loss
+                ));
+            }
+            mc.zero_grad();
+            mg.zero_grad();
+            mc.backward(&cc.grad).unwrap();
+            mg.backward(&cg.grad).unwrap();
+            if step == 0 {
+                for ((name, pc), (_, pg)) in mc.named_params().into_iter().zip(mg.named_params()) {
+                    r.close(
+                        &format!("{kind:?} gradient of {name}"),
+                        &pc.grad,
+                        &g.download(&pg.grad),
+                        1e-3,
+                    );
+                }
+            }
+            oc.step_model(&mut mc).unwrap();
+            og.step_model(&mut mg).unwrap();
+        }
+        for ((name, pc), (_, pg)) in mc.named_params().into_iter().zip(mg.named_params()) {
+            r.close(
+                &format!("{kind:?} {name} after 4 steps"),
+                &pc.value,
+                &g.download(&pg.value),
+                1e-3,
+            );
+        }
+        let (ec, eg) = (
+            mc.forward(&bc, x.clone(), Mode::Eval).unwrap(),
+            mg.forward(&bg, gx, Mode::Eval).unwrap(),
+        );
+        r.checked += 1;
+        if CPU.accuracy(&ec, &labels) != g.accuracy(&eg, &labels) {
+            r.failures.push(format!("{kind:?}: eval accuracy differs"));
+        }
+    }
+    r.finish("models_train_as_on_the_cpu");
+}
