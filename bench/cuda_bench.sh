@@ -11,16 +11,17 @@
 # 2449029 is ogbn-products' size), EPOCHS=3, THREADS=CPU threads of the CPU runs (default: all
 # cores), MODELS="gcn sage" (gcn runs 15,10,5; any other model 10,25)).
 #
-# What it runs, each case on --device cuda and on --device cpu of the same machine, in turn:
-# products preset, GCN 15,10,5 and SAGE 10,25, batch 8000, hidden 256 (the settings of issue 21).
+# What it runs, each case three times on the same machine, in turn: on the GPU with every
+# feature row on it (--feature-placement device), on the GPU fed rows gathered on the host
+# (--feature-placement host), and on the CPU: products preset, GCN 15,10,5 and SAGE 10,25,
+# batch 8000, hidden 256 (the settings of issue 21).
 # It prints, per case and device, the median epoch and its sample / extract / train split (the
 # stages overlap: the epoch is about the slowest stage, not their sum), seeds per second, the
-# final loss and test accuracy; then the graph kernels against the device's copy rate
-# (examples/cuda_kernels.rs).
+# final loss and test accuracy; then the graph kernels and the device feature gather against
+# the device's copy rate (examples/cuda_kernels.rs) and torch.index_select on the same shapes.
 #
-# What it does not measure yet: sampling and feature extraction run on the CPU in this version
-# (the GPU trains), so there is no GPU SEPS, no extraction GB/s and no torch.index_select
-# comparison; PyTorch Geometric's NeighborLoader needs pyg-lib or torch-sparse, which the GPU
+# What it does not measure yet: sampling runs on the CPU in this version, so there is no GPU
+# SEPS; PyTorch Geometric's NeighborLoader needs pyg-lib or torch-sparse, which the GPU
 # machine's image does not have.
 set -euo pipefail
 GPU_DIR=${GPU_DIR:-.gpu}
@@ -48,25 +49,36 @@ if [ ! -f "$DATA/meta.txt" ]; then
   "$BIN" --quiet dataset gen --preset products ${NODES:+--nodes "$NODES"} "$DATA" > /dev/null
 fi
 
-run() { # name device model fanouts
-  "$BIN" --quiet train --dataset "$DATA" --device "$2" --model "$3" --fanouts "$4" \
-    --batch-size 8000 --hidden 256 --epochs "$EPOCHS" --threads "$THREADS" \
-    --metrics-out "$OUT/$1-$2.json" > /dev/null
-}
 fanouts_of() { case $1 in gcn) echo 15,10,5 ;; *) echo 10,25 ;; esac; }
+# Three runs per model: the GPU with every feature row on it (--feature-placement device), the
+# GPU fed rows gathered on the host (host), the CPU.
 for model in $MODELS; do
-  for dev in cuda cpu; do
-    echo "[$model $dev]" >&2; run "$model" "$dev" "$model" "$(fanouts_of "$model")"
+  for run in cuda-device cuda-host cpu; do
+    case $run in
+      cuda-device) args=(--device cuda --feature-placement device) ;;
+      cuda-host) args=(--device cuda --feature-placement host) ;;
+      cpu) args=(--device cpu) ;;
+    esac
+    echo "[$model $run]" >&2
+    if ! "$BIN" --quiet train --dataset "$DATA" "${args[@]}" --model "$model" --fanouts "$(fanouts_of "$model")" \
+      --batch-size 8000 --hidden 256 --epochs "$EPOCHS" --threads "$THREADS" \
+      --metrics-out "$OUT/$model-$run.json" > /dev/null; then
+      echo "[$model $run] failed" >&2
+    fi
   done
 done
 
 python3 - "$OUT" "$MODELS" <<'PY'
 import json, sys, statistics as st
 out, models = sys.argv[1], sys.argv[2].split()
-print("| model | device | epoch s | sample s | extract s | train s | seeds/s | loss (last epoch) | test acc |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| model | run | epoch s | sample s | extract s | train s | seeds/s | CPU / this epoch | loss (last epoch) | test acc |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for model in models:
-    for dev in ("cuda", "cpu"):
+    try:
+        cpu_epoch = json.load(open(f"{out}/{model}-cpu.json"))["median_epoch_s"]
+    except (OSError, ValueError):
+        cpu_epoch = float("nan")
+    for dev in ("cuda-device", "cuda-host", "cpu"):
         try:
             j = json.load(open(f"{out}/{model}-{dev}.json"))
         except (OSError, ValueError) as e:
@@ -76,9 +88,27 @@ for model in models:
         med = lambda k: st.median(e[k] for e in later)
         seeds = st.median(e["seeds"] / e["wall_s"] for e in later)
         print(f"| {model} | {dev} | {j['median_epoch_s']:.3f} | {med('sample_s'):.3f} | {med('extract_s'):.3f} | "
-              f"{med('train_s'):.3f} | {seeds:,.0f} | {j['epochs'][-1]['loss']:.4f} | {j['test_acc']:.4f} |")
+              f"{med('train_s'):.3f} | {seeds:,.0f} | {cpu_epoch / j['median_epoch_s']:.2f}x | "
+              f"{j['epochs'][-1]['loss']:.4f} | {j['test_acc']:.4f} |")
 PY
 
 if [ -x "$GPU_DIR/cuda_kernels" ]; then
   "$GPU_DIR/cuda_kernels"
 fi
+# PyTorch's index_select on the same shapes as the example's feature gather (uniform random ids).
+python3 - <<'PY' || echo "torch.index_select: not measured (no PyTorch with CUDA here)"
+import torch
+rows, feat, n = 2_449_029, 100, 1_000_000
+table = torch.rand(rows, feat, device="cuda")
+ids = torch.randint(0, rows, (n,), device="cuda")
+for _ in range(2):
+    torch.index_select(table, 0, ids)
+torch.cuda.synchronize()
+times = []
+for _ in range(10):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); torch.index_select(table, 0, ids); b.record(); torch.cuda.synchronize()
+    times.append(a.elapsed_time(b) / 1e3)
+t = sorted(times)[5]
+print(f"torch.index_select (same shapes) {t * 1e3:.3f} ms {2 * n * feat * 4 / t / 1e9:.1f} GB/s (ids already on the device)")
+PY

@@ -10,8 +10,8 @@ use crate::progress::Bars;
 use clap::{Args, ValueEnum};
 use fanout_compute::ModelKind;
 use fanout_exec::{
-    BatchOutcome, EpochMetrics, FitObserver, RunEnv, SampleScope, StrategyKind, TrainConfig,
-    TrainOutcome,
+    BatchOutcome, EpochMetrics, FeaturePlacement, FitObserver, RunEnv, SampleScope, StrategyKind,
+    TrainConfig, TrainOutcome,
 };
 use fanout_sample::parse_fanouts;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -137,6 +137,13 @@ pub struct TrainArgs {
     /// and at most 16 GiB) or the memory-mapped dataset file [default: auto].
     #[arg(long, value_enum)]
     pub feature_residency: Option<ResidencyArg>,
+    /// Where each batch's feature rows are gathered: device copies every row to the GPU once
+    /// and gathers there (nothing but ids and blocks crosses per step; needs --device cuda and
+    /// no --cache-policy / --match-reorder); host gathers on the CPU and uploads the rows; auto
+    /// picks device on a GPU when the rows as f32 take at most half its free memory and no
+    /// cache is asked for [default: auto].
+    #[arg(long, value_enum)]
+    pub feature_placement: Option<PlacementArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).
     /// Under mpirun, each process is one worker instead [default: 1].
     #[arg(long)]
@@ -264,6 +271,10 @@ impl TrainArgs {
             &mut c.feature_residency,
             self.feature_residency.map(Into::into),
         );
+        set(
+            &mut c.feature_placement,
+            self.feature_placement.map(PlacementArg::placement),
+        );
         set(&mut c.workers, self.workers);
         if let Some(s) = self.strategy {
             c.strategy = Some(match s {
@@ -373,6 +384,27 @@ impl FitObserver for Observer {
             m.extract.bytes_reused as f64 / 1e6,
             100.0 * m.hit_rate
         );
+    }
+}
+
+/// `--feature-placement`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum PlacementArg {
+    /// Device on a GPU whose free memory holds the rows twice over, without a cache.
+    Auto,
+    /// Gathered on the host and uploaded per batch.
+    Host,
+    /// Copied to the GPU once, gathered there.
+    Device,
+}
+
+impl PlacementArg {
+    fn placement(self) -> FeaturePlacement {
+        match self {
+            PlacementArg::Auto => FeaturePlacement::Auto,
+            PlacementArg::Host => FeaturePlacement::Host,
+            PlacementArg::Device => FeaturePlacement::Device,
+        }
     }
 }
 

@@ -99,6 +99,12 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// Short device name, e.g. `"cpu"`.
     fn name(&self) -> &'static str;
 
+    /// Bytes of free memory on the device now, or `None` where tensors live in host memory
+    /// (the default).
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// Runs `f` (a training step, say: many kernel calls) where this backend's kernels are
     /// cheapest to launch, and returns its result. The default just calls `f`. The CPU backend
     /// runs it on a thread of its rayon pool, so each kernel's parallel loop is forked from

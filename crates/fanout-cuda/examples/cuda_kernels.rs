@@ -7,7 +7,8 @@
 //! sources each among 5 x DST sources, features COLS (default 256) wide: the input layer of a
 //! GraphSAGE batch. Prints one line per operation: median of 10 timed runs after 2 warm-ups,
 //! the bytes the operation must move at least (gathered source rows read once per edge, output
-//! written once), and the rate that gives; then the device's copy rate (bytes read + written).
+//! written once), and the rate that gives; then a feature gather from an ogbn-products-sized
+//! table held on the device, and the device's copy rate (bytes read + written).
 
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use fanout_cuda::{CudaBackend, CudaDevice};
@@ -133,6 +134,21 @@ fn main() {
         cs * 1e3,
         cs / gs
     );
+    // Feature extraction with every row on the device (--feature-placement device): the
+    // rows of a batch's input vertices gathered from an ogbn-products-sized table.
+    let (table_rows, feat, batch_rows) = (2_449_029usize, 100usize, 1_000_000usize);
+    let table = g.upload(&Tensor::from_fn(table_rows, feat, |r, c| (r + c) as f32));
+    let ids: Vec<u32> = (0..batch_rows)
+        .map(|_| rng.below(table_rows as u64) as u32)
+        .collect();
+    let gs = median_s(|| drop(g.gather_rows(&table, &ids)), &gsync);
+    println!(
+        "{:<28} GPU {:>9.3} ms {:>8.1} GB/s (rows read + written; {batch_rows} random rows of a {table_rows} x {feat} table, ids uploaded each time)",
+        "feature gather (device rows)",
+        gs * 1e3,
+        2.0 * (batch_rows * feat * 4) as f64 / gs / 1e9
+    );
+    drop(table);
     let copy = median_s(|| drop(gx.clone()), &gsync);
     println!(
         "{:<28} GPU {:>9.3} ms {:>8.1} GB/s (read + written)",

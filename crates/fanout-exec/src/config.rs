@@ -131,6 +131,36 @@ impl Default for CacheSpec {
     }
 }
 
+/// Where a run's batches get their feature rows (`feature_placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeaturePlacement {
+    /// `device` when the run computes on a GPU (a backend with its own memory), asks for no
+    /// feature cache or Match-Reorder, and the rows as f32 take at most half the device's
+    /// free memory; `host` otherwise.
+    #[default]
+    Auto,
+    /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the
+    /// fused first-layer aggregation apply) and the trainer uploads them.
+    Host,
+    /// Every row is copied to the compute device once and each batch's rows are gathered
+    /// there: nothing but the batch's ids and blocks crosses to the device per step (GNNLab's
+    /// and PaGraph's device cache holding the whole feature matrix). Needs a GPU backend and
+    /// no feature cache or Match-Reorder.
+    Device,
+}
+
+impl FeaturePlacement {
+    /// The name used in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FeaturePlacement::Auto => "auto",
+            FeaturePlacement::Host => "host",
+            FeaturePlacement::Device => "device",
+        }
+    }
+}
+
 /// A training run. Serialises to and from JSON and TOML with these field names; unknown
 /// fields are refused (a misspelt setting is an error, not silently ignored).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -175,6 +205,9 @@ pub struct TrainConfig {
     pub cache: CacheSpec,
     /// Where features are read from during training.
     pub feature_residency: Residency,
+    /// Where each batch's feature rows are gathered: on the host by the extract stage, or on
+    /// the compute device from a copy of every row made once.
+    pub feature_placement: FeaturePlacement,
     /// How the run is spread over workers (`None`: single for one worker, data-parallel for
     /// more).
     pub strategy: Option<StrategyKind>,
@@ -213,6 +246,7 @@ impl Default for TrainConfig {
             sampler: SamplerSpec::default(),
             cache: CacheSpec::default(),
             feature_residency: Residency::Auto,
+            feature_placement: FeaturePlacement::Auto,
             strategy: None,
             workers: 1,
             partition: None,

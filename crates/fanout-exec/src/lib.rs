@@ -52,7 +52,9 @@ pub mod strategy;
 pub mod trainer;
 
 pub use buffers::BufferPool;
-pub use config::{CacheSpec, FactoredSpec, SampleScope, StrategyKind, TrainConfig};
+pub use config::{
+    CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, StrategyKind, TrainConfig,
+};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};

@@ -195,6 +195,7 @@ pub struct Pipeline {
     extract_clock: Arc<StageClock>,
     buffers: Arc<BufferPool>,
     input_plan: Option<InputPlan>,
+    rows_on_device: Option<u64>,
 }
 
 impl Pipeline {
@@ -238,7 +239,17 @@ impl Pipeline {
             // Enough for the batches in flight plus the one the consumer holds.
             buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
             input_plan: cfg.input_plan,
+            rows_on_device: None,
         })
+    }
+
+    /// This pipeline for a trainer that holds every feature row in its backend's memory
+    /// ([`crate::Trainer::with_device_rows`]): the extract stage gathers nothing, each
+    /// [`Prepared`] carries empty `features` (and no `input_agg`), and its [`ExtractStats`]
+    /// count every row's `row_bytes` (bytes of one stored row) as served from the device.
+    pub fn with_rows_on_device(mut self, row_bytes: u64) -> Self {
+        self.rows_on_device = Some(row_bytes);
+        self
     }
 
     /// Batches per epoch.
@@ -280,7 +291,7 @@ impl Pipeline {
         let clock = self.extract_clock.clone();
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
-        let input_plan = self.input_plan;
+        let (input_plan, rows_on_device) = (self.input_plan, self.rows_on_device);
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
             // ended with the panic's message, and the extractor's state is not trusted again.
@@ -298,6 +309,17 @@ impl Pipeline {
                 let exr: &mut dyn Extractor = &mut **ex;
                 let mut input_agg = None;
                 let mut gather = || {
+                    if let Some(row_bytes) = rows_on_device {
+                        // The trainer gathers the rows where they all live.
+                        features.clear();
+                        let rows = batch.input_nodes.len() as u64;
+                        return Ok(ExtractStats {
+                            rows,
+                            bytes_total: rows * row_bytes,
+                            bytes_from_cache: rows * row_bytes,
+                            ..ExtractStats::default()
+                        });
+                    }
                     if let Some(r) = extract_aggregated(exr, input_plan, &batch, &mut features) {
                         let (stats, agg) = r?;
                         input_agg = Some(agg);

@@ -16,7 +16,7 @@
 //! given the same config. A worker that fails tells the others through [`Comm::fail`], so
 //! the run ends with that worker's message instead of hanging.
 
-use crate::config::{StrategyKind, TrainConfig};
+use crate::config::{FeaturePlacement, StrategyKind, TrainConfig};
 use crate::error::{ExecError, Result};
 use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
 use crate::metrics::RunMetrics;
@@ -25,7 +25,7 @@ use crate::strategy::WorkerPlan;
 use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, FitState, Trainer};
 use fanout_cache::{
     auto_cache_size, build_extractor, parse_bytes, AutoSize, CacheConfig, CacheSize, CacheSizeSpec,
-    PlainExtractor, Policy, PreSampling,
+    Extractor, PlainExtractor, Policy, PreSampling,
 };
 use fanout_comm::{Comm, CommError, CommStats, LocalComm};
 use fanout_compute::{
@@ -613,6 +613,43 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     }
 }
 
+/// Whether this run keeps every feature row on the compute device (see [`FeaturePlacement`]);
+/// `Err` when `device` is asked for where it cannot be (the CPU backend, a feature cache or
+/// Match-Reorder, rows that do not fit in the device's free memory).
+fn rows_on_device<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
+    let cached = cfg.cache.policy != "none" || cfg.cache.match_reorder;
+    let dim = ds.features.as_ref().map_or(0, |f| f.dim) as u64;
+    let bytes = ds.num_nodes() * dim * 4;
+    let bad = |m: String| Err(ExecError::Invalid(m));
+    match cfg.feature_placement {
+        FeaturePlacement::Host => Ok(false),
+        FeaturePlacement::Auto => {
+            Ok(!cached && dim > 0 && be.free_memory().is_some_and(|free| bytes <= free / 2))
+        }
+        FeaturePlacement::Device if be.name() == "cpu" => bad(
+            "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
+             already where the model computes"
+                .into(),
+        ),
+        FeaturePlacement::Device if cached => bad(
+            "--feature-placement device keeps every row on the device: a feature cache \
+             (--cache-policy) or Match-Reorder has nothing left to do; drop them or use \
+             --feature-placement host"
+                .into(),
+        ),
+        FeaturePlacement::Device => match be.free_memory() {
+            Some(free) if bytes > free => bad(format!(
+                "--feature-placement device: the features take {:.0} MB as f32 but {} has \
+                 {:.0} MB free; use --feature-placement host",
+                bytes as f64 / 1e6,
+                be.name(),
+                free as f64 / 1e6
+            )),
+            _ => Ok(dim > 0),
+        },
+    }
+}
+
 /// `x` as a `U` when it is one, else `x` back: how generic code hands a `Trainer<B>` or a
 /// `Model<B>` to the parts that take the CPU backend's, when `B` is [`CpuBackend`].
 fn as_type<T: 'static, U: 'static>(x: T) -> std::result::Result<U, T> {
@@ -759,6 +796,23 @@ pub fn train_worker_with<B: Backend>(
         };
         return crate::factored::run(run, obs);
     }
+    // Every feature row copied to the compute device once, or each batch's gathered on the
+    // host (see `FeaturePlacement`).
+    let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
+    let on_device = rows_on_device(&be, &cfg, &ds)?;
+    if on_device {
+        let n = ds.num_nodes() as usize;
+        let all: Vec<u32> = (0..n as u32).collect();
+        let mut rows = Vec::new();
+        let mut plain = PlainExtractor::new(ds.clone())?;
+        plain.extract(&all, &mut rows)?;
+        let dim = plain.dim();
+        trainer = trainer.with_device_rows(be.upload_owned(Tensor::new(n, dim, rows)));
+        obs.note(&format!(
+            "features on the device: {n} rows x {dim} ({:.0} MB as f32), each batch's rows gathered there",
+            (n * dim * 4) as f64 / 1e6
+        ));
+    }
     let pcfg = PipelineConfig {
         batch_size: plan.batch_size,
         shuffle: true,
@@ -772,7 +826,7 @@ pub fn train_worker_with<B: Backend>(
         },
         plan: plan.train_plan,
         pool: pool.clone(),
-        input_plan: if cfg.fuse_input {
+        input_plan: if cfg.fuse_input && !on_device {
             trainer.model().input_plan()
         } else {
             None
@@ -794,14 +848,20 @@ pub fn train_worker_with<B: Backend>(
             cfg.seed,
             crate::split::Shuffle::for_model(cfg.model),
         )?),
-        None => Box::new(Pipeline::new(
-            sampler.clone(),
-            extractor,
-            plan.train_seeds.clone(),
-            &pcfg,
-        )?),
+        None => {
+            let p = Pipeline::new(sampler.clone(), extractor, plan.train_seeds.clone(), &pcfg)?;
+            Box::new(if on_device {
+                p.with_rows_on_device(row_bytes)
+            } else {
+                p
+            })
+        }
     };
-    let (valid, test) = eval_pipelines(&ds, &sampler, &pcfg, batch_size, plan.eval_plan)?;
+    let (mut valid, mut test) = eval_pipelines(&ds, &sampler, &pcfg, batch_size, plan.eval_plan)?;
+    if on_device {
+        valid = valid.map(|p| p.with_rows_on_device(row_bytes));
+        test = test.map(|p| p.with_rows_on_device(row_bytes));
+    }
 
     let mut described = plan.describe(workers, threads);
     if be.name() != "cpu" {

@@ -48,6 +48,7 @@ pub struct Trainer<B: Backend> {
     model: Model<B>,
     opt: Box<dyn Optimizer<B> + Send>,
     pool: Option<Arc<rayon::ThreadPool>>,
+    device_rows: Option<B::Tensor>,
 }
 
 /// Borrowed compute-side views of a mini-batch's sampled blocks (outermost first), as
@@ -78,7 +79,17 @@ impl<B: Backend> Trainer<B> {
             model,
             opt,
             pool: None,
+            device_rows: None,
         }
+    }
+
+    /// This trainer with every vertex's feature row in its backend's memory (`rows`: row `v`
+    /// is vertex `v`'s features, as f32): a batch that arrives without features (from a
+    /// pipeline [`crate::Pipeline::with_rows_on_device`]) gets its input rows gathered there
+    /// ([`Backend::gather_rows`]), the same rows the extract stage would have sent.
+    pub fn with_device_rows(mut self, rows: B::Tensor) -> Self {
+        self.device_rows = Some(rows);
+        self
     }
 
     /// This trainer with its steps run on `pool` instead of the global rayon pool (in-process
@@ -134,10 +145,13 @@ impl<B: Backend> Trainer<B> {
                 .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);
         }
         let rows = p.batch.input_nodes.len();
-        let x = Tensor::new(rows, p.dim, p.features);
-        Ok(self
-            .model
-            .forward_rows(&blocks, be.upload_owned(x), mode, ids)?)
+        let x = match &self.device_rows {
+            Some(all) if p.features.is_empty() && rows > 0 => {
+                be.gather_rows(all, &p.batch.input_nodes)
+            }
+            _ => be.upload_owned(Tensor::new(rows, p.dim, p.features)),
+        };
+        Ok(self.model.forward_rows(&blocks, x, mode, ids)?)
     }
 
     /// Forward and backward of one batch: the parameter gradients are *replaced* by this

@@ -8,8 +8,8 @@ use fanout_compute::{
     DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
 };
 use fanout_exec::{
-    train, train_with_backend, CacheSpec, MemoryProbe, RunEnv, StrategyKind, TrainConfig,
-    TrainOutcome,
+    train, train_with_backend, CacheSpec, FeaturePlacement, MemoryProbe, RunEnv, StrategyKind,
+    TrainConfig, TrainOutcome,
 };
 use fanout_graph::Dataset;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +25,9 @@ struct Named(CpuBackend);
 /// Calls of [`Named`]'s optimiser update and accuracy kernels (training and evaluation went
 /// through it), all tests together.
 static NAMED_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Calls of [`Named`]'s `gather_rows` (batches gathered on the "device"), all tests together.
+static GATHER_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 impl Backend for Named {
     type Tensor = Tensor;
@@ -206,6 +209,7 @@ impl Backend for Named {
         self.0.edge_softmax_backward(block, a, grad)
     }
     fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
+        GATHER_CALLS.fetch_add(1, Ordering::Relaxed);
         self.0.gather_rows(x, idx)
     }
     fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
@@ -434,4 +438,73 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         ..base
     };
     train_with_backend(Named(CpuBackend), &dp, &RunEnv::default(), &mut ()).unwrap();
+}
+
+/// `--feature-placement device`: every row copied to the backend once and each batch gathered
+/// there trains the CPU's host-gathered model bit for bit (fused first layer or not), with
+/// every byte counted as served from the device; what it cannot do is refused.
+#[test]
+fn rows_gathered_on_the_device_train_the_host_gathered_model() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    for model in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+        let host = config(&ds, model);
+        let device = TrainConfig {
+            feature_placement: FeaturePlacement::Device,
+            ..host.clone()
+        };
+        let cpu = train(&host, &env, &mut ()).unwrap();
+        let before = GATHER_CALLS.load(Ordering::Relaxed);
+        let named = train_with_backend(Named(CpuBackend), &device, &env, &mut ()).unwrap();
+        let gathers = GATHER_CALLS.load(Ordering::Relaxed) - before;
+        let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
+        assert!(
+            gathers as u64 >= batches,
+            "{model:?}: {gathers} device gathers for {batches} batches"
+        );
+        assert_identical(&named, &cpu, &format!("{model:?} rows on the device"));
+        for e in &named.metrics.epochs {
+            assert_eq!(e.hit_rate, 1.0, "{model:?}: every row served on the device");
+            assert_eq!(e.extract.bytes_from_host, 0);
+        }
+        assert!(cpu.metrics.epochs.iter().all(|e| e.hit_rate == 0.0));
+    }
+    // Auto keeps the rows on the host for a backend that reports no device memory.
+    let auto = train_with_backend(
+        Named(CpuBackend),
+        &config(&ds, ModelKind::Sage),
+        &env,
+        &mut (),
+    );
+    assert!(auto
+        .unwrap()
+        .metrics
+        .epochs
+        .iter()
+        .all(|e| e.hit_rate == 0.0));
+    // Refused: on the CPU backend, and with a cache.
+    let on_cpu = TrainConfig {
+        feature_placement: FeaturePlacement::Device,
+        ..config(&ds, ModelKind::Sage)
+    };
+    let refused = |r: Result<TrainOutcome, fanout_exec::ExecError>| match r {
+        Ok(_) => panic!("ran"),
+        Err(e) => e.to_string(),
+    };
+    let e = refused(train(&on_cpu, &env, &mut ()));
+    assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
+    let cached = TrainConfig {
+        cache: CacheSpec {
+            policy: "degree".into(),
+            ..CacheSpec::default()
+        },
+        ..on_cpu
+    };
+    let e = refused(train_with_backend(
+        Named(CpuBackend),
+        &cached,
+        &env,
+        &mut (),
+    ));
+    assert!(e.contains("a feature cache (--cache-policy)"), "{e}");
 }

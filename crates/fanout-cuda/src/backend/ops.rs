@@ -85,6 +85,13 @@ impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
     }
+    fn free_memory(&self) -> Option<u64> {
+        self.stream()
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, _)| free as u64)
+    }
 
     // ----- memory -----
 
