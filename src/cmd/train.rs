@@ -173,7 +173,7 @@ pub struct TrainArgs {
     pub queue_depth: Option<usize>,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda` and the NVIDIA driver, NVRTC and cuBLAS libraries at run time; the
-    /// model computes on the GPU, sampling and feature extraction stay on the CPU for now.
+    /// model computes on the GPU (see --feature-placement), sampling stays on the CPU for now.
     #[arg(long, default_value = "cpu")]
     pub device: fanout_cuda::DeviceSpec,
 }
