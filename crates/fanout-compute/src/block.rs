@@ -42,6 +42,50 @@ pub struct BlockDims {
     pub num_edges: usize,
 }
 
+/// The source-major side of a block's edges, which gradients flowing to the sources walk:
+/// source `s` owns entries `indptr[s]..indptr[s + 1]` of `dst` and `eid`, in increasing edge
+/// id (so in increasing destination). Every backend builds its transpose with
+/// [`SourceMajor::of`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceMajor {
+    /// `num_src + 1` non-decreasing offsets into `dst` and `eid`, from 0 to the edge count.
+    pub indptr: Vec<u32>,
+    /// Destination of each entry.
+    pub dst: Vec<u32>,
+    /// Edge id (position in the block's `indices`) of each entry.
+    pub eid: Vec<u32>,
+}
+
+impl SourceMajor {
+    /// The transpose of a destination-major CSR that [`BlockRef::validate`] accepts: a stable
+    /// counting sort of the edges by source, `O(edges + num_src)` on one thread.
+    pub fn of(indptr: &[u32], indices: &[u32], num_src: usize) -> Self {
+        let mut t_indptr = vec![0u32; num_src + 1];
+        for &s in indices {
+            t_indptr[s as usize + 1] += 1;
+        }
+        for s in 0..num_src {
+            t_indptr[s + 1] += t_indptr[s];
+        }
+        let mut next = t_indptr.clone();
+        let (mut dst, mut eid) = (vec![0u32; indices.len()], vec![0u32; indices.len()]);
+        for (d, w) in indptr.windows(2).enumerate() {
+            for edge in w[0]..w[1] {
+                let s = indices[edge as usize] as usize;
+                let pos = next[s] as usize;
+                next[s] += 1;
+                dst[pos] = d as u32;
+                eid[pos] = edge;
+            }
+        }
+        SourceMajor {
+            indptr: t_indptr,
+            dst,
+            eid,
+        }
+    }
+}
+
 impl<'a> BlockRef<'a> {
     /// Number of edges (`indices.len()`).
     pub fn num_edges(&self) -> usize {
@@ -115,5 +159,41 @@ impl<'a> BlockRef<'a> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanout_rand::Rng;
+
+    #[test]
+    fn source_major_lists_each_sources_edges_in_edge_order() {
+        let mut rng = Rng::new(3);
+        for (num_dst, num_src) in [(0usize, 0usize), (1, 1), (5, 9), (40, 70)] {
+            let (mut indptr, mut indices) = (vec![0u32], Vec::new());
+            for d in 0..num_dst {
+                // Edgeless destinations and repeated sources included.
+                for _ in 0..rng.below(6) {
+                    indices.push(rng.below(num_src as u64) as u32);
+                }
+                if d % 3 == 1 {
+                    indices.truncate(indptr[d] as usize);
+                }
+                indptr.push(indices.len() as u32);
+            }
+            let t = SourceMajor::of(&indptr, &indices, num_src);
+            let dst_of = |e: usize| indptr.partition_point(|&p| p as usize <= e) as u32 - 1;
+            assert_eq!(t.indptr.len(), num_src + 1);
+            for s in 0..num_src {
+                let want: Vec<u32> = (0..indices.len() as u32)
+                    .filter(|&e| indices[e as usize] as usize == s)
+                    .collect();
+                let r = t.indptr[s] as usize..t.indptr[s + 1] as usize;
+                assert_eq!(t.eid[r.clone()], want[..], "source {s}");
+                let dsts: Vec<u32> = want.iter().map(|&e| dst_of(e as usize)).collect();
+                assert_eq!(t.dst[r], dsts[..], "source {s}");
+            }
+        }
     }
 }

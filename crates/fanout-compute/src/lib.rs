@@ -39,7 +39,7 @@ pub mod optim;
 pub mod tensor;
 
 pub use backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
-pub use block::{BlockDims, BlockRef};
+pub use block::{BlockDims, BlockRef, SourceMajor};
 pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::MachineRates;
 pub use cpu::{CpuBackend, CpuBlock};

@@ -9,7 +9,7 @@
 use std::sync::{Arc, OnceLock};
 
 use crate::backend::Aggregation;
-use crate::block::{BlockDims, BlockRef};
+use crate::block::{BlockDims, BlockRef, SourceMajor};
 use crate::cpu::par::{par_dst_edges, par_rows, par_rows_new, par_rows_new_with_edges};
 use crate::cpu::rows::{add_slice, axpy_heads, dot_heads, prefetch_row, PREFETCH_AHEAD};
 use crate::error::Result;
@@ -115,25 +115,8 @@ impl CpuBlock {
     fn transposed(&self) -> &Transposed {
         self.inner.transposed.get_or_init(|| {
             let inner = &self.inner;
-            let mut indptr = vec![0u32; inner.num_src + 1];
-            for &s in &inner.indices {
-                indptr[s as usize + 1] += 1;
-            }
-            for s in 0..inner.num_src {
-                indptr[s + 1] += indptr[s];
-            }
-            let e = inner.indices.len();
-            let mut next = indptr.clone();
-            let (mut dst, mut eid) = (vec![0u32; e], vec![0u32; e]);
-            for d in 0..inner.num_dst {
-                for edge in self.edges(d) {
-                    let s = inner.indices[edge] as usize;
-                    let pos = next[s] as usize;
-                    next[s] += 1;
-                    dst[pos] = d as u32;
-                    eid[pos] = edge as u32;
-                }
-            }
+            let SourceMajor { indptr, dst, eid } =
+                SourceMajor::of(&inner.indptr, &inner.indices, inner.num_src);
             Transposed {
                 indptr,
                 dst,

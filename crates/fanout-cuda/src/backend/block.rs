@@ -4,7 +4,7 @@
 use super::kernels::launch;
 use super::CudaBackend;
 use cudarc::driver::CudaSlice;
-use fanout_compute::{BlockDims, BlockRef};
+use fanout_compute::{BlockDims, BlockRef, SourceMajor};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -81,37 +81,19 @@ impl CudaBackend {
         })
     }
 
-    /// The block's transpose, built on the host (a stable counting sort of the edges by
-    /// source, so each source lists its edges in increasing edge id) on first use and kept.
+    /// The block's transpose ([`SourceMajor::of`], built on the host: each source lists its
+    /// edges in increasing edge id) on first use, uploaded and kept.
     /// The input layer's block, the largest, never needs it: its sources get no gradient.
     pub(crate) fn transposed<'b>(&self, b: &'b CudaBlock) -> &'b Transposed {
         b.0.transposed.get_or_init(|| {
             let d = &b.0;
-            let (s, e) = (d.dims.num_src, d.dims.num_edges);
             let host_indptr = self.to_host(&d.indptr, d.dims.num_dst + 1);
-            let host_indices = self.to_host(&d.indices, e);
-            let mut ptr = vec![0u32; s + 1];
-            for &src in &host_indices {
-                ptr[src as usize + 1] += 1;
-            }
-            for i in 0..s {
-                ptr[i + 1] += ptr[i];
-            }
-            let mut next = ptr.clone();
-            let (mut dst, mut eid) = (vec![0u32; e], vec![0u32; e]);
-            for dv in 0..d.dims.num_dst {
-                for ed in host_indptr[dv]..host_indptr[dv + 1] {
-                    let src = host_indices[ed as usize] as usize;
-                    let k = next[src] as usize;
-                    next[src] += 1;
-                    dst[k] = dv as u32;
-                    eid[k] = ed;
-                }
-            }
+            let host_indices = self.to_host(&d.indices, d.dims.num_edges);
+            let t = SourceMajor::of(&host_indptr, &host_indices, d.dims.num_src);
             Transposed {
-                ptr: self.to_device(&ptr),
-                dst: self.to_device(&dst),
-                eid: self.to_device(&eid),
+                ptr: self.to_device(&t.indptr),
+                dst: self.to_device(&t.dst),
+                eid: self.to_device(&t.eid),
             }
         })
     }
