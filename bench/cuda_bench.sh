@@ -11,7 +11,7 @@
 # 2449029 is ogbn-products' size), EPOCHS=3, THREADS=CPU threads of the CPU runs (default: all
 # cores), MODELS="gcn sage" (gcn runs 15,10,5; any other model 10,25)).
 #
-# What it runs, each case three times on the same machine, in turn: on the GPU with every
+# What it runs, three runs per model on the same machine, in turn: on the GPU with every
 # feature row on it (--feature-placement device), on the GPU fed rows gathered on the host
 # (--feature-placement host), and on the CPU: products preset, GCN 15,10,5 and SAGE 10,25,
 # batch 8000, hidden 256 (the settings of issue 21).

@@ -140,8 +140,8 @@ pub struct TrainArgs {
     /// Where each batch's feature rows are gathered: device copies every row to the GPU once
     /// and gathers there (nothing but ids and blocks crosses per step; needs --device cuda and
     /// no --cache-policy / --match-reorder); host gathers on the CPU and uploads the rows; auto
-    /// picks device on a GPU when the rows as f32 take at most half its free memory and no
-    /// cache is asked for [default: auto].
+    /// picks device on a GPU when the rows as f32 take at most half its free memory (and a
+    /// quarter of the host's) and neither a cache nor Match-Reorder is asked for [default: auto].
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).

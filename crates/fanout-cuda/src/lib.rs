@@ -14,8 +14,9 @@
 //!
 //! With the `cuda` feature, the crate adds `CudaDevice` (a context on one GPU through the CUDA
 //! driver API of [`cudarc`](https://docs.rs/cudarc), loaded at run time with `dlopen`, so
-//! building needs no CUDA toolkit), pinned host buffers and streams. The CUDA compute path
-//! itself (kernels, cuBLAS, GPU sampling and caching) is not here yet: see `docs/cuda.md`.
+//! building needs no CUDA toolkit), pinned host buffers, streams, and `CudaBackend`: the
+//! compute `Backend` on that GPU (cuBLAS products, CUDA C kernels compiled at run time by
+//! NVRTC). GPU sampling and partial device caches are not here yet: see `docs/cuda.md`.
 
 mod device;
 mod error;

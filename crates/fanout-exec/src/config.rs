@@ -137,7 +137,7 @@ impl Default for CacheSpec {
 pub enum FeaturePlacement {
     /// `device` when the run computes on a GPU (a backend with its own memory), asks for no
     /// feature cache or Match-Reorder, and the rows as f32 take at most half the device's
-    /// free memory; `host` otherwise.
+    /// free memory and a quarter of the host's available memory; `host` otherwise.
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the

@@ -288,8 +288,9 @@ fn describe(m: &ModelConfig) -> String {
 
 /// Reads the training state of the checkpoint at `path` for a run of `cfg` (resolved) with
 /// model `model` on a dataset of `num_nodes` vertices, checking that it was written by a run
-/// of the same config (only `epochs`, `threads`, `prefetch`, `eval_every` and
-/// `feature_residency` may differ). `params` are the model's parameter names and shapes.
+/// of the same config (only `epochs`, `threads`, `prefetch`, `eval_every`,
+/// `feature_residency`, `feature_placement` and `fuse_input` may differ: none changes the
+/// results). `params` are the model's parameter names and shapes.
 fn load_resume(
     path: &Path,
     cfg: &TrainConfig,
@@ -330,6 +331,7 @@ fn load_resume(
     then.prefetch = cfg.prefetch;
     then.eval_every = cfg.eval_every;
     then.feature_residency = cfg.feature_residency;
+    then.feature_placement = cfg.feature_placement;
     then.fuse_input = cfg.fuse_input;
     if let Some(d) = then.first_difference(cfg) {
         return Err(bad(format!(
@@ -588,9 +590,11 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 ///   have only been checked on the CPU;
 /// - `--strategy factored` and `hybrid`: their sampler and trainer roles exchange parameters
 ///   and gradients as CPU tensors ([`crate::factored`] is written for the CPU backend);
-/// - `--strategy split`: it needs several workers.
+/// - `--strategy split`: it needs several workers;
+/// - `--cache-ratio auto` on a backend with memory of its own ([`Backend::free_memory`] is
+///   `Some`): PaGraph's trial step is measured with a probe of host memory.
 ///
-/// Everything else (single and data-parallel with one worker, caches, `--cache-ratio auto`,
+/// Everything else (single and data-parallel with one worker, caches of a given size,
 /// `--fuse-input`, `--resume` and checkpoints) runs on any backend. `Ok` for the CPU backend.
 pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     if be.name() == "cpu" {
@@ -605,6 +609,11 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     if cfg.workers > 1 {
         return cpu_only(format!("--workers {}", cfg.workers));
     }
+    // PaGraph's auto-sizing measures a trial step with a probe of host memory; a device with
+    // memory of its own would need a probe of that memory, which does not exist yet.
+    if be.free_memory().is_some() && wants_cache(cfg) && cfg.cache.ratio.trim() == "auto" {
+        return cpu_only("--cache-ratio auto".into());
+    }
     match cfg.strategy_kind() {
         StrategyKind::Single | StrategyKind::DataParallel => Ok(()),
         s @ (StrategyKind::Factored | StrategyKind::Hybrid | StrategyKind::Split) => {
@@ -617,15 +626,18 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
 /// `Err` when `device` is asked for where it cannot be (the CPU backend, a feature cache or
 /// Match-Reorder, rows that do not fit in the device's free memory).
 fn rows_on_device<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
-    let cached = cfg.cache.policy != "none" || cfg.cache.match_reorder;
+    let cached = wants_cache(cfg) || cfg.cache.match_reorder;
     let dim = ds.features.as_ref().map_or(0, |f| f.dim) as u64;
     let bytes = ds.num_nodes() * dim * 4;
     let bad = |m: String| Err(ExecError::Invalid(m));
     match cfg.feature_placement {
         FeaturePlacement::Host => Ok(false),
-        FeaturePlacement::Auto => {
-            Ok(!cached && dim > 0 && be.free_memory().is_some_and(|free| bytes <= free / 2))
-        }
+        // The rows are assembled in host memory before the upload: auto also leaves most of
+        // that free (features larger than memory stay on the host path, read mapped).
+        FeaturePlacement::Auto => Ok(!cached
+            && dim > 0
+            && be.free_memory().is_some_and(|free| bytes <= free / 2)
+            && bytes <= fanout_graph::available_memory() / 4),
         FeaturePlacement::Device if be.name() == "cpu" => bad(
             "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
              already where the model computes"
@@ -648,6 +660,11 @@ fn rows_on_device<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result
             _ => Ok(dim > 0),
         },
     }
+}
+
+/// Whether `cfg` asks for a feature cache (a policy other than none).
+fn wants_cache(cfg: &TrainConfig) -> bool {
+    !matches!(cfg.cache.policy.trim(), "none" | "")
 }
 
 /// `x` as a `U` when it is one, else `x` back: how generic code hands a `Trainer<B>` or a
@@ -763,6 +780,11 @@ pub fn train_worker_with<B: Backend>(
             Some(load_resume(path, &cfg, &model_cfg, &shapes, per_param, n)?)
         }
     };
+    // Every feature row copied to the compute device once, or each batch's gathered on the
+    // host (see `FeaturePlacement`); decided before any strategy runs, so that every one
+    // refuses what cannot be.
+    let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
+    let on_device = rows_on_device(&be, &cfg, &ds)?;
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
     let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
     let threads = pool
@@ -796,10 +818,6 @@ pub fn train_worker_with<B: Backend>(
         };
         return crate::factored::run(run, obs);
     }
-    // Every feature row copied to the compute device once, or each batch's gathered on the
-    // host (see `FeaturePlacement`).
-    let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
-    let on_device = rows_on_device(&be, &cfg, &ds)?;
     if on_device {
         let n = ds.num_nodes() as usize;
         let all: Vec<u32> = (0..n as u32).collect();

@@ -493,6 +493,14 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
     };
     let e = refused(train(&on_cpu, &env, &mut ()));
     assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
+    // Every strategy refuses it, the factored ones included.
+    let factored = TrainConfig {
+        strategy: Some(StrategyKind::Factored),
+        workers: 2,
+        ..on_cpu.clone()
+    };
+    let e = refused(train(&factored, &env, &mut ()));
+    assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
     let cached = TrainConfig {
         cache: CacheSpec {
             policy: "degree".into(),

@@ -83,7 +83,9 @@ impl CudaBackend {
 
     /// The block's transpose ([`SourceMajor::of`], built on the host: each source lists its
     /// edges in increasing edge id) on first use, uploaded and kept.
-    /// The input layer's block, the largest, never needs it: its sources get no gradient.
+    /// Layers that aggregate their input first (GraphSAGE, GCN) never need it on the input
+    /// layer's block, the largest: its sources get no gradient. GAT's attention gradients
+    /// need it on every block.
     pub(crate) fn transposed<'b>(&self, b: &'b CudaBlock) -> &'b Transposed {
         b.0.transposed.get_or_init(|| {
             let d = &b.0;

@@ -1,8 +1,10 @@
 // fanout's CUDA kernels: the element-wise, row, graph, loss and optimiser operations of the
 // `Backend` trait (dense products go to cuBLAS). Compiled at run time by NVRTC, once per process
 // and device, with `--fmad=false` so that products and sums round as the CPU backend's do
-// (which never contracts a multiply and an add); where a kernel sums in the same order as the
-// CPU (spmm, per-edge and per-row loops), its result is the CPU's bit for bit.
+// (which never contracts a multiply and an add); where a kernel sums sequentially in the same
+// order as the CPU (spmm and its transpose, per-edge sums, the optimisers), its result is the
+// CPU's bit for bit. Warp reductions (row norms) sum in another order, and `expf` may differ
+// from Rust's `exp` in the last bit.
 //
 // Conventions: tensors are row-major f32; `n` counts elements (64-bit); loops are grid-stride,
 // so any grid size is correct. Blocks (message-flow graphs) are destination-major CSR:

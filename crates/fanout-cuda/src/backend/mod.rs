@@ -28,9 +28,10 @@ use std::sync::Arc;
 /// Guarantees: every operation gives the values the trait documents; element-wise, row, graph
 /// and optimiser kernels round as the CPU backend does (no fused multiply-add) and sum in the
 /// same order where the CPU sums sequentially, so most results equal the CPU's bit for bit;
-/// matrix products (cuBLAS) and column sums sum in another order and agree to rounding.
-/// Results are deterministic (no atomics: gradients flowing to sources use the block's
-/// transpose). Clones share the device, stream and kernels.
+/// matrix products (cuBLAS), column sums and warp reductions sum in another order and agree
+/// to rounding. Results are deterministic (no floating-point atomics: gradients flowing to
+/// sources use the block's transpose; out-degrees are exact integer counts). Clones share the
+/// device, stream and kernels.
 #[derive(Clone)]
 pub struct CudaBackend {
     inner: Arc<Inner>,
