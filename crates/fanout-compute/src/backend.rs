@@ -1,7 +1,7 @@
 //! The device-agnostic compute interface that layers, models and optimisers are written against.
 
 use crate::block::{BlockDims, BlockRef};
-use crate::error::Result;
+use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
 
 /// How a block's edges are weighted when destinations aggregate their sources' rows
@@ -52,6 +52,57 @@ pub struct AdamUpdate {
     pub weight_decay: f32,
     /// 1-based step number, for bias correction.
     pub step: u64,
+}
+
+impl AdamUpdate {
+    /// The step's two scalars, as every backend computes them once per update (in f64, then
+    /// rounded): `(step_size, inv_sqrt_bc2) = (lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t))`,
+    /// each element then updated as `g = grad + weight_decay * value`,
+    /// `m = beta1 * m + (1 - beta1) * g`, `v = beta2 * v + (1 - beta2) * g * g`,
+    /// `value -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps)`. Panics if `step` is 0.
+    pub fn scalars(&self) -> (f32, f32) {
+        assert!(self.step >= 1, "adam_update: step is 1-based");
+        let t = self.step.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - (self.beta1 as f64).powi(t);
+        let bc2 = 1.0 - (self.beta2 as f64).powi(t);
+        ((self.lr as f64 / bc1) as f32, (1.0 / bc2.sqrt()) as f32)
+    }
+}
+
+/// Dropout's integer threshold and keep scale for rate `p`, as [`Backend::dropout`] uses
+/// them: an element is kept (multiplied by `keep = 1 / (1 - p)`) when its 32-bit draw is at
+/// least `thr = round(p * 2^32)` (saturated). Panics unless `0 <= p < 1`.
+pub fn dropout_threshold(p: f32) -> (u32, f32) {
+    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
+    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
+    (thr, 1.0 / (1.0 - p))
+}
+
+/// Checks the labels of [`Backend::softmax_cross_entropy`] for logits of `rows x classes`:
+/// one per row, each -1 or a class index. Returns the number of labelled rows.
+pub fn check_labels(rows: usize, classes: usize, labels: &[i64]) -> Result<usize> {
+    if labels.len() != rows {
+        return Err(ComputeError::shape(
+            "softmax_cross_entropy labels",
+            (rows, 1),
+            (labels.len(), 1),
+        ));
+    }
+    let mut count = 0;
+    for (row, &label) in labels.iter().enumerate() {
+        if label == -1 {
+            continue;
+        }
+        if label < 0 || label as u64 >= classes as u64 {
+            return Err(ComputeError::Label {
+                row,
+                label,
+                classes,
+            });
+        }
+        count += 1;
+    }
+    Ok(count)
 }
 
 /// Hyper-parameters of one SGD update, PyTorch `torch.optim.SGD` semantics without dampening

@@ -38,7 +38,10 @@ pub mod model;
 pub mod optim;
 pub mod tensor;
 
-pub use backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
+pub use backend::{
+    check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec,
+    SgdUpdate,
+};
 pub use block::{BlockDims, BlockRef, SourceMajor};
 pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::MachineRates;

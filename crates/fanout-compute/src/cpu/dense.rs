@@ -262,7 +262,6 @@ impl DropoutRow {
 /// The threshold and keep scale of dropout at rate `p` over `rows` rows (see [`dropout`]).
 /// Panics unless `0 <= p < 1` and `row_ids`, when given, has an id for every row.
 fn dropout_params(p: f32, row_ids: Option<&[u32]>, rows: usize) -> (u32, f32) {
-    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
     if let Some(ids) = row_ids {
         assert!(
             ids.len() >= rows,
@@ -270,8 +269,7 @@ fn dropout_params(p: f32, row_ids: Option<&[u32]>, rows: usize) -> (u32, f32) {
             ids.len()
         );
     }
-    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
-    (thr, 1.0 / (1.0 - p))
+    crate::backend::dropout_threshold(p)
 }
 
 /// See [`crate::Backend::epilogue`]. One pass per row: the element is read once, written

@@ -2,42 +2,16 @@
 
 use rayon::prelude::*;
 
-use crate::backend::CrossEntropy;
-use crate::error::{ComputeError, Result};
+use crate::backend::{check_labels, CrossEntropy};
+use crate::error::Result;
 use crate::tensor::Tensor;
-
-fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<usize> {
-    if labels.len() != logits.rows() {
-        return Err(ComputeError::shape(
-            "softmax_cross_entropy labels",
-            (logits.rows(), 1),
-            (labels.len(), 1),
-        ));
-    }
-    let classes = logits.cols();
-    let mut count = 0;
-    for (row, &label) in labels.iter().enumerate() {
-        if label == -1 {
-            continue;
-        }
-        if label < 0 || label as u64 >= classes as u64 {
-            return Err(ComputeError::Label {
-                row,
-                label,
-                classes,
-            });
-        }
-        count += 1;
-    }
-    Ok(count)
-}
 
 /// See [`crate::Backend::softmax_cross_entropy`].
 pub(crate) fn softmax_cross_entropy(
     logits: &Tensor,
     labels: &[i64],
 ) -> Result<CrossEntropy<Tensor>> {
-    let count = check_labels(logits, labels)?;
+    let count = check_labels(logits.rows(), logits.cols(), labels)?;
     let classes = logits.cols();
     let mut grad = Tensor::zeros(logits.rows(), classes);
     let mut row_loss = vec![0.0f64; logits.rows()];

@@ -19,12 +19,7 @@ pub(crate) fn adam_update(
         grad.shape() == shape && m.shape() == shape && v.shape() == shape,
         "adam_update: shapes differ"
     );
-    assert!(hp.step >= 1, "adam_update: step is 1-based");
-    let t = hp.step.min(i32::MAX as u64) as i32;
-    let bc1 = 1.0 - (hp.beta1 as f64).powi(t);
-    let bc2 = 1.0 - (hp.beta2 as f64).powi(t);
-    let step_size = (hp.lr as f64 / bc1) as f32;
-    let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+    let (step_size, inv_sqrt_bc2) = hp.scalars();
     let (b1, b2, eps, wd) = (hp.beta1, hp.beta2, hp.eps, hp.weight_decay);
     value
         .data_mut()

@@ -6,8 +6,8 @@ use super::{device_failed, CudaBackend, CudaTensor};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use fanout_compute::{
-    AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, ComputeError, CrossEntropy, DropoutSpec,
-    Result, SgdUpdate, Tensor,
+    check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef,
+    CrossEntropy, DropoutSpec, Result, SgdUpdate, Tensor,
 };
 
 /// Rows summed per thread and pass by the column-sum kernel.
@@ -26,13 +26,6 @@ fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
         "{what}: {cols} columns do not split into {heads} heads"
     );
     cols / heads
-}
-
-/// The dropout threshold and scale of the CPU backend (`p` in `[0, 1)`).
-fn dropout_params(p: f32) -> (u32, f32) {
-    assert!((0.0..1.0).contains(&p), "dropout: p = {p} not in [0, 1)");
-    let thr = (p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32;
-    (thr, 1.0 / (1.0 - p))
 }
 
 impl CudaBackend {
@@ -327,7 +320,7 @@ impl Backend for CudaBackend {
         key: u64,
         row_ids: Option<&[u32]>,
     ) -> (CudaTensor, CudaTensor) {
-        let (thr, keep) = dropout_params(p);
+        let (thr, keep) = dropout_threshold(p);
         let seeds = self.to_device(&self.dropout_seeds(x.rows, key, row_ids));
         let mut out = self.new_tensor(x.rows, x.cols);
         let mut mask = self.new_tensor(x.rows, x.cols);
@@ -360,7 +353,7 @@ impl Backend for CudaBackend {
         if let Some(b) = bias {
             assert_eq!(b.shape(), (1, x.cols), "epilogue: bias shape");
         }
-        let (thr, scale) = dropout.map_or((0, 1.0), |d| dropout_params(d.p));
+        let (thr, scale) = dropout.map_or((0, 1.0), |d| dropout_threshold(d.p));
         let seeds = dropout.map(|d| self.to_device(&self.dropout_seeds(x.rows, d.key, d.row_ids)));
         let mut factor =
             (keep && (relu || dropout.is_some())).then(|| self.new_tensor(x.rows, x.cols));
@@ -836,27 +829,7 @@ impl Backend for CudaBackend {
         labels: &[i64],
     ) -> Result<CrossEntropy<CudaTensor>> {
         let (rows, classes) = logits.shape();
-        if labels.len() != rows {
-            return Err(ComputeError::shape(
-                "softmax_cross_entropy labels",
-                (rows, 1),
-                (labels.len(), 1),
-            ));
-        }
-        let mut count = 0;
-        for (row, &label) in labels.iter().enumerate() {
-            if label == -1 {
-                continue;
-            }
-            if label < 0 || label as u64 >= classes as u64 {
-                return Err(ComputeError::Label {
-                    row,
-                    label,
-                    classes,
-                });
-            }
-            count += 1;
-        }
+        let count = check_labels(rows, classes, labels)?;
         let mut grad = self.new_tensor(rows, classes);
         if count == 0 {
             return Ok(CrossEntropy {
@@ -930,12 +903,7 @@ impl Backend for CudaBackend {
             grad.shape() == shape && m.shape() == shape && v.shape() == shape,
             "adam_update: shapes differ"
         );
-        assert!(hp.step >= 1, "adam_update: step is 1-based");
-        let t = hp.step.min(i32::MAX as u64) as i32;
-        let bc1 = 1.0 - (hp.beta1 as f64).powi(t);
-        let bc2 = 1.0 - (hp.beta2 as f64).powi(t);
-        let step_size = (hp.lr as f64 / bc1) as f32;
-        let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+        let (step_size, inv_sqrt_bc2) = hp.scalars();
         let n = value.len() as i64;
         launch!(
             self.inner,
