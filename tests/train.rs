@@ -49,6 +49,11 @@ fn train_writes_metrics_and_saved_model_reproduces_test_accuracy() {
     let acc = j["test_acc"].as_f64().unwrap();
     // 4 planted classes: chance is 0.25.
     assert!(acc > 0.4 && acc <= 1.0, "test accuracy {acc}");
+    // The device the run computed on, and the backend.
+    assert_eq!(j["device"]["device"], "cpu", "{}", j["device"]);
+    assert_eq!(j["device"]["kind"], "cpu");
+    assert!(!j["device"]["name"].as_str().unwrap().is_empty());
+    assert_eq!(j["backend"], "cpu");
     let epochs = j["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 3);
     for (i, e) in epochs.iter().enumerate() {

@@ -1,6 +1,6 @@
 //! `--device` of the commands that compute (`train`, `eval`).
 
-use fanout_cuda::DeviceSpec;
+use fanout_cuda::{DeviceInfo, DeviceSpec};
 
 /// Where a command computes, opened from its `--device`.
 pub enum Compute {
@@ -16,11 +16,18 @@ pub enum Compute {
 /// device, NVRTC or cuBLAS missing, ...); a run asked to use a GPU never quietly runs on the
 /// CPU instead.
 pub fn open_for_compute(spec: DeviceSpec) -> Result<Compute, String> {
+    Ok(open_with_info(spec)?.0)
+}
+
+/// [`open_for_compute`], with the device's summary for the run's metrics JSON (its name and
+/// memory as the run starts).
+pub fn open_with_info(spec: DeviceSpec) -> Result<(Compute, DeviceInfo), String> {
     let device = fanout_cuda::open(spec).map_err(|e| format!("--device {spec}: {e}"))?;
+    let info = device.info();
     if device.is_cpu() {
-        return Ok(Compute::Cpu);
+        return Ok((Compute::Cpu, info));
     }
-    cuda_backend(spec, device)
+    Ok((cuda_backend(spec, device)?, info))
 }
 
 #[cfg(feature = "cuda")]

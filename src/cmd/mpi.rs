@@ -39,7 +39,11 @@ pub fn train(a: &TrainArgs, cfg: &TrainConfig, quiet: bool) -> Result<(), String
         fanout_exec::train_worker(ds, cfg, &comm, None, &env, obs).map_err(|e| e.to_string())
     })();
     match result {
-        Ok(out) if rank == 0 => crate::cmd::train::finish(a, &out),
+        Ok(out) if rank == 0 => {
+            // Ranks compute on the CPU (a GPU is refused under mpirun for now).
+            let cpu = fanout_cuda::open(fanout_cuda::DeviceSpec::Cpu).map(|d| d.info());
+            crate::cmd::train::finish(a, &out, cpu.ok().as_ref())
+        }
         Ok(_) => Ok(()),
         Err(e) => {
             // Ends every rank with this message (MPI_Abort); does not return.

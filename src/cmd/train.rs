@@ -414,7 +414,7 @@ pub fn run(
     quiet: bool,
     cancel: Option<&fanout_graph::Cancel>,
 ) -> Result<(), String> {
-    let compute = crate::cmd::device::open_for_compute(a.device)?;
+    let (compute, device) = crate::cmd::device::open_with_info(a.device)?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
     if fanout_comm::launched_by_mpi() {
@@ -450,7 +450,7 @@ pub fn run(
         Compute::Cuda(be) => fanout_exec::train_with_backend(be, &cfg, &env, &mut obs),
     }
     .map_err(|e| e.to_string())?;
-    finish(a, &out)
+    finish(a, &out, Some(&device))
 }
 
 /// Rank 0's observer.
@@ -462,8 +462,13 @@ pub fn observer(cfg: &TrainConfig, quiet: bool) -> impl FitObserver {
     }
 }
 
-/// Prints the run's summary and writes the metrics JSON and the checkpoint (rank 0's job).
-pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
+/// Prints the run's summary and writes the metrics JSON (with `device`'s summary under
+/// `"device"` when given) and the checkpoint (rank 0's job).
+pub fn finish(
+    a: &TrainArgs,
+    out: &TrainOutcome,
+    device: Option<&fanout_cuda::DeviceInfo>,
+) -> Result<(), String> {
     let m = &out.metrics;
     // The floor of the median epoch's worth of work: the median over the same epochs.
     let floor = m
@@ -510,7 +515,12 @@ pub fn finish(a: &TrainArgs, out: &TrainOutcome) -> Result<(), String> {
         );
     }
     if let Some(p) = &a.metrics_out {
-        write_atomic(p, &out.report())?;
+        let mut report = out.report();
+        if let (Some(d), Some(obj)) = (device, report.as_object_mut()) {
+            let d = serde_json::to_value(d).map_err(|e| format!("--metrics-out: {e}"))?;
+            obj.insert("device".into(), d);
+        }
+        write_atomic(p, &report)?;
     }
     if let Some(p) = &a.save_model {
         out.save_model(p).map_err(|e| e.to_string())?;
