@@ -12,16 +12,11 @@ pub enum Compute {
 }
 
 /// Opens the device `--device` names and, for a GPU, starts the CUDA backend on it (compiling
-/// its kernels). Errors read `--device SPEC: why` (no CUDA in this build, no driver, no such
-/// device, NVRTC or cuBLAS missing, ...); a run asked to use a GPU never quietly runs on the
-/// CPU instead.
-pub fn open_for_compute(spec: DeviceSpec) -> Result<Compute, String> {
-    Ok(open_with_info(spec)?.0)
-}
-
-/// [`open_for_compute`], with the device's summary for the run's metrics JSON (its name and
-/// memory as the run starts).
-pub fn open_with_info(spec: DeviceSpec) -> Result<(Compute, DeviceInfo), String> {
+/// its kernels); returns it with the device's summary for the run's metrics JSON (its name and
+/// memory as the run starts). Errors read `--device SPEC: why` (no CUDA in this build, no
+/// driver, no such device, NVRTC or cuBLAS missing, ...); a run asked to use a GPU never
+/// quietly runs on the CPU instead.
+pub fn open_for_compute(spec: DeviceSpec) -> Result<(Compute, DeviceInfo), String> {
     let device = fanout_cuda::open(spec).map_err(|e| format!("--device {spec}: {e}"))?;
     let info = device.info();
     if device.is_cpu() {

@@ -54,10 +54,10 @@ pub enum SplitArg {
 
 /// Runs `fanout eval`: a thin shell over [`fanout_exec::evaluate_checkpoint`].
 pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
-    if !matches!(
-        crate::cmd::device::open_for_compute(a.device)?,
-        crate::cmd::device::Compute::Cpu
-    ) {
+    // Opening says first what is missing for a GPU (no CUDA build, no driver, no device);
+    // the backend itself is not started, evaluation runs on the CPU only.
+    fanout_cuda::open(a.device).map_err(|e| format!("--device {}: {e}", a.device))?;
+    if !a.device.is_cpu() {
         return Err(format!(
             "--device {}: fanout eval computes on --device cpu only for now",
             a.device

@@ -414,16 +414,16 @@ pub fn run(
     quiet: bool,
     cancel: Option<&fanout_graph::Cancel>,
 ) -> Result<(), String> {
-    let (compute, device) = crate::cmd::device::open_with_info(a.device)?;
+    if fanout_comm::launched_by_mpi() && !a.device.is_cpu() {
+        return Err(format!(
+            "--device {}: runs under mpirun compute on --device cpu only for now",
+            a.device
+        ));
+    }
+    let (compute, device) = crate::cmd::device::open_for_compute(a.device)?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
     if fanout_comm::launched_by_mpi() {
-        if !matches!(compute, Compute::Cpu) {
-            return Err(format!(
-                "--device {}: runs under mpirun compute on --device cpu only for now",
-                a.device
-            ));
-        }
         // Validated by each rank once the launcher's rank count is known.
         return crate::cmd::mpi::train(a, &cfg, quiet);
     }

@@ -53,9 +53,8 @@ impl CudaBackend {
         loop {
             let src = cur.as_ref().unwrap_or(x);
             let chunks = rows.div_ceil(COL_SUM_CHUNK).max(1);
-            let out = self.new_tensor(chunks, cols);
+            let mut o = self.new_tensor(chunks, cols);
             let (r64, c32, ch) = (rows as i64, cols as i32, COL_SUM_CHUNK as i32);
-            let mut o = out;
             launch!(
                 self.inner,
                 "col_sum_chunks",
