@@ -4,8 +4,9 @@
 //!
 //! The rates ([`MachineRates`]) are measured once per machine and thread count and kept in
 //! `machine-rates.json` under fanout's cache folder (`$FANOUT_CACHE_DIR`, else
-//! `$XDG_CACHE_HOME/fanout`, else `~/.cache/fanout`), keyed by the CPU's model name; delete the
-//! file to measure again. Without a writable cache folder they are measured once per process.
+//! `$XDG_CACHE_HOME/fanout`, else `~/.cache/fanout`), keyed by the CPU's model name, family,
+//! model and stepping; delete the file to measure again. Without a writable cache folder they
+//! are measured once per process.
 
 use fanout_compute::MachineRates;
 use std::collections::BTreeMap;
@@ -18,7 +19,7 @@ const CACHE_FILE: &str = "machine-rates.json";
 /// What the cache file holds.
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 struct CacheFile {
-    /// The CPU the rates were measured on (`model name` of /proc/cpuinfo).
+    /// The CPU the rates were measured on ([`cpu_model`]).
     cpu: String,
     /// Rates by thread count.
     rates: BTreeMap<usize, MachineRates>,
@@ -105,17 +106,36 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("fanout")))
 }
 
-/// The CPU's model name, or "unknown".
+/// The CPU the rates belong to: its model name with its family, model and stepping (virtual
+/// machines often name every generation of a vendor's CPUs alike, e.g. "AMD EPYC", while the
+/// three numbers tell them apart), or "unknown".
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
+        .map(|s| cpu_identity(&s))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// [`cpu_model`] from the text of `/proc/cpuinfo`: `"NAME (family F model M stepping S)"`
+/// from the first processor's fields, the parenthesis left out when none of the three is given.
+fn cpu_identity(cpuinfo: &str) -> String {
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let name = field("model name").unwrap_or_else(|| "unknown".into());
+    let numbers: Vec<String> = ["cpu family", "model", "stepping"]
+        .iter()
+        .filter_map(|k| field(k).map(|v| format!("{} {v}", k.trim_start_matches("cpu "))))
+        .collect();
+    if numbers.is_empty() {
+        name
+    } else {
+        format!("{name} ({})", numbers.join(" "))
+    }
 }
 
 #[cfg(test)]
@@ -148,5 +168,22 @@ mod tests {
         other.rates.insert(3, fake);
         store(&t.path().join(CACHE_FILE), &other);
         assert_eq!(cached_or_measured(Some(&path), 3), Some(fake));
+    }
+
+    #[test]
+    fn cpus_of_one_name_but_other_generations_are_told_apart() {
+        let zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n\
+                    model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\ncpu family\t: 99\n";
+        let zen4 = zen3.replace("model\t\t: 1\n", "model\t\t: 17\n");
+        assert_eq!(
+            cpu_identity(zen3),
+            "AMD EPYC (family 25 model 1 stepping 1)"
+        );
+        assert_eq!(
+            cpu_identity(&zen4),
+            "AMD EPYC (family 25 model 17 stepping 1)"
+        );
+        assert_eq!(cpu_identity("model name : Some CPU\n"), "Some CPU");
+        assert_eq!(cpu_identity(""), "unknown");
     }
 }
