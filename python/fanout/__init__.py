@@ -26,9 +26,11 @@ from typing import Any, Dict, Optional, Union
 
 from . import _fanout
 from ._fanout import (
+    CUDA_BUILT,
     EVAL_EPOCH,
     Dataset,
     DatasetError,
+    DeviceError,
     FanoutError,
     FanoutIOError,
     InvalidArgumentError,
@@ -41,10 +43,12 @@ from .run import evaluate, read_checkpoint, train
 PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = [
+    "CUDA_BUILT",
     "EVAL_EPOCH",
     "Block",
     "Dataset",
     "DatasetError",
+    "DeviceError",
     "FanoutError",
     "FanoutIOError",
     "InvalidArgumentError",

@@ -10,6 +10,8 @@ _Path = Union[str, PathLike[str]]
 
 EVAL_EPOCH: int
 """The epoch number fanout's trainer samples evaluation batches under (2**64 - 1)."""
+CUDA_BUILT: bool
+"""Whether this package was built with CUDA support (``train(..., device="cuda")``)."""
 __version__: str
 
 class FanoutError(Exception):
@@ -26,6 +28,9 @@ class NotFoundError(FanoutError, FileNotFoundError):
 
 class FanoutIOError(FanoutError, OSError):
     """An operating-system error while reading or writing."""
+
+class DeviceError(FanoutError, RuntimeError):
+    """The device asked for cannot be opened: no CUDA in this build, no driver, no such GPU."""
 
 class Dataset:
     """An opened fanout dataset directory (memory-mapped; O(1) to open).
@@ -116,6 +121,7 @@ def train(
     metrics_out: Optional[str] = None,
     on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
     on_note: Optional[Callable[[str], None]] = None,
+    device: str = "cpu",
 ) -> Dict[str, Any]: ...
 def evaluate(
     checkpoint: str,

@@ -30,6 +30,7 @@ def _print_epoch(m: Dict[str, Any]) -> None:
 def train(
     config: Union[Mapping[str, Any], PathLike, None] = None,
     *,
+    device: str = "cpu",
     save_model: Optional[PathLike] = None,
     metrics_out: Optional[PathLike] = None,
     on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
@@ -45,6 +46,13 @@ def train(
     the path of a TOML/JSON config (or of an earlier run's metrics JSON, which replays it).
     Keyword ``settings`` are added to (or override) a dict config. Unknown keys are refused.
 
+    ``device`` is where the model trains: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (what
+    ``fanout train --device`` takes). A GPU needs a package built with CUDA support
+    (``MATURIN_PEP517_ARGS="--features cuda" pip install ./python``; no CUDA toolkit needed
+    to build) and the NVIDIA driver; a device that cannot be opened raises
+    :class:`DeviceError` saying what is missing, and a GPU asked for is never replaced by the
+    CPU. Sampling and feature gathering stay on the CPU (docs/cuda.md).
+
     ``save_model`` (also accepted as a config key) writes the best-validation model as a
     safetensors checkpoint (``fanout eval``, :func:`evaluate`,
     :func:`fanout.torch.load_checkpoint`); ``metrics_out`` (also a key) writes the metrics
@@ -54,8 +62,8 @@ def train(
     ends: the run itself cannot be interrupted from Python.
 
     Returns the metrics report: ``test_acc`` (of the best-validation epoch), ``best_val_acc``,
-    ``best_epoch``, ``median_epoch_s``, ``epochs`` (per-epoch figures) and the resolved
-    ``config``.
+    ``best_epoch``, ``median_epoch_s``, ``epochs`` (per-epoch figures), the resolved
+    ``config`` and the ``device`` it computed on (kind, name, memory).
     """
     path: Optional[str] = None
     cfg: Optional[Dict[str, Any]] = None
@@ -100,6 +108,7 @@ def train(
         None if metrics_out is None else os.fspath(metrics_out),
         each_epoch if callbacks else None,
         note if verbose else None,
+        device,
     )
 
 

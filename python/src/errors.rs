@@ -10,6 +10,7 @@
 //! | `InvalidArgumentError` | `FanoutError`, `ValueError` | a bad argument or setting |
 //! | `NotFoundError` | `FanoutError`, `FileNotFoundError` | a path (dataset, checkpoint, source) that does not exist |
 //! | `FanoutIOError` | `FanoutError`, `OSError` | any other operating-system error |
+//! | `DeviceError` | `FanoutError`, `RuntimeError` | a device that cannot be opened (no CUDA in this build, no driver, no such GPU) |
 //!
 //! The classes are made at import time with `type(name, bases, {})` because an exception class
 //! with two bases cannot be declared with `create_exception!`.
@@ -17,7 +18,7 @@
 use fanout_compute::ComputeError;
 use fanout_exec::ExecError;
 use fanout_graph::Error as GraphError;
-use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyException, PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -39,9 +40,11 @@ pub enum Kind {
     NotFound = 3,
     /// `FanoutIOError` (also an `OSError`).
     Io = 4,
+    /// `DeviceError` (also a `RuntimeError`).
+    Device = 5,
 }
 
-const DOCS: [(&str, &str); 5] = [
+const DOCS: [(&str, &str); 6] = [
     ("FanoutError", "Base class of every error fanout raises."),
     (
         "DatasetError",
@@ -59,6 +62,11 @@ const DOCS: [(&str, &str); 5] = [
         "FanoutIOError",
         "An operating-system error while reading or writing (also an OSError).",
     ),
+    (
+        "DeviceError",
+        "The device asked for cannot be opened: no CUDA in this build, no driver, no such GPU \
+         (also a RuntimeError).",
+    ),
 ];
 
 /// Creates the exception classes and adds them to module `m`.
@@ -73,7 +81,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             1 => made[0].bind(py).clone(),
             2 => py.get_type::<PyValueError>(),
             3 => py.get_type::<PyFileNotFoundError>(),
-            _ => py.get_type::<PyOSError>(),
+            4 => py.get_type::<PyOSError>(),
+            _ => py.get_type::<PyRuntimeError>(),
         };
         let bases = if i <= 1 {
             PyTuple::new(py, [extra])?

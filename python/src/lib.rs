@@ -34,6 +34,7 @@ fn _fanout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run::evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(run::read_checkpoint, m)?)?;
     m.add("EVAL_EPOCH", fanout_exec::EVAL_EPOCH)?;
+    m.add("CUDA_BUILT", fanout_exec::device::CUDA_BUILT)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -5,8 +5,8 @@ use crate::convert::{from_py, json_to_py, to_py};
 use crate::errors::{check_process, compute, exec, missing_paths, raise, Kind};
 use fanout_compute::{io, CpuBackend};
 use fanout_exec::{
-    evaluate_checkpoint, BatchOutcome, EpochMetrics, EvalRequest, EvalSplit, FitObserver, RunEnv,
-    TrainConfig,
+    evaluate_checkpoint, BatchOutcome, Compute, DeviceSpec, EpochMetrics, EvalRequest, EvalSplit,
+    FitObserver, RunEnv, TrainConfig,
 };
 use fanout_graph::{Cancel, Residency};
 use numpy::ndarray::Array2;
@@ -64,12 +64,33 @@ impl FitObserver for PyObserver {
     }
 }
 
+/// The command that installs this package with CUDA support, quoted in errors.
+const PIP_CUDA: &str = "MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python";
+
+/// Why [`train`]'s run did not finish: the device did not open, or the run failed.
+enum RunFailure {
+    /// The device named could not be opened (why, after the device's name).
+    Device(String),
+    /// The run API's error.
+    Exec(fanout_exec::ExecError),
+}
+
+impl From<fanout_exec::ExecError> for RunFailure {
+    fn from(e: fanout_exec::ExecError) -> Self {
+        RunFailure::Exec(e)
+    }
+}
+
 /// Trains the run described by `config` (a dict of `TrainConfig` settings) or `config_path`
-/// (TOML, JSON, or an earlier run's metrics JSON), with the GIL released. Writes the metrics
-/// JSON to `metrics_out` and the best-validation model to `save_model` when given; returns
-/// the metrics report (`fanout train --metrics-out`'s JSON) as a dict.
+/// (TOML, JSON, or an earlier run's metrics JSON) on `device` (`cpu`, `cuda`, `cuda:N`; what
+/// `fanout train --device` takes), with the GIL released. Writes the metrics JSON to
+/// `metrics_out` and the best-validation model to `save_model` when given; returns the
+/// metrics report (`fanout train --metrics-out`'s JSON, the device's summary under
+/// `"device"`) as a dict. A device that cannot be opened raises `DeviceError`; a GPU asked
+/// for is never replaced by the CPU.
 #[pyfunction]
-#[pyo3(signature = (config=None, config_path=None, save_model=None, metrics_out=None, on_epoch=None, on_note=None))]
+#[pyo3(signature = (config=None, config_path=None, save_model=None, metrics_out=None, on_epoch=None, on_note=None, device="cpu"))]
+#[allow(clippy::too_many_arguments)]
 pub fn train<'py>(
     py: Python<'py>,
     config: Option<&Bound<'py, PyAny>>,
@@ -78,8 +99,23 @@ pub fn train<'py>(
     metrics_out: Option<PathBuf>,
     on_epoch: Option<Py<PyAny>>,
     on_note: Option<Py<PyAny>>,
+    device: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     check_process()?;
+    let spec: DeviceSpec = device
+        .parse()
+        .map_err(|e| raise(Kind::Invalid, format!("device: {e}")))?;
+    if !spec.is_cpu() && !fanout_exec::device::CUDA_BUILT {
+        // The library's own message names the cargo command, which builds the command line.
+        return Err(raise(
+            Kind::Device,
+            format!(
+                "device {spec}: this fanout package was built without CUDA support; reinstall \
+                 it with `{PIP_CUDA}` (building needs no CUDA toolkit; running needs the NVIDIA \
+                 driver)"
+            ),
+        ));
+    }
     let cfg: TrainConfig = match (config, &config_path) {
         (Some(c), None) => from_py(c, "config")?,
         (None, Some(p)) => {
@@ -105,17 +141,22 @@ pub fn train<'py>(
         ..RunEnv::default()
     };
     let (result, signal) = interruptible(py, &cancel, || {
-        let out = fanout_exec::train(&cfg, &env, &mut obs)?;
+        // Opened here, without the GIL: starting a GPU's backend compiles its kernels.
+        let (compute, info) = Compute::open(spec).map_err(RunFailure::Device)?;
+        let out = compute.train(&cfg, &env, &mut obs)?;
         if let Some(p) = &save_model {
             out.save_model(p)?;
         }
-        Ok::<_, fanout_exec::ExecError>(out.report())
+        Ok::<_, RunFailure>(out.report_on(&info))
     });
     // A signal's exception (KeyboardInterrupt) first, then a callback's, then the run's own.
     if let Some(e) = signal.or_else(|| obs.error.take()) {
         return Err(e);
     }
-    let report = result.map_err(|e| missing_paths(exec(e), &[dataset.as_path()]))?;
+    let report = result.map_err(|e| match e {
+        RunFailure::Device(why) => raise(Kind::Device, format!("device {spec}: {why}")),
+        RunFailure::Exec(e) => missing_paths(exec(e), &[dataset.as_path()]),
+    })?;
     if let Some(p) = &metrics_out {
         write_json(p, &report)?;
     }

@@ -17,6 +17,8 @@ def test_exception_hierarchy():
     assert issubclass(fanout.NotFoundError, FileNotFoundError)
     assert issubclass(fanout.NotFoundError, fanout.FanoutError)
     assert issubclass(fanout.FanoutIOError, OSError)
+    assert issubclass(fanout.DeviceError, RuntimeError)
+    assert issubclass(fanout.DeviceError, fanout.FanoutError)
     assert fanout.FanoutError.__module__ == "fanout"
 
 
@@ -132,6 +134,19 @@ def test_run_api_errors(tmp_path, cora_path):
         fanout.read_checkpoint(junk)
     with pytest.raises(fanout.InvalidArgumentError, match="split"):
         fanout.evaluate(junk, cora_path, split="dev")
+
+
+def test_device_errors(cora_path, tmp_path):
+    run = {"dataset": cora_path, "epochs": 1, "threads": 2, "metrics_out": tmp_path / "m.json"}
+    with pytest.raises(fanout.InvalidArgumentError, match='device: "tpu" is not a device'):
+        fanout.train(run, device="tpu")
+    if fanout.CUDA_BUILT:
+        pytest.skip("a CUDA build: its errors depend on the machine's driver and GPUs")
+    # A package built without CUDA says so, and how to get it, before anything runs: no
+    # metrics file, and never a quiet fall-back to the CPU.
+    with pytest.raises(fanout.DeviceError, match="without CUDA support.*--features cuda"):
+        fanout.train(run, device="cuda:1")
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_import_errors(sources, tmp_path, cora_path):

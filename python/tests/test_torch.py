@@ -117,6 +117,7 @@ def test_train_save_evaluate_and_load_into_torch(cora_path, tmp_path, model):
     )
     assert [m["epoch"] for m in seen] == [0, 1, 2, 3]
     assert report["model"] == model and len(report["epochs"]) == 4
+    assert report["device"]["device"] == "cpu" and report["backend"] == "cpu"
     assert report["test_acc"] > 0.5
     assert json.loads(metrics.read_text())["test_acc"] == report["test_acc"]
     acc = fanout.evaluate(ckpt, cora_path)
@@ -143,7 +144,7 @@ def test_train_from_a_config_file_and_replay(cora_path, tmp_path):
         'threads = 2\n[sampler]\nkind = "khop"\n'
     )
     metrics = tmp_path / "m.json"
-    a = fanout.train(toml, metrics_out=metrics)
+    a = fanout.train(toml, metrics_out=metrics, device="cpu")
     b = fanout.train(metrics)  # a metrics file replays its run
     assert a["config"] == b["config"]
     assert a["test_acc"] == b["test_acc"]

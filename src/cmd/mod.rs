@@ -1,9 +1,8 @@
-//! One module per subcommand, and `device`, `residency` and `sampler_args` for flags several
-//! of them take.
+//! One module per subcommand, and `residency` and `sampler_args` for flags several of them
+//! take (`--device` is opened by `fanout_exec::Compute`).
 
 pub mod cache_sim;
 pub mod dataset;
-pub mod device;
 pub mod eval;
 pub mod mpi;
 pub mod partition;

@@ -2,7 +2,6 @@
 //! optional config file) become a [`TrainConfig`], progress is drawn on the terminal, and rank
 //! 0 writes the metrics JSON and the checkpoint.
 
-use crate::cmd::device::Compute;
 use crate::cmd::residency::ResidencyArg;
 use crate::cmd::sampler_args::SamplerArgs;
 use crate::memory::HostHeap;
@@ -420,7 +419,8 @@ pub fn run(
             a.device
         ));
     }
-    let (compute, device) = crate::cmd::device::open_for_compute(a.device)?;
+    let (compute, device) = fanout_exec::Compute::open(a.device)
+        .map_err(|why| format!("--device {}: {why}", a.device))?;
     fanout_exec::tune_allocator();
     let cfg = a.to_config()?;
     if fanout_comm::launched_by_mpi() {
@@ -444,12 +444,9 @@ pub fn run(
         resume: a.resume.as_deref(),
     };
     let mut obs = observer(&cfg, quiet);
-    let out = match compute {
-        Compute::Cpu => fanout_exec::train(&cfg, &env, &mut obs),
-        #[cfg(feature = "cuda")]
-        Compute::Cuda(be) => fanout_exec::train_with_backend(be, &cfg, &env, &mut obs),
-    }
-    .map_err(|e| e.to_string())?;
+    let out = compute
+        .train(&cfg, &env, &mut obs)
+        .map_err(|e| e.to_string())?;
     finish(a, &out, Some(&device))
 }
 
@@ -515,11 +512,7 @@ pub fn finish(
         );
     }
     if let Some(p) = &a.metrics_out {
-        let mut report = out.report();
-        if let (Some(d), Some(obj)) = (device, report.as_object_mut()) {
-            let d = serde_json::to_value(d).map_err(|e| format!("--metrics-out: {e}"))?;
-            obj.insert("device".into(), d);
-        }
+        let report = device.map_or_else(|| out.report(), |d| out.report_on(d));
         write_atomic(p, &report)?;
     }
     if let Some(p) = &a.save_model {

@@ -38,6 +38,7 @@
 
 pub mod buffers;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod eval;
 pub mod factored;
@@ -55,6 +56,7 @@ pub use buffers::BufferPool;
 pub use config::{
     CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, StrategyKind, TrainConfig,
 };
+pub use device::{Compute, DeviceInfo, DeviceSpec};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};

@@ -157,6 +157,18 @@ pub struct TrainOutcome {
 }
 
 impl TrainOutcome {
+    /// [`TrainOutcome::report`] with `device`'s summary (what [`crate::Compute::open`] gave)
+    /// under `"device"`: the metrics JSON of a run that chose its device.
+    pub fn report_on(&self, device: &crate::DeviceInfo) -> serde_json::Value {
+        let mut report = self.report();
+        if let Some(obj) = report.as_object_mut() {
+            // A plain struct of strings and numbers: serialising it cannot fail.
+            let d = serde_json::to_value(device).unwrap_or(serde_json::Value::Null);
+            obj.insert("device".into(), d);
+        }
+        report
+    }
+
     /// The metrics JSON of `fanout train --metrics-out`: the run's figures, the resolved
     /// config under `"config"` (so the file replays the run), and the per-worker figures.
     pub fn report(&self) -> serde_json::Value {
