@@ -30,7 +30,8 @@ class FanoutIOError(FanoutError, OSError):
     """An operating-system error while reading or writing."""
 
 class DeviceError(FanoutError, RuntimeError):
-    """The device asked for cannot be opened: no CUDA in this build, no driver, no such GPU."""
+    """The device asked for cannot be opened (no CUDA in this build, no driver, no such GPU)
+    or failed during the run (out of memory)."""
 
 class Dataset:
     """An opened fanout dataset directory (memory-mapped; O(1) to open).

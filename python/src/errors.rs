@@ -10,7 +10,7 @@
 //! | `InvalidArgumentError` | `FanoutError`, `ValueError` | a bad argument or setting |
 //! | `NotFoundError` | `FanoutError`, `FileNotFoundError` | a path (dataset, checkpoint, source) that does not exist |
 //! | `FanoutIOError` | `FanoutError`, `OSError` | any other operating-system error |
-//! | `DeviceError` | `FanoutError`, `RuntimeError` | a device that cannot be opened (no CUDA in this build, no driver, no such GPU) |
+//! | `DeviceError` | `FanoutError`, `RuntimeError` | a device that cannot be opened (no CUDA in this build, no driver, no such GPU) or fails during the run (out of memory) |
 //!
 //! The classes are made at import time with `type(name, bases, {})` because an exception class
 //! with two bases cannot be declared with `create_exception!`.
@@ -64,8 +64,8 @@ const DOCS: [(&str, &str); 6] = [
     ),
     (
         "DeviceError",
-        "The device asked for cannot be opened: no CUDA in this build, no driver, no such GPU \
-         (also a RuntimeError).",
+        "The device asked for cannot be opened (no CUDA in this build, no driver, no such GPU) \
+         or failed during the run (out of memory) (also a RuntimeError).",
     ),
 ];
 
@@ -148,6 +148,7 @@ pub fn exec(e: ExecError) -> PyErr {
         ExecError::Compute(c) => compute(c),
         ExecError::Invalid(m) => raise(Kind::Invalid, m),
         ExecError::Comm(c) => raise(Kind::Base, c.to_string()),
+        e @ ExecError::Device(_) => raise(Kind::Device, e.to_string()),
         e @ (ExecError::Interrupted { .. } | ExecError::NonFinite { .. }) => {
             raise(Kind::Base, e.to_string())
         }

@@ -32,6 +32,7 @@ pub mod backend;
 pub mod block;
 pub mod cpu;
 pub mod error;
+pub mod failure;
 pub mod io;
 pub mod layers;
 pub mod model;
@@ -47,6 +48,7 @@ pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::MachineRates;
 pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};
+pub use failure::{catch_device_failure, device_failed, DeviceFailure};
 pub use layers::{
     Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param,
     Pass, PinSageLayer, SageLayer,

@@ -13,6 +13,9 @@ pub enum ExecError {
     Invalid(String),
     /// Talking to the other workers failed, or one of them failed (its rank and message).
     Comm(fanout_comm::CommError),
+    /// The compute device failed during the run (ran out of memory, refused a launch): what
+    /// failed and what to try ([`fanout_compute::DeviceFailure`]).
+    Device(fanout_compute::DeviceFailure),
     /// Training was cancelled (Ctrl-C, SIGTERM) and stopped before step `step` of epoch
     /// `epoch` (both counted from 0, as the epoch lines are).
     Interrupted {
@@ -94,6 +97,7 @@ impl fmt::Display for ExecError {
             ExecError::Compute(e) => write!(f, "{e}"),
             ExecError::Invalid(m) => f.write_str(m),
             ExecError::Comm(e) => write!(f, "{e}"),
+            ExecError::Device(e) => write!(f, "the device failed, and the run stopped: {e}"),
             ExecError::Interrupted {
                 epoch,
                 step,

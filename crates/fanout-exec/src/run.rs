@@ -29,7 +29,8 @@ use fanout_cache::{
 };
 use fanout_comm::{Comm, CommError, CommStats, LocalComm};
 use fanout_compute::{
-    io, Adam, Backend, CpuBackend, Model, ModelConfig, OptimState, Optimizer, Tensor,
+    catch_device_failure, io, Adam, Backend, CpuBackend, Model, ModelConfig, OptimState, Optimizer,
+    Tensor,
 };
 use fanout_graph::{Cancel, Dataset, NoProgress, Progress};
 use fanout_sample::{LoaderConfig, Sampler};
@@ -463,7 +464,9 @@ pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Resu
 /// evaluation all run on `be`; sampling and feature extraction stay on the host. Given the
 /// same config, a backend whose kernels give the CPU's results trains the CPU's model bit for
 /// bit. The outcome's model is on the CPU ([`TrainOutcome::model`]). A backend other than the
-/// CPU is refused, before the dataset is opened, the options [`check_backend`] names.
+/// CPU is refused, before the dataset is opened, the options [`check_backend`] names; its
+/// device failing during the run ([`fanout_compute::device_failed`]) ends the run with
+/// [`ExecError::Device`].
 pub fn train_with_backend<B: Backend>(
     be: B,
     cfg: &TrainConfig,
@@ -472,6 +475,22 @@ pub fn train_with_backend<B: Backend>(
 ) -> Result<TrainOutcome> {
     cfg.validate()?;
     check_backend(&be, cfg)?;
+    if be.name() != "cpu" {
+        // A device can fail where the CPU cannot (out of memory, a refused launch): its
+        // backend stops with a `DeviceFailure`, returned here as an error, not a panic.
+        return catch_device_failure(|| train_on_backend(be, cfg, env, obs))
+            .unwrap_or_else(|failure| Err(ExecError::Device(failure)));
+    }
+    train_on_backend(be, cfg, env, obs)
+}
+
+/// [`train_with_backend`] after its checks.
+fn train_on_backend<B: Backend>(
+    be: B,
+    cfg: &TrainConfig,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
     let ds = open_dataset(cfg, env.progress)?;
     let n = cfg.workers.max(1);
     let mut group = LocalComm::group(n);

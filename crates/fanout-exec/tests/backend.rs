@@ -4,12 +4,12 @@
 //! path), and the options that run on the CPU only are refused with a clear error.
 
 use fanout_compute::{
-    io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock, CrossEntropy,
-    DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
+    device_failed, io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock,
+    CrossEntropy, DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
 };
 use fanout_exec::{
-    train, train_with_backend, CacheSpec, FeaturePlacement, MemoryProbe, RunEnv, StrategyKind,
-    TrainConfig, TrainOutcome,
+    train, train_with_backend, CacheSpec, ExecError, FeaturePlacement, MemoryProbe, RunEnv,
+    StrategyKind, TrainConfig, TrainOutcome,
 };
 use fanout_graph::Dataset;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,9 +18,24 @@ mod common;
 use common::saved_tiny;
 
 /// A backend that is the CPU backend under another name: every method, provided ones
-/// included, delegates to the inner [`CpuBackend`].
+/// included, delegates to the inner [`CpuBackend`]. With a countdown, its matrix product fails
+/// like a GPU out of memory ([`device_failed`]) when the countdown reaches zero.
 #[derive(Clone, Copy, Debug)]
-struct Named(CpuBackend);
+struct Named(CpuBackend, Option<&'static AtomicUsize>);
+
+/// [`Named`] that never fails.
+const NAMED: Named = Named(CpuBackend, None);
+
+impl Named {
+    /// Counts a matrix product down, failing the device on the last one.
+    fn count_down(&self) {
+        if let Some(left) = self.1 {
+            if left.fetch_sub(1, Ordering::SeqCst) == 1 {
+                device_failed("CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)".into());
+            }
+        }
+    }
+}
 
 /// Calls of [`Named`]'s optimiser update and accuracy kernels (training and evaluation went
 /// through it), all tests together.
@@ -79,6 +94,7 @@ impl Backend for Named {
         self.0.acc_at_b_shared(g, pairs)
     }
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
+        self.count_down();
         self.0.matmul(a, trans_a, b, trans_b)
     }
     fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
@@ -345,7 +361,7 @@ fn another_backend_trains_the_cpu_model_bit_for_bit() {
     for (what, cfg, env) in cases {
         let cpu = train(&cfg, env, &mut ()).unwrap();
         let before = NAMED_CALLS.load(Ordering::Relaxed);
-        let named = train_with_backend(Named(CpuBackend), &cfg, env, &mut ()).unwrap();
+        let named = train_with_backend(NAMED, &cfg, env, &mut ()).unwrap();
         assert!(
             NAMED_CALLS.load(Ordering::Relaxed) > before,
             "{what}: not run on Named"
@@ -379,12 +395,12 @@ fn another_backend_checkpoints_and_resumes_like_the_cpu() {
         checkpoint: Some(&ckpt),
         ..RunEnv::default()
     };
-    train_with_backend(Named(CpuBackend), &first, &env, &mut ()).unwrap();
+    train_with_backend(NAMED, &first, &env, &mut ()).unwrap();
     let env = RunEnv {
         resume: Some(&ckpt),
         ..RunEnv::default()
     };
-    let resumed = train_with_backend(Named(CpuBackend), &cfg, &env, &mut ()).unwrap();
+    let resumed = train_with_backend(NAMED, &cfg, &env, &mut ()).unwrap();
     assert_eq!(resumed.metrics.epochs.len(), 1);
     assert_eq!(
         resumed.metrics.epochs[0].loss.to_bits(),
@@ -401,12 +417,47 @@ fn another_backend_checkpoints_and_resumes_like_the_cpu() {
     assert!(param_bits(&loaded) == param_bits(&cpu.model));
 }
 
+/// Matrix products left before the failing [`Named`] of the test below fails.
+static PRODUCTS_LEFT: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn a_device_failing_mid_run_ends_it_with_an_error_not_a_panic() {
+    let (_dir, ds) = saved_tiny(400);
+    let cfg = TrainConfig {
+        epochs: 2,
+        ..config(&ds, ModelKind::Sage)
+    };
+    // The run takes 24 products: fail at the 10th, some steps in, with the pipeline's
+    // sampling and extraction threads running.
+    PRODUCTS_LEFT.store(10, Ordering::SeqCst);
+    let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT));
+    let Err(e) = train_with_backend(failing, &cfg, &RunEnv::default(), &mut ()) else {
+        panic!("the run ended without the device failure")
+    };
+    assert!(matches!(e, ExecError::Device(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the device failed, and the run stopped")
+            && msg.contains("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)"),
+        "{msg}"
+    );
+    assert_eq!(
+        PRODUCTS_LEFT.load(Ordering::SeqCst),
+        0,
+        "the run stopped at the failure: no product after it"
+    );
+    // Nothing is left in a bad state: the next run trains to the CPU's model.
+    let again = train_with_backend(NAMED, &cfg, &RunEnv::default(), &mut ()).unwrap();
+    let cpu = train(&cfg, &RunEnv::default(), &mut ()).unwrap();
+    assert_identical(&again, &cpu, "after a device failure");
+}
+
 #[test]
 fn another_backend_refuses_what_runs_on_the_cpu_only() {
     let (_dir, ds) = saved_tiny(400);
     let base = config(&ds, ModelKind::Sage);
     let refused = |cfg: TrainConfig| -> String {
-        match train_with_backend(Named(CpuBackend), &cfg, &RunEnv::default(), &mut ()) {
+        match train_with_backend(NAMED, &cfg, &RunEnv::default(), &mut ()) {
             Ok(_) => panic!("{cfg:?} ran on another backend"),
             Err(e) => e.to_string(),
         }
@@ -437,7 +488,7 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         epochs: 1,
         ..base
     };
-    train_with_backend(Named(CpuBackend), &dp, &RunEnv::default(), &mut ()).unwrap();
+    train_with_backend(NAMED, &dp, &RunEnv::default(), &mut ()).unwrap();
 }
 
 /// `--feature-placement device`: every row copied to the backend once and each batch gathered
@@ -455,7 +506,7 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
         };
         let cpu = train(&host, &env, &mut ()).unwrap();
         let before = GATHER_CALLS.load(Ordering::Relaxed);
-        let named = train_with_backend(Named(CpuBackend), &device, &env, &mut ()).unwrap();
+        let named = train_with_backend(NAMED, &device, &env, &mut ()).unwrap();
         let gathers = GATHER_CALLS.load(Ordering::Relaxed) - before;
         let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
         assert!(
@@ -470,12 +521,7 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
         assert!(cpu.metrics.epochs.iter().all(|e| e.hit_rate == 0.0));
     }
     // Auto keeps the rows on the host for a backend that reports no device memory.
-    let auto = train_with_backend(
-        Named(CpuBackend),
-        &config(&ds, ModelKind::Sage),
-        &env,
-        &mut (),
-    );
+    let auto = train_with_backend(NAMED, &config(&ds, ModelKind::Sage), &env, &mut ());
     assert!(auto
         .unwrap()
         .metrics
@@ -508,11 +554,6 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
         },
         ..on_cpu
     };
-    let e = refused(train_with_backend(
-        Named(CpuBackend),
-        &cached,
-        &env,
-        &mut (),
-    ));
+    let e = refused(train_with_backend(NAMED, &cached, &env, &mut ()));
     assert!(e.contains("a feature cache (--cache-policy)"), "{e}");
 }

@@ -120,8 +120,8 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
 
 /// Launches kernel `$name` of backend `$be` over `$n` work items (nothing when `$n` is 0) with
 /// the arguments `$arg` (each a reference to a value that lives past the launch: a
-/// `CudaSlice`, or a scalar bound beforehand). A failed launch panics with the driver's error
-/// (see `backend::device_failed`).
+/// `CudaSlice`, or a scalar bound beforehand). A failed launch stops the method with the
+/// driver's error (see `backend::device_failed`).
 macro_rules! launch {
     ($be:expr, $name:literal, $n:expr, [$($arg:expr),* $(,)?]) => {{
         let n: usize = $n;

@@ -5,9 +5,11 @@
 //! and device. All work is queued on one stream, in order; host values (`download`, `dot`, the
 //! loss, accuracy counts) wait for it.
 //!
-//! The `Backend` trait is infallible: a device error inside a kernel call (out of memory, a
-//! failed launch) panics with a message naming the call and the driver's error; opening the
-//! backend and preparing blocks return errors.
+//! The `Backend` trait's methods return values: a device error inside one (out of memory, a
+//! failed launch) goes through [`fanout_compute::device_failed`] with a message naming the call
+//! and the driver's error, which the run layer catches and returns as an error
+//! (`fanout_compute::catch_device_failure`); opening the backend and preparing blocks return
+//! errors.
 
 mod block;
 pub(crate) mod kernels;
@@ -213,9 +215,17 @@ impl CudaBackend {
     }
 }
 
-/// Panics with a message naming the CUDA call that failed and the driver's error: the trait's
-/// methods cannot return device errors (see the module documentation).
+/// Stops the backend method with [`fanout_compute::device_failed`]: a message naming the CUDA
+/// call that failed and the driver's error, and for an exhausted device what needs less of its
+/// memory (see the module documentation).
 #[track_caller]
 pub(crate) fn device_failed(call: &str, e: impl fmt::Display) -> ! {
-    panic!("CUDA {call} failed: {e}")
+    let e = e.to_string();
+    let hint = if e.contains("OUT_OF_MEMORY") || e.contains("ALLOC_FAILED") {
+        "; the GPU ran out of memory: a smaller --batch-size, fewer --fanouts, a smaller \
+         --hidden or --feature-placement host needs less of it"
+    } else {
+        ""
+    };
+    fanout_compute::device_failed(format!("CUDA {call} failed: {e}{hint}"))
 }
