@@ -298,7 +298,7 @@ fn device_flag_runs_cpu_and_refuses_cuda_it_cannot_use() {
 
     // cuda never silently falls back to the CPU: without the feature, the error says how to
     // rebuild; with it, there is no driver here, or (on a GPU) training runs there and
-    // evaluation says it runs on the CPU only.
+    // evaluation too (cuda:1 exists only on a machine with two GPUs).
     for args in [train("cuda"), eval("cuda:1")] {
         let device = if args[0] == "train" {
             "cuda:0"
@@ -309,14 +309,13 @@ fn device_flag_runs_cpu_and_refuses_cuda_it_cannot_use() {
             let o = fanout(&args);
             let err = String::from_utf8_lossy(&o.stderr);
             if o.status.success() {
-                assert_eq!(args[0], "train", "only training computes on a GPU: {err}");
                 continue;
             }
             assert_eq!(o.status.code(), Some(1), "{err}");
             assert!(err.contains(&format!("--device {device}: ")), "{err}");
             assert!(
                 err.contains("no CUDA driver found (libcuda.so)")
-                    || err.contains("computes on --device cpu only for now")
+                    || err.contains("there is no cuda:1")
                     || err.contains("CUDA driver"),
                 "{err}"
             );

@@ -129,6 +129,7 @@ def evaluate(
     dataset: Optional[str] = None,
     split: str = "test",
     feature_residency: str = "auto",
+    device: str = "cpu",
 ) -> float: ...
 def read_checkpoint(
     path: str,

@@ -118,16 +118,19 @@ def evaluate(
     split: str = "test",
     *,
     feature_residency: str = "auto",
+    device: str = "cpu",
 ) -> float:
     """The accuracy of a saved model on ``split`` (``"test"``, ``"valid"`` or ``"train"``) of
     ``dataset`` (default: the embedded graph ``fanout train`` uses without a dataset), sampled
     with the fanouts, batch size, seed and sampler stored in the checkpoint, so it equals the
-    test accuracy its training run reported (``fanout eval``)."""
+    test accuracy its training run reported (``fanout eval``). ``device`` is where the model
+    computes, as for :func:`train`."""
     return _fanout.evaluate(
         os.fspath(checkpoint),
         None if dataset is None else os.fspath(dataset),
         split,
         feature_residency,
+        device,
     )
 
 

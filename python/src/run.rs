@@ -5,8 +5,8 @@ use crate::convert::{from_py, json_to_py, to_py};
 use crate::errors::{check_process, compute, exec, missing_paths, raise, Kind};
 use fanout_compute::{io, CpuBackend};
 use fanout_exec::{
-    evaluate_checkpoint, BatchOutcome, Compute, DeviceSpec, EpochMetrics, EvalRequest, EvalSplit,
-    FitObserver, RunEnv, TrainConfig,
+    BatchOutcome, Compute, DeviceSpec, EpochMetrics, EvalRequest, EvalSplit, FitObserver, RunEnv,
+    TrainConfig,
 };
 use fanout_graph::{Cancel, Residency};
 use numpy::ndarray::Array2;
@@ -67,6 +67,26 @@ impl FitObserver for PyObserver {
 /// The command that installs this package with CUDA support, quoted in errors.
 const PIP_CUDA: &str = "MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python";
 
+/// The device `device=` names (`InvalidArgumentError` if it names none), refused at once with
+/// `DeviceError` when it is a GPU and this package has no CUDA support.
+fn device_spec(device: &str) -> PyResult<DeviceSpec> {
+    let spec: DeviceSpec = device
+        .parse()
+        .map_err(|e| raise(Kind::Invalid, format!("device: {e}")))?;
+    if !spec.is_cpu() && !fanout_exec::device::CUDA_BUILT {
+        // The library's own message names the cargo command, which builds the command line.
+        return Err(raise(
+            Kind::Device,
+            format!(
+                "device {spec}: this fanout package was built without CUDA support; reinstall \
+                 it with `{PIP_CUDA}` (building needs no CUDA toolkit; running needs the NVIDIA \
+                 driver)"
+            ),
+        ));
+    }
+    Ok(spec)
+}
+
 /// Why [`train`]'s run did not finish: the device did not open, or the run failed.
 enum RunFailure {
     /// The device named could not be opened (why, after the device's name).
@@ -102,20 +122,7 @@ pub fn train<'py>(
     device: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     check_process()?;
-    let spec: DeviceSpec = device
-        .parse()
-        .map_err(|e| raise(Kind::Invalid, format!("device: {e}")))?;
-    if !spec.is_cpu() && !fanout_exec::device::CUDA_BUILT {
-        // The library's own message names the cargo command, which builds the command line.
-        return Err(raise(
-            Kind::Device,
-            format!(
-                "device {spec}: this fanout package was built without CUDA support; reinstall \
-                 it with `{PIP_CUDA}` (building needs no CUDA toolkit; running needs the NVIDIA \
-                 driver)"
-            ),
-        ));
-    }
+    let spec = device_spec(device)?;
     let cfg: TrainConfig = match (config, &config_path) {
         (Some(c), None) => from_py(c, "config")?,
         (None, Some(p)) => {
@@ -230,17 +237,20 @@ fn write_json(path: &Path, v: &serde_json::Value) -> PyResult<()> {
 
 /// The accuracy of checkpoint `checkpoint` on `split` (`test`, `valid` or `train`) of
 /// `dataset` (`None`: the embedded graph), sampled with the fanouts, batch size, seed and
-/// sampler stored in the checkpoint, as `fanout eval` does.
+/// sampler stored in the checkpoint, as `fanout eval` does, with the model on `device` (as
+/// [`train`]'s).
 #[pyfunction]
-#[pyo3(signature = (checkpoint, dataset=None, split="test", feature_residency="auto"))]
+#[pyo3(signature = (checkpoint, dataset=None, split="test", feature_residency="auto", device="cpu"))]
 pub fn evaluate(
     py: Python<'_>,
     checkpoint: PathBuf,
     dataset: Option<PathBuf>,
     split: &str,
     feature_residency: &str,
+    device: &str,
 ) -> PyResult<f64> {
     check_process()?;
+    let spec = device_spec(device)?;
     let split = match split {
         "test" => EvalSplit::Test,
         "valid" => EvalSplit::Valid,
@@ -262,8 +272,14 @@ pub fn evaluate(
         feature_residency: residency,
     };
     let ds = dataset.unwrap_or_default();
-    py.detach(|| evaluate_checkpoint(&req, &fanout_graph::NoProgress))
-        .map_err(|e| missing_paths(exec(e), &[checkpoint.as_path(), ds.as_path()]))
+    py.detach(|| {
+        let (compute, _) = Compute::open(spec).map_err(RunFailure::Device)?;
+        Ok(compute.evaluate(&req, &fanout_graph::NoProgress)?)
+    })
+    .map_err(|e| match e {
+        RunFailure::Device(why) => raise(Kind::Device, format!("device {spec}: {why}")),
+        RunFailure::Exec(e) => missing_paths(exec(e), &[checkpoint.as_path(), ds.as_path()]),
+    })
 }
 
 /// Reads a fanout checkpoint: `(metadata, model_config, tensors)`, where `metadata` maps

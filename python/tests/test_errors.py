@@ -147,6 +147,8 @@ def test_device_errors(cora_path, tmp_path):
     with pytest.raises(fanout.DeviceError, match="without CUDA support.*--features cuda"):
         fanout.train(run, device="cuda:1")
     assert not (tmp_path / "m.json").exists()
+    with pytest.raises(fanout.DeviceError, match="device cuda:0: .*without CUDA support"):
+        fanout.evaluate(tmp_path / "model.safetensors", cora_path, device="cuda")
 
 
 def test_import_errors(sources, tmp_path, cora_path):

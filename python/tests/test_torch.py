@@ -120,7 +120,7 @@ def test_train_save_evaluate_and_load_into_torch(cora_path, tmp_path, model):
     assert report["device"]["device"] == "cpu" and report["backend"] == "cpu"
     assert report["test_acc"] > 0.5
     assert json.loads(metrics.read_text())["test_acc"] == report["test_acc"]
-    acc = fanout.evaluate(ckpt, cora_path)
+    acc = fanout.evaluate(ckpt, cora_path, device="cpu")
     assert acc == pytest.approx(report["test_acc"], abs=1e-12)
 
     meta, cfg, tensors = fanout.read_checkpoint(ckpt)

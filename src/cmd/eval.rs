@@ -4,7 +4,7 @@
 use crate::cmd::residency::ResidencyArg;
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
-use fanout_exec::{evaluate_checkpoint, EvalRequest, EvalSplit};
+use fanout_exec::{EvalRequest, EvalSplit};
 use std::path::PathBuf;
 
 /// Evaluate a model saved by `fanout train --save-model` on a dataset
@@ -35,8 +35,8 @@ pub struct EvalArgs {
     /// Where the features are read from (as `fanout train --feature-residency`).
     #[arg(long, value_enum, default_value = "auto")]
     pub feature_residency: ResidencyArg,
-    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. Evaluation runs on the CPU only
-    /// for now, so cuda stops with an error.
+    /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N (a build with `--features cuda`;
+    /// sampling and feature gathering stay on the CPU).
     #[arg(long, default_value = "cpu")]
     pub device: fanout_cuda::DeviceSpec,
 }
@@ -52,17 +52,11 @@ pub enum SplitArg {
     Train,
 }
 
-/// Runs `fanout eval`: a thin shell over [`fanout_exec::evaluate_checkpoint`].
+/// Runs `fanout eval`: a thin shell over [`fanout_exec::Compute::evaluate`].
 pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
-    // Opening says first what is missing for a GPU (no CUDA build, no driver, no device);
-    // the backend itself is not started, evaluation runs on the CPU only.
-    fanout_cuda::open(a.device).map_err(|e| format!("--device {}: {e}", a.device))?;
-    if !a.device.is_cpu() {
-        return Err(format!(
-            "--device {}: fanout eval computes on --device cpu only for now",
-            a.device
-        ));
-    }
+    // Opening says first what is missing for a GPU (no CUDA build, no driver, no device).
+    let (compute, _) = fanout_exec::Compute::open(a.device)
+        .map_err(|why| format!("--device {}: {why}", a.device))?;
     if let Some(t) = a.threads {
         if t == 0 {
             return Err("--threads must be at least 1".into());
@@ -83,7 +77,9 @@ pub fn run(a: &EvalArgs, quiet: bool) -> Result<(), String> {
         split,
         feature_residency: a.feature_residency.into(),
     };
-    let acc = evaluate_checkpoint(&req, &Bars::new(quiet)).map_err(|e| e.to_string())?;
+    let acc = compute
+        .evaluate(&req, &Bars::new(quiet))
+        .map_err(|e| e.to_string())?;
     let name = split.name();
     if a.json {
         println!("{}", serde_json::json!({ "split": name, "accuracy": acc }));

@@ -7,6 +7,7 @@ pub use fanout_cuda::{DeviceInfo, DeviceSpec, CUDA_BUILT};
 
 use crate::run::{train, TrainOutcome};
 use crate::{FitObserver, Result, RunEnv, TrainConfig};
+use fanout_graph::Progress;
 
 /// Where a run computes, as opened by [`Compute::open`].
 #[derive(Debug)]
@@ -57,6 +58,16 @@ impl Compute {
             Compute::Cpu => train(cfg, env, obs),
             #[cfg(feature = "cuda")]
             Compute::Cuda(be) => crate::train_with_backend(be, cfg, env, obs),
+        }
+    }
+
+    /// Evaluates a checkpoint here: [`crate::evaluate_checkpoint_with`] on this device's
+    /// backend.
+    pub fn evaluate(self, req: &crate::EvalRequest, progress: &dyn Progress) -> Result<f64> {
+        match self {
+            Compute::Cpu => crate::evaluate_checkpoint(req, progress),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(be) => crate::evaluate_checkpoint_with(be, req, progress),
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{ExecError, Result};
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::run::{checkpoint_meta as meta, open_dataset};
 use crate::trainer::Trainer;
-use fanout_compute::{io, CpuBackend, Sgd};
+use fanout_compute::{catch_device_failure, io, Backend, CpuBackend, Sgd};
 use fanout_graph::{Progress, Residency};
 use fanout_sample::{parse_fanouts, SamplerSpec};
 use std::path::PathBuf;
@@ -50,11 +50,32 @@ pub struct EvalRequest {
 /// sampler stored in it, so the accuracy equals the one its training run reported for the
 /// same parameters. Errors name the checkpoint or the dataset and what does not match.
 pub fn evaluate_checkpoint(req: &EvalRequest, progress: &dyn Progress) -> Result<f64> {
+    evaluate_checkpoint_with(CpuBackend, req, progress)
+}
+
+/// [`evaluate_checkpoint`] with the model on `be` (sampling and feature extraction stay on the
+/// host). A backend whose kernels give the CPU's results gives the CPU's accuracy; its device
+/// failing ([`fanout_compute::device_failed`]) ends the evaluation with
+/// [`ExecError::Device`].
+pub fn evaluate_checkpoint_with<B: Backend>(
+    be: B,
+    req: &EvalRequest,
+    progress: &dyn Progress,
+) -> Result<f64> {
+    if be.name() != "cpu" {
+        return catch_device_failure(|| evaluate_on(be, req, progress))
+            .unwrap_or_else(|failure| Err(ExecError::Device(failure)));
+    }
+    evaluate_on(be, req, progress)
+}
+
+/// [`evaluate_checkpoint_with`] after its choice of how to report device failures.
+fn evaluate_on<B: Backend>(be: B, req: &EvalRequest, progress: &dyn Progress) -> Result<f64> {
     let path = &req.checkpoint;
     let bad = |e: String| ExecError::Invalid(format!("{}: {e}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let md = io::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let model = io::from_bytes(CpuBackend, &bytes).map_err(|e| bad(e.to_string()))?;
+    let model = io::from_bytes(be.clone(), &bytes).map_err(|e| bad(e.to_string()))?;
     let get = |k: &str| {
         md.get(k)
             .cloned()
@@ -131,6 +152,6 @@ pub fn evaluate_checkpoint(req: &EvalRequest, progress: &dyn Progress) -> Result
     };
     let ex = fanout_cache::PlainExtractor::new(ds.clone())?;
     let pipe = Pipeline::new(sampler, Box::new(ex), set, &pcfg)?;
-    let mut trainer = Trainer::new(model, Box::new(Sgd::new(CpuBackend, 0.0)));
+    let mut trainer = Trainer::new(model, Box::new(Sgd::new(be, 0.0)));
     trainer.evaluate(&pipe)
 }

@@ -58,7 +58,7 @@ pub use config::{
 };
 pub use device::{Compute, DeviceInfo, DeviceSpec};
 pub use error::{ExecError, Result};
-pub use eval::{evaluate_checkpoint, EvalRequest, EvalSplit};
+pub use eval::{evaluate_checkpoint, evaluate_checkpoint_with, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};

@@ -8,10 +8,11 @@ use fanout_compute::{
     CrossEntropy, DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
 };
 use fanout_exec::{
-    train, train_with_backend, CacheSpec, ExecError, FeaturePlacement, MemoryProbe, RunEnv,
-    StrategyKind, TrainConfig, TrainOutcome,
+    evaluate_checkpoint, evaluate_checkpoint_with, train, train_with_backend, CacheSpec,
+    EvalRequest, EvalSplit, ExecError, FeaturePlacement, MemoryProbe, RunEnv, StrategyKind,
+    TrainConfig, TrainOutcome,
 };
-use fanout_graph::Dataset;
+use fanout_graph::{Dataset, NoProgress};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod common;
@@ -415,6 +416,35 @@ fn another_backend_checkpoints_and_resumes_like_the_cpu() {
     resumed.save_model(&saved).unwrap();
     let loaded = io::load(CpuBackend, &saved).unwrap();
     assert!(param_bits(&loaded) == param_bits(&cpu.model));
+}
+
+#[test]
+fn another_backend_evaluates_a_checkpoint_as_the_cpu_does() {
+    let (_dir, ds) = saved_tiny(800);
+    let t = tempfile::tempdir().unwrap();
+    let cfg = config(&ds, ModelKind::Sage);
+    let cpu = train(&cfg, &RunEnv::default(), &mut ()).unwrap();
+    let saved = t.path().join("model.safetensors");
+    cpu.save_model(&saved).unwrap();
+    for split in [EvalSplit::Test, EvalSplit::Valid] {
+        let req = EvalRequest {
+            checkpoint: saved.clone(),
+            dataset: Some(ds.dir.clone()),
+            split,
+            feature_residency: Default::default(),
+        };
+        let on_cpu = evaluate_checkpoint(&req, &NoProgress).unwrap();
+        let before = NAMED_CALLS.load(Ordering::Relaxed);
+        let named = evaluate_checkpoint_with(NAMED, &req, &NoProgress).unwrap();
+        assert!(
+            NAMED_CALLS.load(Ordering::Relaxed) > before,
+            "not run on Named"
+        );
+        assert_eq!(named.to_bits(), on_cpu.to_bits(), "{split:?}");
+        if split == EvalSplit::Test {
+            assert_eq!(named.to_bits(), cpu.metrics.test_acc.to_bits());
+        }
+    }
 }
 
 /// Matrix products left before the failing [`Named`] of the test below fails.
