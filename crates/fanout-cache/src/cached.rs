@@ -2,7 +2,7 @@
 //! front of the host feature store, and [`build_extractor`], which the trainer calls to get one
 //! from a policy name and a size.
 
-use crate::extract::{ExtractStats, Extractor};
+use crate::extract::{CacheSplit, ExtractStats, Extractor};
 use crate::policy::{degree_ranking, random_ranking, Policy};
 use crate::presc::presc_ranking;
 use crate::table::{CacheSize, FeatureCache};
@@ -137,6 +137,63 @@ impl Extractor for CachedExtractor {
             bytes_total: input_nodes.len() as u64 * rb,
             bytes_from_cache: c * rb,
             bytes_reused: r * rb,
+            bytes_from_host: h * rb,
+        })
+    }
+
+    fn extract_split(
+        &mut self,
+        input_nodes: &[u32],
+        split: &mut CacheSplit,
+        misses: &mut Vec<f32>,
+    ) -> Option<Result<ExtractStats>> {
+        if self.prev.is_some() {
+            return None;
+        }
+        let cache = self.cache.as_ref()?;
+        Some(self.split(cache, input_nodes, split, misses))
+    }
+
+    fn cache_rows(&self) -> Option<Vec<f32>> {
+        self.cache.as_ref().map(FeatureCache::rows_f32)
+    }
+}
+
+impl CachedExtractor {
+    /// [`Extractor::extract_split`] over `cache`.
+    fn split(
+        &self,
+        cache: &FeatureCache,
+        input_nodes: &[u32],
+        split: &mut CacheSplit,
+        misses: &mut Vec<f32>,
+    ) -> Result<ExtractStats> {
+        crate::extract::check_input_nodes(&self.ds, input_nodes)?;
+        let f = self.ds.features.as_ref().expect("checked in new");
+        let d = f.dim;
+        let miss = cache.len() as u32;
+        split.slots.clear();
+        split
+            .slots
+            .extend(input_nodes.iter().map(|&v| cache.slot(v).unwrap_or(miss)));
+        split.miss_positions.clear();
+        split
+            .miss_positions
+            .extend((0..input_nodes.len() as u32).filter(|&i| split.slots[i as usize] == miss));
+        misses.resize(split.miss_positions.len() * d, 0.0);
+        if d > 0 {
+            misses
+                .par_chunks_mut(d)
+                .zip(split.miss_positions.par_iter())
+                .for_each(|(o, &i)| f.copy_row(input_nodes[i as usize] as usize, o));
+        }
+        let rb = f.row_bytes() as u64;
+        let (n, h) = (input_nodes.len() as u64, split.miss_positions.len() as u64);
+        Ok(ExtractStats {
+            rows: n,
+            bytes_total: n * rb,
+            bytes_from_cache: (n - h) * rb,
+            bytes_reused: 0,
             bytes_from_host: h * rb,
         })
     }

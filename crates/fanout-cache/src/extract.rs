@@ -42,6 +42,19 @@ impl ExtractStats {
     }
 }
 
+/// A batch's input rows split between a cache that lives on the compute device and the host,
+/// filled by [`Extractor::extract_split`]: the device assembles the batch's feature matrix by
+/// gathering row `slots[i]` of its cache table for every input row `i` (a miss names the
+/// table's extra row after the cached ones) and placing the uploaded misses at
+/// `miss_positions`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheSplit {
+    /// Per input row, in input order: its cache slot, or the cache's length for a miss.
+    pub slots: Vec<u32>,
+    /// Positions (in input order) of the rows the cache does not hold, ascending.
+    pub miss_positions: Vec<u32>,
+}
+
 /// Gathers feature rows for mini-batches. Guarantee every implementation must keep: `out`
 /// receives exactly the rows a plain gather from the dataset gives (converted to f32), bit for
 /// bit, whatever is cached or reused. Implementations may keep state between calls (the
@@ -73,6 +86,27 @@ pub trait Extractor: Send {
         _dst: &mut Vec<f32>,
         _agg: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
+        None
+    }
+
+    /// For a trainer that keeps this extractor's cache on its device: fills `split` (see
+    /// [`CacheSplit`]) and `misses` with the rows of the input nodes the cache does not hold,
+    /// in input order, each exactly as [`Extractor::extract`] would write it. The stats count
+    /// hits as cache bytes and misses as host bytes, as [`Extractor::extract`] does. `None`
+    /// where the extractor has no cache (the default) or reuses the previous batch's rows
+    /// (Match-Reorder, which needs that batch on the host). Errors as [`Extractor::extract`].
+    fn extract_split(
+        &mut self,
+        _input_nodes: &[u32],
+        _split: &mut CacheSplit,
+        _misses: &mut Vec<f32>,
+    ) -> Option<Result<ExtractStats>> {
+        None
+    }
+
+    /// The cached rows as f32, in slot order (`len x dim`): the table a device keeps for
+    /// [`Extractor::extract_split`]. `None` without a cache (the default).
+    fn cache_rows(&self) -> Option<Vec<f32>> {
         None
     }
 }

@@ -28,7 +28,7 @@ pub mod table;
 pub mod trace;
 
 pub use cached::{build_extractor, CacheConfig, CacheSummary, CachedExtractor, PreSampling};
-pub use extract::{ExtractStats, Extractor, PlainExtractor};
+pub use extract::{CacheSplit, ExtractStats, Extractor, PlainExtractor};
 pub use match_reorder::{greedy_reorder, match_stats, reorder_batches, MatchStats};
 pub use policy::{parse_policies, Policy};
 pub use sim::{simulate, SimConfig, SimReport, SimRow};

@@ -278,6 +278,19 @@ impl FeatureCache {
         }
     }
 
+    /// Every cached row as f32 (converted as [`FeatureCache::copy_row`] converts), in slot
+    /// order: `len() x dim()` values.
+    pub fn rows_f32(&self) -> Vec<f32> {
+        let d = self.dim;
+        let mut out = vec![0f32; self.len() * d];
+        if d > 0 {
+            out.par_chunks_mut(d)
+                .enumerate()
+                .for_each(|(s, o)| self.copy_row(s as u32, o));
+        }
+        out
+    }
+
     /// Cached vertices, in slot order.
     pub fn vertices(&self) -> &[u32] {
         &self.vertices

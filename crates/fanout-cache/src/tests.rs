@@ -3,7 +3,7 @@
 //! deterministic.
 
 use crate::cached::{build_extractor, CacheConfig, CachedExtractor, PreSampling};
-use crate::extract::{ExtractStats, Extractor, PlainExtractor};
+use crate::extract::{CacheSplit, ExtractStats, Extractor, PlainExtractor};
 use crate::policy::{degree_ranking, random_ranking, Policy};
 use crate::presc::{presample_counts, presc_ranking};
 use crate::sim::{simulate, SimConfig};
@@ -130,6 +130,80 @@ fn cached_extraction_equals_plain_extraction_byte_for_byte() {
             ex.extract(batch, &mut b).unwrap();
             assert_eq!(bits(&a), bits(&b));
         }
+    }
+}
+
+#[test]
+fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
+    for dtype in [FeatDtype::F32, FeatDtype::F16] {
+        let ds = dataset(dtype);
+        let s = sampler(&ds);
+        let seeds = ds.train.to_vec();
+        let trace = Trace::record(s.clone(), &seeds, &loader(1), 0).unwrap();
+        let n = ds.num_nodes() as usize;
+        let f = ds.features.as_ref().unwrap();
+        let d = f.dim;
+        let mut plain = PlainExtractor::new(ds.clone()).unwrap();
+        for alpha in [0.0, 0.3, 1.0] {
+            let rows = CacheSize::Ratio(alpha).rows(n, f.row_bytes());
+            let cache = FeatureCache::build(f, &degree_ranking(&ds.topology)[..rows]).unwrap();
+            let mut ex = CachedExtractor::new(ds.clone(), Some(cache), false).unwrap();
+            let table = ex.cache_rows().expect("a cache");
+            assert_eq!(table.len(), rows * d);
+            let (mut a, mut b, mut misses) = (Vec::new(), Vec::new(), vec![7.0; 5]);
+            let mut split = CacheSplit {
+                slots: vec![9],
+                miss_positions: vec![9],
+            };
+            for batch in trace.batches() {
+                let sp = plain.extract(batch, &mut a).unwrap();
+                let sc = ex.extract(batch, &mut b).unwrap();
+                let ss = ex
+                    .extract_split(batch, &mut split, &mut misses)
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(ss, sc, "the same accounting as extract");
+                assert_eq!(split.slots.len(), batch.len());
+                assert_eq!(misses.len(), split.miss_positions.len() * d);
+                assert!(split.miss_positions.windows(2).all(|w| w[0] < w[1]));
+                // What the device does: gather the table's rows, place the misses.
+                let mut x = vec![f32::NAN; batch.len() * d];
+                for (i, &slot) in split.slots.iter().enumerate() {
+                    if (slot as usize) < rows {
+                        let s = slot as usize;
+                        x[i * d..(i + 1) * d].copy_from_slice(&table[s * d..(s + 1) * d]);
+                    } else {
+                        assert_eq!(slot as usize, rows, "a miss names the extra row");
+                    }
+                }
+                for (j, &i) in split.miss_positions.iter().enumerate() {
+                    let i = i as usize;
+                    assert_eq!(split.slots[i] as usize, rows);
+                    x[i * d..(i + 1) * d].copy_from_slice(&misses[j * d..(j + 1) * d]);
+                }
+                assert_eq!(bits(&x), bits(&a), "{dtype:?} alpha {alpha}");
+                assert_eq!(sp.bytes_total, ss.bytes_total);
+            }
+        }
+        // No split without a cache, or with Match (the previous batch lives on the host).
+        let mut none = CachedExtractor::new(ds.clone(), None, false).unwrap();
+        assert!(none
+            .extract_split(&[0], &mut CacheSplit::default(), &mut Vec::new())
+            .is_none());
+        assert!(none.cache_rows().is_none());
+        let cache = FeatureCache::build(f, &[0, 1]).unwrap();
+        let mut matched = CachedExtractor::new(ds.clone(), Some(cache), true).unwrap();
+        assert!(matched
+            .extract_split(&[0], &mut CacheSplit::default(), &mut Vec::new())
+            .is_none());
+        // Out-of-range ids are errors, as for extract.
+        let cache = FeatureCache::build(f, &[0, 1]).unwrap();
+        let mut ex = CachedExtractor::new(ds.clone(), Some(cache), false).unwrap();
+        let bad = [0, n as u32];
+        assert!(ex
+            .extract_split(&bad, &mut CacheSplit::default(), &mut Vec::new())
+            .unwrap()
+            .is_err());
     }
 }
 

@@ -135,18 +135,21 @@ impl Default for CacheSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FeaturePlacement {
-    /// `device` when the run computes on a GPU (a backend with its own memory), asks for no
-    /// feature cache or Match-Reorder, and the rows as f32 take at most half the device's
-    /// free memory and a quarter of the host's available memory; `host` otherwise.
+    /// `device` when the run computes on a GPU (a backend with its own memory) and either
+    /// asks for a feature cache without Match-Reorder (the cache then lives on the GPU), or
+    /// asks for neither and the rows as f32 take at most half the device's free memory and a
+    /// quarter of the host's available memory; `host` otherwise.
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the
     /// fused first-layer aggregation apply) and the trainer uploads them.
     Host,
-    /// Every row is copied to the compute device once and each batch's rows are gathered
-    /// there: nothing but the batch's ids and blocks crosses to the device per step (GNNLab's
-    /// and PaGraph's device cache holding the whole feature matrix). Needs a GPU backend and
-    /// no feature cache or Match-Reorder.
+    /// The rows live on the compute device. Without a feature cache, every row is copied there
+    /// once and each batch's rows are gathered there: nothing but the batch's ids and blocks
+    /// crosses per step (a device cache holding the whole feature matrix). With a cache
+    /// (`--cache-policy`, `--cache-ratio`), the cached rows are copied there once and each
+    /// batch uploads only the rows the cache misses (GNNLab's and PaGraph's GPU cache). Needs a
+    /// GPU backend and no Match-Reorder.
     Device,
 }
 

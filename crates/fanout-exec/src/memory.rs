@@ -120,6 +120,7 @@ pub fn measure_trial_batch<B: Backend>(
         extract,
         split: None,
         input_agg: None,
+        cache_split: None,
     };
     trainer.trial_step(p, 0)?;
     let step_peak = probe.peak().saturating_sub(start);

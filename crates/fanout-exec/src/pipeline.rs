@@ -17,7 +17,7 @@
 use crate::buffers::BufferPool;
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
-use fanout_cache::{reorder_batches, ExtractStats, Extractor};
+use fanout_cache::{reorder_batches, CacheSplit, ExtractStats, Extractor};
 use fanout_compute::{Backend, CpuBackend, InputPlan};
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, BatchPlan, Loader, LoaderConfig, MiniBatch, Sampler};
@@ -176,6 +176,11 @@ pub struct Prepared {
     /// rows and this their aggregate (same shape), which the trainer feeds to
     /// [`fanout_compute::Model::forward_rows_aggregated`].
     pub input_agg: Option<Vec<f32>>,
+    /// `Some`: the batch's rows are split between a cache on the trainer's device and the
+    /// host ([`Pipeline::with_cache_on_device`]): `features` then holds only the misses, in
+    /// input order, and the trainer assembles the rest from its copy of the cache
+    /// ([`crate::Trainer::with_device_cache`]).
+    pub cache_split: Option<CacheSplit>,
 }
 
 /// Sample and extract stages over one seed set (the training set, or a set to evaluate).
@@ -196,6 +201,7 @@ pub struct Pipeline {
     buffers: Arc<BufferPool>,
     input_plan: Option<InputPlan>,
     rows_on_device: Option<u64>,
+    cache_on_device: bool,
 }
 
 impl Pipeline {
@@ -240,7 +246,19 @@ impl Pipeline {
             buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
             input_plan: cfg.input_plan,
             rows_on_device: None,
+            cache_on_device: false,
         })
+    }
+
+    /// This pipeline for a trainer that holds the extractor's cache in its backend's memory
+    /// ([`crate::Trainer::with_device_cache`]): the extract stage gathers only the rows the
+    /// cache misses ([`Extractor::extract_split`]), and each [`Prepared`] carries them with
+    /// its [`CacheSplit`] (and no `input_agg`). Its [`ExtractStats`] are those of the same
+    /// extraction on the host. A batch fails with an error if the extractor has no cache or
+    /// reuses the previous batch (Match-Reorder).
+    pub fn with_cache_on_device(mut self) -> Self {
+        self.cache_on_device = true;
+        self
     }
 
     /// This pipeline for a trainer that holds every feature row in its backend's memory
@@ -292,6 +310,7 @@ impl Pipeline {
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
         let (input_plan, rows_on_device) = (self.input_plan, self.rows_on_device);
+        let cache_on_device = self.cache_on_device;
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
             // ended with the panic's message, and the extractor's state is not trusted again.
@@ -308,7 +327,22 @@ impl Pipeline {
                 let mut features = buffers.take();
                 let exr: &mut dyn Extractor = &mut **ex;
                 let mut input_agg = None;
+                let mut cache_split = None;
                 let mut gather = || {
+                    if cache_on_device {
+                        let mut split = CacheSplit::default();
+                        let stats = exr
+                            .extract_split(&batch.input_nodes, &mut split, &mut features)
+                            .ok_or_else(|| {
+                                fanout_graph::Error::Invalid(
+                                    "the cache on the device needs an extractor with a cache \
+                                     and without Match-Reorder"
+                                        .into(),
+                                )
+                            })??;
+                        cache_split = Some(split);
+                        return Ok(stats);
+                    }
                     if let Some(row_bytes) = rows_on_device {
                         // The trainer gathers the rows where they all live.
                         features.clear();
@@ -340,6 +374,7 @@ impl Pipeline {
                     remote: None,
                     split: None,
                     input_agg,
+                    cache_split,
                 })
             };
             loop {

@@ -653,44 +653,95 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     }
 }
 
-/// Whether this run keeps every feature row on the compute device (see [`FeaturePlacement`]);
-/// `Err` when `device` is asked for where it cannot be (the CPU backend, a feature cache or
-/// Match-Reorder, rows that do not fit in the device's free memory).
-fn rows_on_device<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<bool> {
-    let cached = wants_cache(cfg) || cfg.cache.match_reorder;
+/// Where a run's batches find their feature rows ([`FeaturePlacement`] resolved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowsAt {
+    /// Gathered on the host, uploaded every step.
+    Host,
+    /// All of them on the compute device, gathered there.
+    Device,
+    /// The feature cache on the compute device, the misses uploaded every step.
+    DeviceCache,
+}
+
+/// Where this run keeps its feature rows (see [`FeaturePlacement`]); `Err` when `device` is
+/// asked for where it cannot be (the CPU backend, Match-Reorder, rows that do not fit in the
+/// device's free memory; a cache's own size is checked once it is built).
+fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt> {
+    let cache = wants_cache(cfg);
     let dim = ds.features.as_ref().map_or(0, |f| f.dim) as u64;
     let bytes = ds.num_nodes() * dim * 4;
     let bad = |m: String| Err(ExecError::Invalid(m));
     match cfg.feature_placement {
-        FeaturePlacement::Host => Ok(false),
+        FeaturePlacement::Host => Ok(RowsAt::Host),
+        FeaturePlacement::Auto if dim == 0 || be.free_memory().is_none() => Ok(RowsAt::Host),
+        FeaturePlacement::Auto if cfg.cache.match_reorder => Ok(RowsAt::Host),
+        FeaturePlacement::Auto if cache => Ok(RowsAt::DeviceCache),
         // The rows are assembled in host memory before the upload: auto also leaves most of
         // that free (features larger than memory stay on the host path, read mapped).
-        FeaturePlacement::Auto => Ok(!cached
-            && dim > 0
-            && be.free_memory().is_some_and(|free| bytes <= free / 2)
-            && bytes <= fanout_graph::available_memory() / 4),
+        FeaturePlacement::Auto => Ok(
+            if be.free_memory().is_some_and(|free| bytes <= free / 2)
+                && bytes <= fanout_graph::available_memory() / 4
+            {
+                RowsAt::Device
+            } else {
+                RowsAt::Host
+            },
+        ),
         FeaturePlacement::Device if be.name() == "cpu" => bad(
             "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
              already where the model computes"
                 .into(),
         ),
-        FeaturePlacement::Device if cached => bad(
-            "--feature-placement device keeps every row on the device: a feature cache \
-             (--cache-policy) or Match-Reorder has nothing left to do; drop them or use \
-             --feature-placement host"
+        FeaturePlacement::Device if cfg.cache.match_reorder => bad(
+            "--feature-placement device with Match-Reorder is not built (the previous batch's \
+             rows are reused on the host); drop --match-reorder or use --feature-placement host"
                 .into(),
         ),
+        FeaturePlacement::Device if dim == 0 => Ok(RowsAt::Host),
+        FeaturePlacement::Device if cache => Ok(RowsAt::DeviceCache),
         FeaturePlacement::Device => match be.free_memory() {
             Some(free) if bytes > free => bad(format!(
                 "--feature-placement device: the features take {:.0} MB as f32 but {} has \
-                 {:.0} MB free; use --feature-placement host",
+                 {:.0} MB free; cache part of them there (--cache-policy degree --cache-ratio \
+                 R) or use --feature-placement host",
                 bytes as f64 / 1e6,
                 be.name(),
                 free as f64 / 1e6
             )),
-            _ => Ok(dim > 0),
+            _ => Ok(RowsAt::Device),
         },
     }
+}
+
+/// Copies the cache of `extractor` to `be` as [`Trainer::with_device_cache`]'s table (the
+/// cached rows, then one row of negative zeros); `Err` when it does not fit in the device's
+/// free memory.
+fn device_cache_table<B: Backend>(
+    be: &B,
+    extractor: &dyn Extractor,
+) -> Result<(B::Tensor, usize, usize)> {
+    let dim = extractor.dim();
+    let mut rows = extractor.cache_rows().ok_or_else(|| {
+        ExecError::Invalid("--feature-placement device: the extractor built no cache".into())
+    })?;
+    let cached = rows.len() / dim.max(1);
+    rows.extend(std::iter::repeat_n(-0.0f32, dim));
+    let bytes = (rows.len() * 4) as u64;
+    if let Some(free) = be.free_memory().filter(|&free| bytes > free / 2) {
+        return Err(ExecError::Invalid(format!(
+            "--feature-placement device: the cache takes {:.0} MB as f32 but {} has {:.0} MB \
+             free (it may take half); lower --cache-ratio or use --feature-placement host",
+            bytes as f64 / 1e6,
+            be.name(),
+            free as f64 / 1e6
+        )));
+    }
+    Ok((
+        be.upload_owned(Tensor::new(cached + 1, dim, rows)),
+        cached,
+        dim,
+    ))
 }
 
 /// Whether `cfg` asks for a feature cache (a policy other than none).
@@ -815,7 +866,8 @@ pub fn train_worker_with<B: Backend>(
     // host (see `FeaturePlacement`); decided before any strategy runs, so that every one
     // refuses what cannot be.
     let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
-    let on_device = rows_on_device(&be, &cfg, &ds)?;
+    let rows_at = rows_at(&be, &cfg, &ds)?;
+    let on_device = rows_at == RowsAt::Device;
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
     let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
     let threads = pool
@@ -875,7 +927,7 @@ pub fn train_worker_with<B: Backend>(
         },
         plan: plan.train_plan,
         pool: pool.clone(),
-        input_plan: if cfg.fuse_input && !on_device {
+        input_plan: if cfg.fuse_input && rows_at == RowsAt::Host {
             trainer.model().input_plan()
         } else {
             None
@@ -885,6 +937,15 @@ pub fn train_worker_with<B: Backend>(
         build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
     if let Some(line) = cache_line {
         obs.note(&line);
+    }
+    let cache_on_device = rows_at == RowsAt::DeviceCache;
+    if cache_on_device {
+        let (table, cached, dim) = device_cache_table(&be, extractor.as_ref())?;
+        trainer = trainer.with_device_cache(table);
+        obs.note(&format!(
+            "feature cache on the device: {cached} rows x {dim} ({:.0} MB as f32); each batch uploads only the rows it misses",
+            (cached * dim * 4) as f64 / 1e6
+        ));
     }
     let train: Box<dyn crate::BatchSource> = match &plan.split {
         Some(owners) => Box::new(crate::split::SplitSource::new(
@@ -899,10 +960,10 @@ pub fn train_worker_with<B: Backend>(
         )?),
         None => {
             let p = Pipeline::new(sampler.clone(), extractor, plan.train_seeds.clone(), &pcfg)?;
-            Box::new(if on_device {
-                p.with_rows_on_device(row_bytes)
-            } else {
-                p
+            Box::new(match rows_at {
+                RowsAt::Device => p.with_rows_on_device(row_bytes),
+                RowsAt::DeviceCache => p.with_cache_on_device(),
+                RowsAt::Host => p,
             })
         }
     };

@@ -49,6 +49,8 @@ pub struct Trainer<B: Backend> {
     opt: Box<dyn Optimizer<B> + Send>,
     pool: Option<Arc<rayon::ThreadPool>>,
     device_rows: Option<B::Tensor>,
+    /// The cache table on the device ([`Trainer::with_device_cache`]).
+    device_cache: Option<B::Tensor>,
 }
 
 /// Borrowed compute-side views of a mini-batch's sampled blocks (outermost first), as
@@ -80,7 +82,20 @@ impl<B: Backend> Trainer<B> {
             opt,
             pool: None,
             device_rows: None,
+            device_cache: None,
         }
+    }
+
+    /// This trainer with a copy of the extractor's cache in its backend's memory: `table`
+    /// holds the cached rows in slot order ([`fanout_cache::Extractor::cache_rows`]) followed by
+    /// one row of negative zeros. A batch that comes with a
+    /// [`crate::Prepared::cache_split`] ([`crate::Pipeline::with_cache_on_device`]) gets its
+    /// input rows gathered from the table (a miss gets the negative-zero row) and its uploaded
+    /// misses added at their positions: `-0.0 + m` is `m` for every float (both zeros
+    /// included), so the rows are exactly the stored ones.
+    pub fn with_device_cache(mut self, table: B::Tensor) -> Self {
+        self.device_cache = Some(table);
+        self
     }
 
     /// This trainer with every vertex's feature row in its backend's memory (`rows`: row `v`
@@ -145,6 +160,15 @@ impl<B: Backend> Trainer<B> {
                 .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);
         }
         let rows = p.batch.input_nodes.len();
+        if let (Some(table), Some(split)) = (&self.device_cache, &p.cache_split) {
+            let mut x = be.gather_rows(table, &split.slots);
+            if !split.miss_positions.is_empty() {
+                let m = split.miss_positions.len();
+                let misses = be.upload_owned(Tensor::new(m, p.dim, p.features));
+                be.scatter_add_rows(&mut x, &split.miss_positions, &misses);
+            }
+            return Ok(self.model.forward_rows(&blocks, x, mode, ids)?);
+        }
         let x = match &self.device_rows {
             Some(all) if p.features.is_empty() && rows > 0 => {
                 be.gather_rows(all, &p.batch.input_nodes)

@@ -577,13 +577,59 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
     };
     let e = refused(train(&factored, &env, &mut ()));
     assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
-    let cached = TrainConfig {
+    // Match-Reorder reuses the previous batch on the host: not with rows on the device.
+    let matched = TrainConfig {
         cache: CacheSpec {
-            policy: "degree".into(),
+            match_reorder: true,
             ..CacheSpec::default()
         },
         ..on_cpu
     };
-    let e = refused(train_with_backend(NAMED, &cached, &env, &mut ()));
-    assert!(e.contains("a feature cache (--cache-policy)"), "{e}");
+    let e = refused(train_with_backend(NAMED, &matched, &env, &mut ()));
+    assert!(e.contains("with Match-Reorder is not built"), "{e}");
+}
+
+/// `--feature-placement device` with a feature cache: the cached rows copied to the backend
+/// once, each batch uploading only its misses, trains the model of the same cache kept on the
+/// host bit for bit, with the same hit rate; the rows are assembled on the backend.
+#[test]
+fn a_cache_on_the_device_trains_the_host_cached_model() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    for (model, policy, ratio) in [
+        (ModelKind::Sage, "degree", "0.3"),
+        (ModelKind::Gat, "presc", "0.5"),
+        (ModelKind::Gcn, "degree", "1.0"),
+    ] {
+        let host = TrainConfig {
+            cache: CacheSpec {
+                policy: policy.into(),
+                ratio: ratio.into(),
+                ..CacheSpec::default()
+            },
+            ..config(&ds, model)
+        };
+        let device = TrainConfig {
+            feature_placement: FeaturePlacement::Device,
+            ..host.clone()
+        };
+        let what = format!("{model:?} {policy} {ratio}");
+        let cpu = train(&host, &env, &mut ()).unwrap();
+        let before = GATHER_CALLS.load(Ordering::Relaxed);
+        let named = train_with_backend(NAMED, &device, &env, &mut ()).unwrap();
+        let gathers = GATHER_CALLS.load(Ordering::Relaxed) - before;
+        let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
+        assert!(gathers as u64 >= batches, "{what}: {gathers} gathers");
+        assert_identical(&named, &cpu, &what);
+        for (n, c) in named.metrics.epochs.iter().zip(&cpu.metrics.epochs) {
+            assert_eq!(
+                n.extract, c.extract,
+                "{what}: the same bytes from cache and host"
+            );
+            assert!(n.hit_rate > 0.0, "{what}");
+        }
+        // The host-cached run on the same backend uploads every row: the same model.
+        let host_named = train_with_backend(NAMED, &host, &env, &mut ()).unwrap();
+        assert_identical(&host_named, &cpu, &format!("{what} on the host"));
+    }
 }

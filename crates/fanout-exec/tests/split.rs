@@ -87,6 +87,7 @@ fn one_worker(
         remote: None,
         split: None,
         input_agg: None,
+        cache_split: None,
     };
     let mut t = trainer(ds, kind);
     let o = t.compute_gradients(p, DROPOUT_KEY).unwrap();

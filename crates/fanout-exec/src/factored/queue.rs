@@ -181,6 +181,7 @@ impl Producer<'_> {
                     remote: None,
                     split: None,
                     input_agg: None,
+                    cache_split: None,
                 })
             }
             Some((&KIND_CLAIM, rest)) if rest.len() == 8 => {
@@ -206,6 +207,7 @@ impl Producer<'_> {
                     remote: Some(rank),
                     split: None,
                     input_agg: None,
+                    cache_split: None,
                 })
             }
             _ => Err(bad(format!(

@@ -398,6 +398,7 @@ fn trial(
             remote: None,
             split: None,
             input_agg: None,
+            cache_split: None,
         };
         let t = Instant::now();
         on_pool(pool, || trainer.trial_step(p, 0))?;
@@ -648,6 +649,7 @@ impl SamplingJob<'_> {
                 remote: None,
                 split: None,
                 input_agg: None,
+                cache_split: None,
             };
             let key = (epoch << 32) | step as u64;
             let trainer = &mut *sb.trainer;

@@ -146,6 +146,7 @@ impl Inner {
             remote: None,
             split: Some(Box::new(share)),
             input_agg: None,
+            cache_split: None,
         })
     }
 }
