@@ -137,12 +137,12 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub feature_residency: Option<ResidencyArg>,
     /// Where each batch's feature rows are gathered: device keeps them on the GPU (needs
-    /// --device cuda and no --match-reorder): without --cache-policy every row is copied there
-    /// once and gathered there (nothing but ids and blocks crosses per step), with one the
-    /// cached rows are copied there once and each batch uploads only its misses; host gathers
-    /// on the CPU and uploads every row; auto picks device on a GPU when a cache is asked for
-    /// (without Match-Reorder), or when none is and the rows as f32 take at most half its free
-    /// memory (and a quarter of the host's) [default: auto].
+    /// --device cuda): without --cache-policy or --match-reorder every row is copied there once
+    /// and gathered there (nothing but ids and blocks crosses per step); with them the cached
+    /// rows are copied there once, the previous batch's rows stay there for Match, and each
+    /// batch uploads only its misses; host gathers on the CPU and uploads every row; auto picks
+    /// device on a GPU when a cache or Match is asked for, or when neither is and the rows as
+    /// f32 take at most half its free memory (and a quarter of the host's) [default: auto].
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).

@@ -18,7 +18,11 @@ struct Previous {
     /// Row of `v` in `rows` when stamped.
     idx: Vec<u32>,
     cur: u32,
+    /// The previous batch's rows, when [`Extractor::extract`] made it (an
+    /// [`Extractor::extract_split`] leaves them on the device and this empty).
     rows: Vec<f32>,
+    /// Whether `rows` holds the previous batch (it was extracted on the host).
+    rows_kept: bool,
 }
 
 /// Extracts through a static cache (hits served from it) and, with Match, from the previous
@@ -30,6 +34,8 @@ pub struct CachedExtractor {
     ds: Arc<Dataset>,
     cache: Option<FeatureCache>,
     prev: Option<Previous>,
+    /// Splits made so far ([`CacheSplit::seq`] of the next one).
+    splits: u64,
 }
 
 impl CachedExtractor {
@@ -57,8 +63,14 @@ impl CachedExtractor {
             idx: vec![0; n],
             cur: 0,
             rows: Vec::new(),
+            rows_kept: false,
         });
-        Ok(CachedExtractor { ds, cache, prev })
+        Ok(CachedExtractor {
+            ds,
+            cache,
+            prev,
+            splits: 0,
+        })
     }
 
     /// The cache, if any.
@@ -97,7 +109,7 @@ impl Extractor for CachedExtractor {
         let d = f.dim;
         out.resize(input_nodes.len() * d, 0.0);
         let cache = self.cache.as_ref();
-        let prev = self.prev.as_ref().filter(|p| p.cur != 0);
+        let prev = self.prev.as_ref().filter(|p| p.cur != 0 && p.rows_kept);
         // Per row: (cache, reused, host) row counts.
         let (c, r, h) = if d == 0 {
             (0, 0, input_nodes.len() as u64)
@@ -130,6 +142,7 @@ impl Extractor for CachedExtractor {
             }
             p.rows.clear();
             p.rows.extend_from_slice(out);
+            p.rows_kept = true;
         }
         let rb = f.row_bytes() as u64;
         Ok(ExtractStats {
@@ -147,39 +160,58 @@ impl Extractor for CachedExtractor {
         split: &mut CacheSplit,
         misses: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
-        if self.prev.is_some() {
+        if self.cache.is_none() && self.prev.is_none() {
             return None;
         }
-        let cache = self.cache.as_ref()?;
-        Some(self.split(cache, input_nodes, split, misses))
+        Some(self.split(input_nodes, split, misses))
     }
 
     fn cache_rows(&self) -> Option<Vec<f32>> {
-        self.cache.as_ref().map(FeatureCache::rows_f32)
+        match (&self.cache, &self.prev) {
+            (Some(c), _) => Some(c.rows_f32()),
+            (None, Some(_)) => Some(Vec::new()),
+            (None, None) => None,
+        }
     }
 }
 
 impl CachedExtractor {
-    /// [`Extractor::extract_split`] over `cache`.
+    /// [`Extractor::extract_split`]: hits of the cache first, then (Match) rows of the
+    /// previous batch, then the host, as [`Extractor::extract`] decides.
     fn split(
-        &self,
-        cache: &FeatureCache,
+        &mut self,
         input_nodes: &[u32],
         split: &mut CacheSplit,
         misses: &mut Vec<f32>,
     ) -> Result<ExtractStats> {
         crate::extract::check_input_nodes(&self.ds, input_nodes)?;
-        let f = self.ds.features.as_ref().expect("checked in new");
+        let ds = self.ds.clone();
+        let f = ds.features.as_ref().expect("checked in new");
         let d = f.dim;
-        let miss = cache.len() as u32;
-        split.slots.clear();
-        split
-            .slots
-            .extend(input_nodes.iter().map(|&v| cache.slot(v).unwrap_or(miss)));
-        split.miss_positions.clear();
-        split
-            .miss_positions
-            .extend((0..input_nodes.len() as u32).filter(|&i| split.slots[i as usize] == miss));
+        let cache = self.cache.as_ref();
+        let miss = cache.map_or(0, FeatureCache::len) as u32;
+        let prev = self.prev.as_ref().filter(|p| p.cur != 0);
+        split.seq = self.splits;
+        split.keep = self.prev.is_some();
+        for v in [&mut split.slots, &mut split.miss_positions] {
+            v.clear();
+        }
+        split.reused_positions.clear();
+        split.reused_from.clear();
+        for (i, &v) in input_nodes.iter().enumerate() {
+            if let Some(s) = cache.and_then(|c| c.slot(v)) {
+                split.slots.push(s);
+                continue;
+            }
+            split.slots.push(miss);
+            match prev {
+                Some(p) if p.stamp[v as usize] == p.cur => {
+                    split.reused_positions.push(i as u32);
+                    split.reused_from.push(p.idx[v as usize]);
+                }
+                _ => split.miss_positions.push(i as u32),
+            }
+        }
         misses.resize(split.miss_positions.len() * d, 0.0);
         if d > 0 {
             misses
@@ -187,13 +219,27 @@ impl CachedExtractor {
                 .zip(split.miss_positions.par_iter())
                 .for_each(|(o, &i)| f.copy_row(input_nodes[i as usize] as usize, o));
         }
+        if self.prev.is_some() {
+            self.forget_previous();
+            let p = self.prev.as_mut().expect("checked");
+            for (i, &v) in input_nodes.iter().enumerate() {
+                p.stamp[v as usize] = p.cur;
+                p.idx[v as usize] = i as u32;
+            }
+            p.rows_kept = false;
+        }
+        self.splits += 1;
         let rb = f.row_bytes() as u64;
-        let (n, h) = (input_nodes.len() as u64, split.miss_positions.len() as u64);
+        let n = input_nodes.len() as u64;
+        let (r, h) = (
+            split.reused_positions.len() as u64,
+            split.miss_positions.len() as u64,
+        );
         Ok(ExtractStats {
             rows: n,
             bytes_total: n * rb,
-            bytes_from_cache: (n - h) * rb,
-            bytes_reused: 0,
+            bytes_from_cache: (n - r - h) * rb,
+            bytes_reused: r * rb,
             bytes_from_host: h * rb,
         })
     }

@@ -42,17 +42,29 @@ impl ExtractStats {
     }
 }
 
-/// A batch's input rows split between a cache that lives on the compute device and the host,
-/// filled by [`Extractor::extract_split`]: the device assembles the batch's feature matrix by
-/// gathering row `slots[i]` of its cache table for every input row `i` (a miss names the
-/// table's extra row after the cached ones) and placing the uploaded misses at
-/// `miss_positions`.
+/// A batch's input rows split between what the compute device holds (a cache, and with
+/// Match the previous batch's rows) and the host, filled by [`Extractor::extract_split`]. The
+/// device assembles the batch's feature matrix by gathering row `slots[i]` of its cache table
+/// for every input row `i` (a row the cache does not hold names the table's extra row after
+/// the cached ones), then placing the previous batch's rows `reused_from` at
+/// `reused_positions` and the uploaded misses at `miss_positions`. Every position is in
+/// exactly one of: a cache slot, `reused_positions`, `miss_positions`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheSplit {
-    /// Per input row, in input order: its cache slot, or the cache's length for a miss.
+    /// Per input row, in input order: its cache slot, or the cache's length when the cache
+    /// does not hold it.
     pub slots: Vec<u32>,
-    /// Positions (in input order) of the rows the cache does not hold, ascending.
+    /// Positions (in input order, ascending) of the rows gathered on the host and uploaded.
     pub miss_positions: Vec<u32>,
+    /// Positions (ascending) of the rows reused from the previous split's batch (Match).
+    pub reused_positions: Vec<u32>,
+    /// For each of `reused_positions`, the row's position in the previous split's batch.
+    pub reused_from: Vec<u32>,
+    /// This split's number in its extractor's sequence (0, 1, ...): reused rows come from the
+    /// batch of split `seq - 1`.
+    pub seq: u64,
+    /// Whether the next split may reuse this batch's rows (Match on): the device keeps them.
+    pub keep: bool,
 }
 
 /// Gathers feature rows for mini-batches. Guarantee every implementation must keep: `out`
@@ -89,12 +101,13 @@ pub trait Extractor: Send {
         None
     }
 
-    /// For a trainer that keeps this extractor's cache on its device: fills `split` (see
-    /// [`CacheSplit`]) and `misses` with the rows of the input nodes the cache does not hold,
-    /// in input order, each exactly as [`Extractor::extract`] would write it. The stats count
-    /// hits as cache bytes and misses as host bytes, as [`Extractor::extract`] does. `None`
-    /// where the extractor has no cache (the default) or reuses the previous batch's rows
-    /// (Match-Reorder, which needs that batch on the host). Errors as [`Extractor::extract`].
+    /// For a trainer that keeps this extractor's cache (and, with Match, the previous batch's
+    /// rows) on its device: fills `split` (see [`CacheSplit`]) and `misses` with the rows of
+    /// `miss_positions`, in order, each exactly as [`Extractor::extract`] would write it. The
+    /// stats count cache, reused and host bytes as [`Extractor::extract`] does for the same
+    /// sequence of batches. `None` where the extractor has neither a cache nor Match (the
+    /// default). Errors as [`Extractor::extract`]. Splits of one extractor must be assembled
+    /// in the order they were made (each may reuse the one before).
     fn extract_split(
         &mut self,
         _input_nodes: &[u32],
@@ -104,8 +117,8 @@ pub trait Extractor: Send {
         None
     }
 
-    /// The cached rows as f32, in slot order (`len x dim`): the table a device keeps for
-    /// [`Extractor::extract_split`]. `None` without a cache (the default).
+    /// The cached rows as f32, in slot order (`len x dim`; empty with Match alone): the table
+    /// a device keeps for [`Extractor::extract_split`]. `None` where that returns `None`.
     fn cache_rows(&self) -> Option<Vec<f32>> {
         None
     }

@@ -133,6 +133,51 @@ fn cached_extraction_equals_plain_extraction_byte_for_byte() {
     }
 }
 
+/// What a device does with [`CacheSplit`]s: gathers the table's rows, then the previous
+/// batch's reused rows, then the uploaded misses. Returns the batch's rows.
+fn assemble(
+    table: &[f32],
+    d: usize,
+    split: &CacheSplit,
+    misses: &[f32],
+    previous: Option<&(u64, Vec<f32>)>,
+) -> Vec<f32> {
+    let cached = table.len() / d.max(1);
+    let mut x = vec![f32::NAN; split.slots.len() * d];
+    let mut seen = vec![0u8; split.slots.len()];
+    for (i, &slot) in split.slots.iter().enumerate() {
+        if (slot as usize) < cached {
+            let s = slot as usize;
+            x[i * d..(i + 1) * d].copy_from_slice(&table[s * d..(s + 1) * d]);
+            seen[i] += 1;
+        } else {
+            assert_eq!(
+                slot as usize, cached,
+                "a row not cached names the extra row"
+            );
+        }
+    }
+    if !split.reused_positions.is_empty() {
+        let (seq, prev) = previous.expect("a previous batch");
+        assert_eq!(seq + 1, split.seq, "reuses the batch just before");
+        for (&i, &j) in split.reused_positions.iter().zip(&split.reused_from) {
+            let (i, j) = (i as usize, j as usize);
+            x[i * d..(i + 1) * d].copy_from_slice(&prev[j * d..(j + 1) * d]);
+            seen[i] += 1;
+        }
+    }
+    for (k, &i) in split.miss_positions.iter().enumerate() {
+        let i = i as usize;
+        x[i * d..(i + 1) * d].copy_from_slice(&misses[k * d..(k + 1) * d]);
+        seen[i] += 1;
+    }
+    assert!(
+        seen.iter().all(|&c| c == 1),
+        "every row from exactly one place"
+    );
+    x
+}
+
 #[test]
 fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
     for dtype in [FeatDtype::F32, FeatDtype::F16] {
@@ -144,58 +189,51 @@ fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
         let f = ds.features.as_ref().unwrap();
         let d = f.dim;
         let mut plain = PlainExtractor::new(ds.clone()).unwrap();
-        for alpha in [0.0, 0.3, 1.0] {
-            let rows = CacheSize::Ratio(alpha).rows(n, f.row_bytes());
-            let cache = FeatureCache::build(f, &degree_ranking(&ds.topology)[..rows]).unwrap();
-            let mut ex = CachedExtractor::new(ds.clone(), Some(cache), false).unwrap();
-            let table = ex.cache_rows().expect("a cache");
-            assert_eq!(table.len(), rows * d);
+        for (alpha, match_previous) in [(0.3, false), (1.0, false), (0.3, true), (0.0, true)] {
+            let what = format!("{dtype:?} alpha {alpha} match {match_previous}");
+            let build = || {
+                let rows = CacheSize::Ratio(alpha).rows(n, f.row_bytes());
+                let ranking = degree_ranking(&ds.topology);
+                let cache =
+                    (alpha > 0.0).then(|| FeatureCache::build(f, &ranking[..rows]).unwrap());
+                CachedExtractor::new(ds.clone(), cache, match_previous).unwrap()
+            };
+            // The same batches through the host path and through splits.
+            let (mut host, mut ex) = (build(), build());
+            let table = ex.cache_rows().expect("a cache or Match");
             let (mut a, mut b, mut misses) = (Vec::new(), Vec::new(), vec![7.0; 5]);
             let mut split = CacheSplit {
                 slots: vec![9],
                 miss_positions: vec![9],
+                ..CacheSplit::default()
             };
-            for batch in trace.batches() {
+            let (mut previous, mut reused) = (None, 0);
+            for (k, batch) in trace.batches().into_iter().enumerate() {
                 let sp = plain.extract(batch, &mut a).unwrap();
-                let sc = ex.extract(batch, &mut b).unwrap();
+                let sh = host.extract(batch, &mut b).unwrap();
                 let ss = ex
                     .extract_split(batch, &mut split, &mut misses)
                     .unwrap()
                     .unwrap();
-                assert_eq!(ss, sc, "the same accounting as extract");
-                assert_eq!(split.slots.len(), batch.len());
+                assert_eq!(ss, sh, "{what}: the accounting of the host path");
+                assert_eq!((split.seq, split.keep), (k as u64, match_previous));
                 assert_eq!(misses.len(), split.miss_positions.len() * d);
-                assert!(split.miss_positions.windows(2).all(|w| w[0] < w[1]));
-                // What the device does: gather the table's rows, place the misses.
-                let mut x = vec![f32::NAN; batch.len() * d];
-                for (i, &slot) in split.slots.iter().enumerate() {
-                    if (slot as usize) < rows {
-                        let s = slot as usize;
-                        x[i * d..(i + 1) * d].copy_from_slice(&table[s * d..(s + 1) * d]);
-                    } else {
-                        assert_eq!(slot as usize, rows, "a miss names the extra row");
-                    }
-                }
-                for (j, &i) in split.miss_positions.iter().enumerate() {
-                    let i = i as usize;
-                    assert_eq!(split.slots[i] as usize, rows);
-                    x[i * d..(i + 1) * d].copy_from_slice(&misses[j * d..(j + 1) * d]);
-                }
-                assert_eq!(bits(&x), bits(&a), "{dtype:?} alpha {alpha}");
+                let x = assemble(&table, d, &split, &misses, previous.as_ref());
+                assert_eq!(bits(&x), bits(&a), "{what}");
                 assert_eq!(sp.bytes_total, ss.bytes_total);
+                reused += split.reused_positions.len();
+                if split.keep {
+                    previous = Some((split.seq, x));
+                }
             }
+            assert_eq!(reused > 0, match_previous && alpha < 1.0, "{what}");
         }
-        // No split without a cache, or with Match (the previous batch lives on the host).
+        // No split without a cache or Match.
         let mut none = CachedExtractor::new(ds.clone(), None, false).unwrap();
         assert!(none
             .extract_split(&[0], &mut CacheSplit::default(), &mut Vec::new())
             .is_none());
         assert!(none.cache_rows().is_none());
-        let cache = FeatureCache::build(f, &[0, 1]).unwrap();
-        let mut matched = CachedExtractor::new(ds.clone(), Some(cache), true).unwrap();
-        assert!(matched
-            .extract_split(&[0], &mut CacheSplit::default(), &mut Vec::new())
-            .is_none());
         // Out-of-range ids are errors, as for extract.
         let cache = FeatureCache::build(f, &[0, 1]).unwrap();
         let mut ex = CachedExtractor::new(ds.clone(), Some(cache), false).unwrap();

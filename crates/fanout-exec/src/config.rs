@@ -136,9 +136,9 @@ impl Default for CacheSpec {
 #[serde(rename_all = "lowercase")]
 pub enum FeaturePlacement {
     /// `device` when the run computes on a GPU (a backend with its own memory) and either
-    /// asks for a feature cache without Match-Reorder (the cache then lives on the GPU), or
-    /// asks for neither and the rows as f32 take at most half the device's free memory and a
-    /// quarter of the host's available memory; `host` otherwise.
+    /// asks for a feature cache or Match-Reorder (they then live on the GPU), or asks for
+    /// neither and the rows as f32 take at most half the device's free memory and a quarter
+    /// of the host's available memory; `host` otherwise.
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the
@@ -148,8 +148,9 @@ pub enum FeaturePlacement {
     /// once and each batch's rows are gathered there: nothing but the batch's ids and blocks
     /// crosses per step (a device cache holding the whole feature matrix). With a cache
     /// (`--cache-policy`, `--cache-ratio`), the cached rows are copied there once and each
-    /// batch uploads only the rows the cache misses (GNNLab's and PaGraph's GPU cache). Needs a
-    /// GPU backend and no Match-Reorder.
+    /// batch uploads only the rows the cache misses (GNNLab's and PaGraph's GPU cache); with
+    /// Match-Reorder the previous batch's rows stay there and are reused (FastGL). Needs a GPU
+    /// backend.
     Device,
 }
 

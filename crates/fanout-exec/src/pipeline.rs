@@ -254,8 +254,8 @@ impl Pipeline {
     /// ([`crate::Trainer::with_device_cache`]): the extract stage gathers only the rows the
     /// cache misses ([`Extractor::extract_split`]), and each [`Prepared`] carries them with
     /// its [`CacheSplit`] (and no `input_agg`). Its [`ExtractStats`] are those of the same
-    /// extraction on the host. A batch fails with an error if the extractor has no cache or
-    /// reuses the previous batch (Match-Reorder).
+    /// extraction on the host. A batch fails with an error if the extractor has neither a
+    /// cache nor Match.
     pub fn with_cache_on_device(mut self) -> Self {
         self.cache_on_device = true;
         self
@@ -336,7 +336,7 @@ impl Pipeline {
                             .ok_or_else(|| {
                                 fanout_graph::Error::Invalid(
                                     "the cache on the device needs an extractor with a cache \
-                                     and without Match-Reorder"
+                                     or Match"
                                         .into(),
                                 )
                             })??;

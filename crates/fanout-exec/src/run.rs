@@ -660,22 +660,24 @@ enum RowsAt {
     Host,
     /// All of them on the compute device, gathered there.
     Device,
-    /// The feature cache on the compute device, the misses uploaded every step.
+    /// The feature cache (and with Match the previous batch's rows) on the compute device,
+    /// the misses uploaded every step.
     DeviceCache,
 }
 
 /// Where this run keeps its feature rows (see [`FeaturePlacement`]); `Err` when `device` is
-/// asked for where it cannot be (the CPU backend, Match-Reorder, rows that do not fit in the
-/// device's free memory; a cache's own size is checked once it is built).
+/// asked for where it cannot be (the CPU backend, rows that do not fit in the device's free
+/// memory; a cache's own size is checked once it is built).
 fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt> {
-    let cache = wants_cache(cfg);
+    // A feature cache, or Match-Reorder's reuse of the previous batch: both live on the
+    // device with it.
+    let cache = wants_cache(cfg) || cfg.cache.match_reorder;
     let dim = ds.features.as_ref().map_or(0, |f| f.dim) as u64;
     let bytes = ds.num_nodes() * dim * 4;
     let bad = |m: String| Err(ExecError::Invalid(m));
     match cfg.feature_placement {
         FeaturePlacement::Host => Ok(RowsAt::Host),
         FeaturePlacement::Auto if dim == 0 || be.free_memory().is_none() => Ok(RowsAt::Host),
-        FeaturePlacement::Auto if cfg.cache.match_reorder => Ok(RowsAt::Host),
         FeaturePlacement::Auto if cache => Ok(RowsAt::DeviceCache),
         // The rows are assembled in host memory before the upload: auto also leaves most of
         // that free (features larger than memory stay on the host path, read mapped).
@@ -691,11 +693,6 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
         FeaturePlacement::Device if be.name() == "cpu" => bad(
             "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
              already where the model computes"
-                .into(),
-        ),
-        FeaturePlacement::Device if cfg.cache.match_reorder => bad(
-            "--feature-placement device with Match-Reorder is not built (the previous batch's \
-             rows are reused on the host); drop --match-reorder or use --feature-placement host"
                 .into(),
         ),
         FeaturePlacement::Device if dim == 0 => Ok(RowsAt::Host),
@@ -723,7 +720,9 @@ fn device_cache_table<B: Backend>(
 ) -> Result<(B::Tensor, usize, usize)> {
     let dim = extractor.dim();
     let mut rows = extractor.cache_rows().ok_or_else(|| {
-        ExecError::Invalid("--feature-placement device: the extractor built no cache".into())
+        ExecError::Invalid(
+            "--feature-placement device: the extractor has neither a cache nor Match".into(),
+        )
     })?;
     let cached = rows.len() / dim.max(1);
     rows.extend(std::iter::repeat_n(-0.0f32, dim));
@@ -942,8 +941,13 @@ pub fn train_worker_with<B: Backend>(
     if cache_on_device {
         let (table, cached, dim) = device_cache_table(&be, extractor.as_ref())?;
         trainer = trainer.with_device_cache(table);
+        let reuse = if cfg.cache.match_reorder {
+            ", and the rows it shares with the batch before it (Match) are reused there"
+        } else {
+            ""
+        };
         obs.note(&format!(
-            "feature cache on the device: {cached} rows x {dim} ({:.0} MB as f32); each batch uploads only the rows it misses",
+            "feature cache on the device: {cached} rows x {dim} ({:.0} MB as f32); each batch uploads only the rows it misses{reuse}",
             (cached * dim * 4) as f64 / 1e6
         ));
     }

@@ -51,6 +51,9 @@ pub struct Trainer<B: Backend> {
     device_rows: Option<B::Tensor>,
     /// The cache table on the device ([`Trainer::with_device_cache`]).
     device_cache: Option<B::Tensor>,
+    /// The last batch assembled from a [`fanout_cache::CacheSplit`] that Match may reuse: its
+    /// split's number and its rows, on the device.
+    previous_rows: Option<(u64, B::Tensor)>,
 }
 
 /// Borrowed compute-side views of a mini-batch's sampled blocks (outermost first), as
@@ -83,6 +86,7 @@ impl<B: Backend> Trainer<B> {
             pool: None,
             device_rows: None,
             device_cache: None,
+            previous_rows: None,
         }
     }
 
@@ -90,9 +94,11 @@ impl<B: Backend> Trainer<B> {
     /// holds the cached rows in slot order ([`fanout_cache::Extractor::cache_rows`]) followed by
     /// one row of negative zeros. A batch that comes with a
     /// [`crate::Prepared::cache_split`] ([`crate::Pipeline::with_cache_on_device`]) gets its
-    /// input rows gathered from the table (a miss gets the negative-zero row) and its uploaded
-    /// misses added at their positions: `-0.0 + m` is `m` for every float (both zeros
-    /// included), so the rows are exactly the stored ones.
+    /// input rows gathered from the table (a row the cache does not hold gets the
+    /// negative-zero row), then the rows it reuses from the previous batch (Match, kept on the
+    /// device) and its uploaded misses added at their positions: `-0.0 + m` is `m` for every
+    /// float (both zeros included), so the rows are exactly the stored ones. A batch that
+    /// reuses rows of a batch this trainer did not assemble just before is an error.
     pub fn with_device_cache(mut self, table: B::Tensor) -> Self {
         self.device_cache = Some(table);
         self
@@ -162,11 +168,27 @@ impl<B: Backend> Trainer<B> {
         let rows = p.batch.input_nodes.len();
         if let (Some(table), Some(split)) = (&self.device_cache, &p.cache_split) {
             let mut x = be.gather_rows(table, &split.slots);
+            if !split.reused_positions.is_empty() {
+                let previous = match &self.previous_rows {
+                    Some((seq, rows)) if seq + 1 == split.seq => rows,
+                    _ => {
+                        return Err(ExecError::Invalid(format!(
+                            "batch {} reuses rows of the batch before it, which this trainer \
+                             did not assemble (batches out of order)",
+                            split.seq
+                        )))
+                    }
+                };
+                let reused = be.gather_rows(previous, &split.reused_from);
+                be.scatter_add_rows(&mut x, &split.reused_positions, &reused);
+            }
             if !split.miss_positions.is_empty() {
                 let m = split.miss_positions.len();
                 let misses = be.upload_owned(Tensor::new(m, p.dim, p.features));
                 be.scatter_add_rows(&mut x, &split.miss_positions, &misses);
             }
+            // Match: the next batch may reuse these rows.
+            self.previous_rows = split.keep.then(|| (split.seq, x.clone()));
             return Ok(self.model.forward_rows(&blocks, x, mode, ids)?);
         }
         let x = match &self.device_rows {

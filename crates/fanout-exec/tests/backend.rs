@@ -577,34 +577,29 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
     };
     let e = refused(train(&factored, &env, &mut ()));
     assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
-    // Match-Reorder reuses the previous batch on the host: not with rows on the device.
-    let matched = TrainConfig {
-        cache: CacheSpec {
-            match_reorder: true,
-            ..CacheSpec::default()
-        },
-        ..on_cpu
-    };
-    let e = refused(train_with_backend(NAMED, &matched, &env, &mut ()));
-    assert!(e.contains("with Match-Reorder is not built"), "{e}");
 }
 
-/// `--feature-placement device` with a feature cache: the cached rows copied to the backend
-/// once, each batch uploading only its misses, trains the model of the same cache kept on the
-/// host bit for bit, with the same hit rate; the rows are assembled on the backend.
+/// `--feature-placement device` with a feature cache and/or Match-Reorder: the cached rows
+/// copied to the backend once, the previous batch's rows kept there, each batch uploading only
+/// its misses, trains the model of the same cache and Match on the host bit for bit, with the
+/// same bytes from cache, reuse and host; the rows are assembled on the backend.
 #[test]
 fn a_cache_on_the_device_trains_the_host_cached_model() {
     let (_dir, ds) = saved_tiny(800);
     let env = RunEnv::default();
-    for (model, policy, ratio) in [
-        (ModelKind::Sage, "degree", "0.3"),
-        (ModelKind::Gat, "presc", "0.5"),
-        (ModelKind::Gcn, "degree", "1.0"),
+    for (model, policy, ratio, match_reorder) in [
+        (ModelKind::Sage, "degree", "0.3", false),
+        (ModelKind::Gat, "presc", "0.5", false),
+        (ModelKind::Gcn, "degree", "1.0", false),
+        (ModelKind::Sage, "degree", "0.2", true),
+        (ModelKind::Gcn, "none", "0.1", true),
     ] {
         let host = TrainConfig {
             cache: CacheSpec {
                 policy: policy.into(),
                 ratio: ratio.into(),
+                match_reorder,
+                reorder_window: if match_reorder { 4 } else { 0 },
                 ..CacheSpec::default()
             },
             ..config(&ds, model)
@@ -613,7 +608,7 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
             feature_placement: FeaturePlacement::Device,
             ..host.clone()
         };
-        let what = format!("{model:?} {policy} {ratio}");
+        let what = format!("{model:?} {policy} {ratio} match {match_reorder}");
         let cpu = train(&host, &env, &mut ()).unwrap();
         let before = GATHER_CALLS.load(Ordering::Relaxed);
         let named = train_with_backend(NAMED, &device, &env, &mut ()).unwrap();
@@ -627,6 +622,7 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
                 "{what}: the same bytes from cache and host"
             );
             assert!(n.hit_rate > 0.0, "{what}");
+            assert_eq!(n.extract.bytes_reused > 0, match_reorder, "{what}");
         }
         // The host-cached run on the same backend uploads every row: the same model.
         let host_named = train_with_backend(NAMED, &host, &env, &mut ()).unwrap();
