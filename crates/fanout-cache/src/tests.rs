@@ -78,13 +78,19 @@ fn out_of_range_ids_are_errors_that_leave_the_extractor_as_it_was() {
     assert_eq!(bits(&a), bits(&b));
 }
 
+/// A dataset with `dtype` features, its sampler, its training seeds and one epoch's batches.
+fn traced(dtype: FeatDtype) -> (Arc<Dataset>, Arc<dyn Sampler>, Vec<u32>, Trace) {
+    let ds = dataset(dtype);
+    let s = sampler(&ds);
+    let seeds = ds.train.to_vec();
+    let trace = Trace::record(s.clone(), &seeds, &loader(1), 0).unwrap();
+    (ds, s, seeds, trace)
+}
+
 #[test]
 fn cached_extraction_equals_plain_extraction_byte_for_byte() {
     for dtype in [FeatDtype::F32, FeatDtype::F16] {
-        let ds = dataset(dtype);
-        let s = sampler(&ds);
-        let seeds = ds.train.to_vec();
-        let trace = Trace::record(s.clone(), &seeds, &loader(1), 0).unwrap();
+        let (ds, s, seeds, trace) = traced(dtype);
         let n = ds.num_nodes() as usize;
         let rankings = [
             random_ranking(n, 9),
@@ -181,10 +187,7 @@ fn assemble(
 #[test]
 fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
     for dtype in [FeatDtype::F32, FeatDtype::F16] {
-        let ds = dataset(dtype);
-        let s = sampler(&ds);
-        let seeds = ds.train.to_vec();
-        let trace = Trace::record(s.clone(), &seeds, &loader(1), 0).unwrap();
+        let (ds, _, _, trace) = traced(dtype);
         let n = ds.num_nodes() as usize;
         let f = ds.features.as_ref().unwrap();
         let d = f.dim;

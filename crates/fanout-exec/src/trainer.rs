@@ -97,7 +97,8 @@ impl<B: Backend> Trainer<B> {
     /// input rows gathered from the table (a row the cache does not hold gets the
     /// negative-zero row), then the rows it reuses from the previous batch (Match, kept on the
     /// device) and its uploaded misses added at their positions: `-0.0 + m` is `m` for every
-    /// float (both zeros included), so the rows are exactly the stored ones. A batch that
+    /// float but a NaN (both zeros included), so finite rows are exactly the stored ones (a
+    /// NaN stays a NaN, its payload up to the device). A batch that
     /// reuses rows of a batch this trainer did not assemble just before is an error.
     pub fn with_device_cache(mut self, table: B::Tensor) -> Self {
         self.device_cache = Some(table);
