@@ -141,8 +141,8 @@ pub struct TrainArgs {
     /// and gathered there (nothing but ids and blocks crosses per step); with them the cached
     /// rows are copied there once, the previous batch's rows stay there for Match, and each
     /// batch uploads only its misses; host gathers on the CPU and uploads every row; auto picks
-    /// device on a GPU when a cache or Match is asked for, or when neither is and the rows as
-    /// f32 take at most half its free memory (and a quarter of the host's) [default: auto].
+    /// device on a GPU when neither a cache nor Match is asked for and the rows as f32 take at
+    /// most half its free memory (and a quarter of the host's) [default: auto].
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).

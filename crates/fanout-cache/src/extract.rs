@@ -117,8 +117,9 @@ pub trait Extractor: Send {
         None
     }
 
-    /// The cached rows as f32, in slot order (`len x dim`; empty with Match alone): the table
-    /// a device keeps for [`Extractor::extract_split`]. `None` where that returns `None`.
+    /// The cached rows as f32, in slot order (`len x dim`; empty with Match alone), with room
+    /// for one more row: the table a device keeps for [`Extractor::extract_split`]. `None`
+    /// where that returns `None`.
     fn cache_rows(&self) -> Option<Vec<f32>> {
         None
     }

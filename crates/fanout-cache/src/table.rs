@@ -279,10 +279,12 @@ impl FeatureCache {
     }
 
     /// Every cached row as f32 (converted as [`FeatureCache::copy_row`] converts), in slot
-    /// order: `len() x dim()` values.
+    /// order: `len() x dim()` values, with room for one more row (a device's table appends
+    /// one without moving them).
     pub fn rows_f32(&self) -> Vec<f32> {
         let d = self.dim;
-        let mut out = vec![0f32; self.len() * d];
+        let mut out = Vec::with_capacity((self.len() + 1) * d);
+        out.resize(self.len() * d, 0f32);
         if d > 0 {
             out.par_chunks_mut(d)
                 .enumerate()

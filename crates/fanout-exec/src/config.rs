@@ -135,10 +135,10 @@ impl Default for CacheSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FeaturePlacement {
-    /// `device` when the run computes on a GPU (a backend with its own memory) and either
-    /// asks for a feature cache or Match-Reorder (they then live on the GPU), or asks for
-    /// neither and the rows as f32 take at most half the device's free memory and a quarter
-    /// of the host's available memory; `host` otherwise.
+    /// `device` when the run computes on a GPU (a backend with its own memory), asks for no
+    /// feature cache or Match-Reorder, and the rows as f32 take at most half the device's
+    /// free memory and a quarter of the host's available memory; `host` otherwise (a cache
+    /// or Match on the GPU is asked for with `device`).
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the

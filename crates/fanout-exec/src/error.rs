@@ -97,7 +97,7 @@ impl fmt::Display for ExecError {
             ExecError::Compute(e) => write!(f, "{e}"),
             ExecError::Invalid(m) => f.write_str(m),
             ExecError::Comm(e) => write!(f, "{e}"),
-            ExecError::Device(e) => write!(f, "the device failed, and the run stopped: {e}"),
+            ExecError::Device(e) => write!(f, "the device failed: {e}"),
             ExecError::Interrupted {
                 epoch,
                 step,

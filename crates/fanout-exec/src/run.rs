@@ -678,7 +678,8 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
     match cfg.feature_placement {
         FeaturePlacement::Host => Ok(RowsAt::Host),
         FeaturePlacement::Auto if dim == 0 || be.free_memory().is_none() => Ok(RowsAt::Host),
-        FeaturePlacement::Auto if cache => Ok(RowsAt::DeviceCache),
+        // The cache on the device is asked for explicitly until it has been measured on a GPU.
+        FeaturePlacement::Auto if cache => Ok(RowsAt::Host),
         // The rows are assembled in host memory before the upload: auto also leaves most of
         // that free (features larger than memory stay on the host path, read mapped).
         FeaturePlacement::Auto => Ok(
@@ -730,7 +731,8 @@ fn device_cache_table<B: Backend>(
     if let Some(free) = be.free_memory().filter(|&free| bytes > free / 2) {
         return Err(ExecError::Invalid(format!(
             "--feature-placement device: the cache takes {:.0} MB as f32 but {} has {:.0} MB \
-             free (it may take half); lower --cache-ratio or use --feature-placement host",
+             free (it may take half); a smaller cache (--cache-ratio, --cache-bytes) or \
+             --feature-placement host",
             bytes as f64 / 1e6,
             be.name(),
             free as f64 / 1e6

@@ -167,6 +167,13 @@ impl<B: Backend> Trainer<B> {
                 .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);
         }
         let rows = p.batch.input_nodes.len();
+        if p.cache_split.is_some() && self.device_cache.is_none() {
+            return Err(ExecError::Invalid(
+                "a batch split for a cache on the device reached a trainer without one \
+                 (Trainer::with_device_cache)"
+                    .into(),
+            ));
+        }
         if let (Some(table), Some(split)) = (&self.device_cache, &p.cache_split) {
             let mut x = be.gather_rows(table, &split.slots);
             if !split.reused_positions.is_empty() {

@@ -162,12 +162,26 @@ fn keep_freed_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<(), Error
 ///
 /// Guarantees: the buffer holds at least `rows * cols` elements (at least one: empty tensors
 /// keep a one-element buffer); element `(r, c)` is at `r * cols + c`. Cloning copies on the
-/// device.
-#[derive(Clone)]
+/// device (a device that fails stops the clone with `fanout_compute::device_failed`).
 pub struct CudaTensor {
     rows: usize,
     cols: usize,
     data: CudaSlice<f32>,
+}
+
+impl Clone for CudaTensor {
+    fn clone(&self) -> Self {
+        // cudarc's own `Clone` unwraps the copy's result: a full device would panic.
+        let data = self
+            .data
+            .try_clone()
+            .unwrap_or_else(|e| device_failed("cuMemcpyDtoD (clone)", e));
+        CudaTensor {
+            rows: self.rows,
+            cols: self.cols,
+            data,
+        }
+    }
 }
 
 impl CudaTensor {
@@ -222,8 +236,8 @@ impl CudaBackend {
 pub(crate) fn device_failed(call: &str, e: impl fmt::Display) -> ! {
     let e = e.to_string();
     let hint = if e.contains("OUT_OF_MEMORY") || e.contains("ALLOC_FAILED") {
-        "; the GPU ran out of memory: a smaller --batch-size, fewer --fanouts, a smaller \
-         --hidden or --feature-placement host needs less of it"
+        "; the GPU ran out of memory: a smaller batch size, fanouts, hidden size or feature \
+         cache, or the features on the host (feature placement host), needs less of it"
     } else {
         ""
     };
