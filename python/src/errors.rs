@@ -148,7 +148,7 @@ pub fn exec(e: ExecError) -> PyErr {
         ExecError::Compute(c) => compute(c),
         ExecError::Invalid(m) => raise(Kind::Invalid, m),
         ExecError::Comm(c) => raise(Kind::Base, c.to_string()),
-        e @ ExecError::Device(_) => raise(Kind::Device, e.to_string()),
+        e @ ExecError::Device { .. } => raise(Kind::Device, e.to_string()),
         e @ (ExecError::Interrupted { .. } | ExecError::NonFinite { .. }) => {
             raise(Kind::Base, e.to_string())
         }

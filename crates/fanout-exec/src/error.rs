@@ -15,7 +15,13 @@ pub enum ExecError {
     Comm(fanout_comm::CommError),
     /// The compute device failed during the run (ran out of memory, refused a launch): what
     /// failed and what to try ([`fanout_compute::DeviceFailure`]).
-    Device(fanout_compute::DeviceFailure),
+    Device {
+        /// What failed.
+        failure: fanout_compute::DeviceFailure,
+        /// Where the last checkpoint is, as a clause for the user (`None`: not known here, or
+        /// no checkpoint was asked for).
+        checkpoint: Option<String>,
+    },
     /// Training was cancelled (Ctrl-C, SIGTERM) and stopped before step `step` of epoch
     /// `epoch` (both counted from 0, as the epoch lines are).
     Interrupted {
@@ -43,6 +49,14 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// [`ExecError::Device`] for `failure`, no checkpoint named yet.
+    pub fn device(failure: fanout_compute::DeviceFailure) -> Self {
+        ExecError::Device {
+            failure,
+            checkpoint: None,
+        }
+    }
+
     /// Whether the run stopped because it was cancelled (training, or generating the
     /// embedded dataset).
     pub fn is_interrupted(&self) -> bool {
@@ -53,7 +67,8 @@ impl ExecError {
     }
 
     /// This error with `note` (a clause saying where the last checkpoint is) attached, when it is an
-    /// interruption or a non-finite step; other errors are returned as they are.
+    /// interruption, a non-finite step or a device failure; other errors are returned as they
+    /// are.
     pub fn with_checkpoint(self, note: Option<String>) -> Self {
         match self {
             ExecError::Interrupted { epoch, step, .. } => ExecError::Interrupted {
@@ -72,6 +87,10 @@ impl ExecError {
                 step,
                 what,
                 lr,
+                checkpoint: note,
+            },
+            ExecError::Device { failure, .. } => ExecError::Device {
+                failure,
                 checkpoint: note,
             },
             e => e,
@@ -97,7 +116,16 @@ impl fmt::Display for ExecError {
             ExecError::Compute(e) => write!(f, "{e}"),
             ExecError::Invalid(m) => f.write_str(m),
             ExecError::Comm(e) => write!(f, "{e}"),
-            ExecError::Device(e) => write!(f, "the device failed: {e}"),
+            ExecError::Device {
+                failure,
+                checkpoint,
+            } => {
+                write!(f, "the device failed: {failure}")?;
+                match checkpoint {
+                    Some(c) => write!(f, "; {c}"),
+                    None => Ok(()),
+                }
+            }
             ExecError::Interrupted {
                 epoch,
                 step,

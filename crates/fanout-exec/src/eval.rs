@@ -64,7 +64,7 @@ pub fn evaluate_checkpoint_with<B: Backend>(
 ) -> Result<f64> {
     if be.name() != "cpu" {
         return catch_device_failure(|| evaluate_on(be, req, progress))
-            .unwrap_or_else(|failure| Err(ExecError::Device(failure)));
+            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
     }
     evaluate_on(be, req, progress)
 }

@@ -479,7 +479,7 @@ pub fn train_with_backend<B: Backend>(
         // A device can fail where the CPU cannot (out of memory, a refused launch): its
         // backend stops with a `DeviceFailure`, returned here as an error, not a panic.
         return catch_device_failure(|| train_on_backend(be, cfg, env, obs))
-            .unwrap_or_else(|failure| Err(ExecError::Device(failure)));
+            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
     }
     train_on_backend(be, cfg, env, obs)
 }
@@ -1029,16 +1029,25 @@ pub fn train_worker_with<B: Backend>(
                 None
             },
         };
-        fit_with(
-            &mut trainer,
-            train.as_ref(),
-            valid.as_ref().map(|p| p as &dyn crate::BatchSource),
-            test.as_ref().map(|p| p as &dyn crate::BatchSource),
-            fit_cfg,
-            comm,
-            obs,
-            ctl,
-        )
+        let fit = || {
+            fit_with(
+                &mut trainer,
+                train.as_ref(),
+                valid.as_ref().map(|p| p as &dyn crate::BatchSource),
+                test.as_ref().map(|p| p as &dyn crate::BatchSource),
+                fit_cfg,
+                comm,
+                obs,
+                ctl,
+            )
+        };
+        if be.name() == "cpu" {
+            fit()
+        } else {
+            // Caught here too (not only in `train_with_backend`), so that the error says
+            // where the last checkpoint is, as an interruption's does.
+            catch_device_failure(fit).unwrap_or_else(|failure| Err(ExecError::device(failure)))
+        }
     };
     let metrics = result.map_err(|e| {
         let note = match (saved, env.checkpoint, env.resume) {

@@ -496,20 +496,40 @@ fn a_device_failing_mid_run_ends_it_with_an_error_not_a_panic() {
         epochs: 2,
         ..config(&ds, ModelKind::Sage)
     };
-    // The run takes 24 products: fail at the 10th, some steps in, with the pipeline's
-    // sampling and extraction threads running.
-    PRODUCTS_LEFT.store(10, Ordering::SeqCst);
-    let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT), None);
-    let Err(e) = train_with_backend(failing, &cfg, &RunEnv::default(), &mut ()) else {
-        panic!("the run ended without the device failure")
+    let t = tempfile::tempdir().unwrap();
+    let ckpt = t.path().join("ckpt.safetensors");
+    let env = RunEnv {
+        checkpoint: Some(&ckpt),
+        ..RunEnv::default()
     };
-    assert!(matches!(e, ExecError::Device(_)), "{e:?}");
-    let msg = e.to_string();
-    assert!(
-        msg.contains("the device failed: ")
-            && msg.contains("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)"),
-        "{msg}"
-    );
+    // The run takes 24 products: fail at the 10th (in epoch 0, nothing saved yet)
+    // and at the 20th (epoch 1, after epoch 0's checkpoint), some steps in, with the
+    // pipeline's sampling and extraction threads running.
+    for (at, saved) in [(10, false), (20, true)] {
+        PRODUCTS_LEFT.store(at, Ordering::SeqCst);
+        let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT), None);
+        let Err(e) = train_with_backend(failing, &cfg, &env, &mut ()) else {
+            panic!("the run ended without the device failure")
+        };
+        assert!(matches!(e, ExecError::Device { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("the device failed: ")
+                && msg.contains("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)"),
+            "{msg}"
+        );
+        // Where the last checkpoint is, as an interruption's message says.
+        let note = if saved {
+            "the last good checkpoint is"
+        } else {
+            "no epoch finished, so nothing was saved to"
+        };
+        assert!(
+            msg.contains(note) && msg.contains(&*ckpt.to_string_lossy()),
+            "{at}: {msg}"
+        );
+        assert_eq!(ckpt.exists(), saved, "{at}");
+    }
     assert_eq!(
         PRODUCTS_LEFT.load(Ordering::SeqCst),
         0,
