@@ -87,7 +87,8 @@ fn device_spec(device: &str) -> PyResult<DeviceSpec> {
     Ok(spec)
 }
 
-/// Why [`train`]'s run did not finish: the device did not open, or the run failed.
+/// Why [`train`]'s or [`evaluate`]'s run did not finish: the device did not open, or the
+/// run failed.
 enum RunFailure {
     /// The device named could not be opened (why, after the device's name).
     Device(String),
@@ -98,6 +99,17 @@ enum RunFailure {
 impl From<fanout_exec::ExecError> for RunFailure {
     fn from(e: fanout_exec::ExecError) -> Self {
         RunFailure::Exec(e)
+    }
+}
+
+impl RunFailure {
+    /// The Python exception: `DeviceError` naming `spec` for a device that did not open,
+    /// else the run API's error (as `NotFoundError` when one of `paths` does not exist).
+    fn into_py(self, spec: DeviceSpec, paths: &[&Path]) -> PyErr {
+        match self {
+            RunFailure::Device(why) => raise(Kind::Device, format!("device {spec}: {why}")),
+            RunFailure::Exec(e) => missing_paths(exec(e), paths),
+        }
     }
 }
 
@@ -160,10 +172,7 @@ pub fn train<'py>(
     if let Some(e) = signal.or_else(|| obs.error.take()) {
         return Err(e);
     }
-    let report = result.map_err(|e| match e {
-        RunFailure::Device(why) => raise(Kind::Device, format!("device {spec}: {why}")),
-        RunFailure::Exec(e) => missing_paths(exec(e), &[dataset.as_path()]),
-    })?;
+    let report = result.map_err(|e| e.into_py(spec, &[dataset.as_path()]))?;
     if let Some(p) = &metrics_out {
         write_json(p, &report)?;
     }
@@ -276,10 +285,7 @@ pub fn evaluate(
         let (compute, _) = Compute::open(spec).map_err(RunFailure::Device)?;
         Ok(compute.evaluate(&req, &fanout_graph::NoProgress)?)
     })
-    .map_err(|e| match e {
-        RunFailure::Device(why) => raise(Kind::Device, format!("device {spec}: {why}")),
-        RunFailure::Exec(e) => missing_paths(exec(e), &[checkpoint.as_path(), ds.as_path()]),
-    })
+    .map_err(|e: RunFailure| e.into_py(spec, &[checkpoint.as_path(), ds.as_path()]))
 }
 
 /// Reads a fanout checkpoint: `(metadata, model_config, tensors)`, where `metadata` maps

@@ -83,6 +83,19 @@ impl CachedExtractor {
         self.prev.is_some()
     }
 
+    /// With Match, makes `input_nodes` the previous batch (their positions stamped, its rows
+    /// cleared for the caller to keep or not) and returns it; `None` without Match.
+    fn remember(&mut self, input_nodes: &[u32]) -> Option<&mut Previous> {
+        self.prev.as_ref()?;
+        self.forget_previous();
+        let p = self.prev.as_mut()?;
+        for (i, &v) in input_nodes.iter().enumerate() {
+            p.stamp[v as usize] = p.cur;
+            p.idx[v as usize] = i as u32;
+        }
+        Some(p)
+    }
+
     /// Forgets the previous batch (the next extraction reuses nothing), e.g. when the device
     /// buffer was freed between epochs.
     pub fn forget_previous(&mut self) {
@@ -116,42 +129,28 @@ impl Extractor for CachedExtractor {
         } else {
             out.par_chunks_mut(d)
                 .zip(input_nodes.par_iter())
-                .map(|(o, &v)| {
-                    if let Some(s) = cache.and_then(|c| c.slot(v)) {
-                        cache.unwrap().copy_row(s, o);
-                        return (1u64, 0u64, 0u64);
+                .map(|(o, &v)| match source(cache, prev, v) {
+                    Source::Cache(s) => {
+                        cache.expect("a cache hit").copy_row(s, o);
+                        (1u64, 0u64, 0u64)
                     }
-                    if let Some(p) = prev {
-                        if p.stamp[v as usize] == p.cur {
-                            let i = p.idx[v as usize] as usize;
-                            o.copy_from_slice(&p.rows[i * d..(i + 1) * d]);
-                            return (0, 1, 0);
-                        }
+                    Source::Previous(i) => {
+                        let (p, i) = (prev.expect("a reused row"), i as usize);
+                        o.copy_from_slice(&p.rows[i * d..(i + 1) * d]);
+                        (0, 1, 0)
                     }
-                    f.copy_row(v as usize, o);
-                    (0, 0, 1)
+                    Source::Host => {
+                        f.copy_row(v as usize, o);
+                        (0, 0, 1)
+                    }
                 })
                 .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
         };
-        if self.prev.is_some() {
-            self.forget_previous();
-            let p = self.prev.as_mut().unwrap();
-            for (i, &v) in input_nodes.iter().enumerate() {
-                p.stamp[v as usize] = p.cur;
-                p.idx[v as usize] = i as u32;
-            }
-            p.rows.clear();
+        if let Some(p) = self.remember(input_nodes) {
             p.rows.extend_from_slice(out);
             p.rows_kept = true;
         }
-        let rb = f.row_bytes() as u64;
-        Ok(ExtractStats {
-            rows: input_nodes.len() as u64,
-            bytes_total: input_nodes.len() as u64 * rb,
-            bytes_from_cache: c * rb,
-            bytes_reused: r * rb,
-            bytes_from_host: h * rb,
-        })
+        Ok(stats(f.row_bytes() as u64, c, r, h))
     }
 
     fn extract_split(
@@ -199,17 +198,18 @@ impl CachedExtractor {
         split.reused_positions.clear();
         split.reused_from.clear();
         for (i, &v) in input_nodes.iter().enumerate() {
-            if let Some(s) = cache.and_then(|c| c.slot(v)) {
-                split.slots.push(s);
-                continue;
-            }
-            split.slots.push(miss);
-            match prev {
-                Some(p) if p.stamp[v as usize] == p.cur => {
+            let source = source(cache, prev, v);
+            split.slots.push(match source {
+                Source::Cache(s) => s,
+                _ => miss,
+            });
+            match source {
+                Source::Cache(_) => {}
+                Source::Previous(j) => {
                     split.reused_positions.push(i as u32);
-                    split.reused_from.push(p.idx[v as usize]);
+                    split.reused_from.push(j);
                 }
-                _ => split.miss_positions.push(i as u32),
+                Source::Host => split.miss_positions.push(i as u32),
             }
         }
         misses.resize(split.miss_positions.len() * d, 0.0);
@@ -219,29 +219,50 @@ impl CachedExtractor {
                 .zip(split.miss_positions.par_iter())
                 .for_each(|(o, &i)| f.copy_row(input_nodes[i as usize] as usize, o));
         }
-        if self.prev.is_some() {
-            self.forget_previous();
-            let p = self.prev.as_mut().expect("checked");
-            for (i, &v) in input_nodes.iter().enumerate() {
-                p.stamp[v as usize] = p.cur;
-                p.idx[v as usize] = i as u32;
-            }
+        if let Some(p) = self.remember(input_nodes) {
+            // The rows stay on the device.
             p.rows_kept = false;
         }
         self.splits += 1;
-        let rb = f.row_bytes() as u64;
-        let n = input_nodes.len() as u64;
-        let (r, h) = (
-            split.reused_positions.len() as u64,
-            split.miss_positions.len() as u64,
-        );
-        Ok(ExtractStats {
-            rows: n,
-            bytes_total: n * rb,
-            bytes_from_cache: (n - r - h) * rb,
-            bytes_reused: r * rb,
-            bytes_from_host: h * rb,
-        })
+        let (r, h) = (split.reused_positions.len(), split.miss_positions.len());
+        let c = input_nodes.len() - r - h;
+        Ok(stats(f.row_bytes() as u64, c as u64, r as u64, h as u64))
+    }
+}
+
+/// Where an input row comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The cache, at this slot.
+    Cache(u32),
+    /// The previous batch (Match), at this position in it.
+    Previous(u32),
+    /// The host store.
+    Host,
+}
+
+/// Where `v`'s row comes from: the cache first, then the previous batch (`prev`, when Match
+/// has one), else the host. The one rule both ways of extracting follow.
+#[inline]
+fn source(cache: Option<&FeatureCache>, prev: Option<&Previous>, v: u32) -> Source {
+    if let Some(s) = cache.and_then(|c| c.slot(v)) {
+        return Source::Cache(s);
+    }
+    match prev {
+        Some(p) if p.stamp[v as usize] == p.cur => Source::Previous(p.idx[v as usize]),
+        _ => Source::Host,
+    }
+}
+
+/// The stats of an extraction of `cache + reused + host` rows of `row_bytes` each.
+fn stats(row_bytes: u64, cache: u64, reused: u64, host: u64) -> ExtractStats {
+    let rows = cache + reused + host;
+    ExtractStats {
+        rows,
+        bytes_total: rows * row_bytes,
+        bytes_from_cache: cache * row_bytes,
+        bytes_reused: reused * row_bytes,
+        bytes_from_host: host * row_bytes,
     }
 }
 
