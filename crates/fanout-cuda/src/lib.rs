@@ -16,7 +16,8 @@
 //! driver API of [`cudarc`](https://docs.rs/cudarc), loaded at run time with `dlopen`, so
 //! building needs no CUDA toolkit), pinned host buffers, streams, and `CudaBackend`: the
 //! compute `Backend` on that GPU (cuBLAS products, CUDA C kernels compiled at run time by
-//! NVRTC). GPU sampling and partial device caches are not here yet: see `docs/cuda.md`.
+//! NVRTC), and `CudaKHopSampler`: uniform k-hop sampling on the GPU with Fused-Map remapping,
+//! the CPU sampler's batches bit for bit.
 
 mod device;
 mod error;
@@ -26,6 +27,10 @@ mod spec;
 mod backend;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod sample;
+#[cfg(feature = "cuda")]
+mod sort;
 
 pub use device::{open, Device, DeviceInfo, DeviceKind};
 pub use error::Error;
@@ -35,6 +40,8 @@ pub use spec::{DeviceSpec, ParseDeviceError};
 pub use backend::{CudaBackend, CudaBlock, CudaTensor};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_count, driver_present, CudaDevice, PinnedBuffer, Stream};
+#[cfg(feature = "cuda")]
+pub use sample::CudaKHopSampler;
 
 /// Whether this build has the CUDA backend (the `cuda` cargo feature). When `false`, [`open`]
 /// of a CUDA spec always returns [`Error::NotBuilt`].

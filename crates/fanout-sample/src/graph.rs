@@ -63,8 +63,9 @@ pub fn layout_note(ds: &Dataset) -> Option<String> {
     })
 }
 
-/// Checks seeds: every id below `n`. (Distinctness is checked by the remapper.)
-pub(crate) fn check_seeds(seeds: &[u32], n: u64) -> Result<()> {
+/// Checks seeds: errors (naming one) if a seed is not a vertex of a graph of `n` vertices.
+/// Distinctness is checked by the remapper.
+pub fn check_seeds(seeds: &[u32], n: u64) -> Result<()> {
     if let Some(&bad) = seeds.par_iter().find_any(|&&s| s as u64 >= n) {
         return Err(Error::Invalid(format!(
             "seed vertex {bad} is out of range; the graph has {n} vertices"

@@ -65,6 +65,13 @@ impl KHopSampler {
         &self.cfg
     }
 
+    /// The base key of hop `hop`'s draws under `key`: vertex `v` draws from
+    /// `fanout_rand::Rng::keyed(&[base, v])`. Other implementations of this sampler (the GPU's)
+    /// use it to draw exactly what this one draws.
+    pub fn hop_base(key: &BatchKey, hop: usize) -> u64 {
+        hop_stream(key, tag::UNIFORM, hop)
+    }
+
     /// A note to show people when the dataset is CSR (out-neighbours are sampled).
     pub fn layout_note(&self) -> Option<String> {
         layout_note(&self.driver.ds)

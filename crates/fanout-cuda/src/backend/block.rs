@@ -2,9 +2,12 @@
 //! first use.
 
 use super::kernels::launch;
-use super::CudaBackend;
+use super::{device_failed, CudaBackend};
+use crate::sort::{DeviceSort, Failure};
 use cudarc::driver::CudaSlice;
-use fanout_compute::{BlockDims, BlockRef, SourceMajor};
+#[cfg(doc)]
+use fanout_compute::SourceMajor;
+use fanout_compute::{BlockDims, BlockRef};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -81,22 +84,98 @@ impl CudaBackend {
         })
     }
 
-    /// The block's transpose ([`SourceMajor::of`], built on the host: each source lists its
-    /// edges in increasing edge id) on first use, uploaded and kept.
-    /// Layers that aggregate their input first (GraphSAGE, GCN) never need it on the input
-    /// layer's block, the largest: its sources get no gradient. GAT's attention gradients
-    /// need it on every block.
+    /// The block's transpose on first use, built on the device and kept: the sources'
+    /// offsets are the prefix sum of their out-degrees, and a stable radix sort of the edges
+    /// by source gives each source's edge ids in increasing order and, through each edge's
+    /// destination, the destinations: [`SourceMajor::of`]'s arrays exactly (integer work
+    /// only). Layers that aggregate their input first (GraphSAGE, GCN) never need it on the
+    /// input layer's block, the largest: its sources get no gradient. GAT's attention
+    /// gradients need it on every block.
     pub(crate) fn transposed<'b>(&self, b: &'b CudaBlock) -> &'b Transposed {
         b.0.transposed.get_or_init(|| {
             let d = &b.0;
-            let host_indptr = self.to_host(&d.indptr, d.dims.num_dst + 1);
-            let host_indices = self.to_host(&d.indices, d.dims.num_edges);
-            let t = SourceMajor::of(&host_indptr, &host_indices, d.dims.num_src);
-            Transposed {
-                ptr: self.to_device(&t.indptr),
-                dst: self.to_device(&t.dst),
-                eid: self.to_device(&t.eid),
-            }
+            let (n, e) = (d.dims.num_src, d.dims.num_edges);
+            let sort = DeviceSort {
+                stream: self.stream(),
+                kernels: self.kernels(),
+            };
+            let built = (|| {
+                let ptr = sort.exclusive_scan(self.out_degrees(b), n)?;
+                let max_key = n.saturating_sub(1) as u32;
+                let (_, eid) = sort.sort_with_positions(&d.indices, e, max_key)?;
+                let dst = sort.gather(&d.edst, &eid, e)?;
+                Ok::<_, Failure>(Transposed { ptr, dst, eid })
+            })();
+            built.unwrap_or_else(|(call, err)| device_failed(call, err))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CudaDevice;
+    use fanout_compute::SourceMajor;
+    use fanout_rand::Rng;
+
+    /// The device transpose against `SourceMajor::of` on blocks with a hub source (a long
+    /// segment), repeated sources, edgeless destinations, sources without edges, and source
+    /// counts that take one to four radix passes. Skips without a GPU.
+    #[test]
+    fn device_transposes_are_the_hosts() {
+        let dev = match CudaDevice::open(0) {
+            Ok(d) => d,
+            Err(e) => return eprintln!("skipped: no GPU here ({e})"),
+        };
+        let be = CudaBackend::new(&dev).unwrap();
+        let mut rng = Rng::new(9);
+        for (num_dst, num_src, max_deg) in [
+            (1, 1, 1),
+            (5, 9, 0),
+            (300, 250, 12),
+            (3000, 70_000, 30),
+            (20_000, 400_000, 40),
+            (100, (1 << 24) + 5, 5),
+        ] {
+            let num_src: usize = num_src.max(num_dst);
+            let mut indptr = vec![0u32];
+            let mut indices = Vec::new();
+            for d in 0..num_dst {
+                let deg = if d % 7 == 3 {
+                    0
+                } else {
+                    rng.below(max_deg + 1)
+                };
+                for _ in 0..deg {
+                    // A third of the edges go to source 0 (a hub), the rest anywhere.
+                    let s = if rng.below(3) == 0 {
+                        0
+                    } else {
+                        rng.below(num_src as u64) as u32
+                    };
+                    indices.push(s);
+                }
+                indptr.push(indices.len() as u32);
+            }
+            let b = BlockRef {
+                num_dst,
+                num_src,
+                indptr: &indptr,
+                indices: &indices,
+                weights: None,
+            };
+            let block = be.upload_block(&b);
+            let t = be.transposed(&block);
+            let want = SourceMajor::of(&indptr, &indices, num_src);
+            let e = indices.len();
+            let case = format!("{num_dst} x {num_src}, {e} edges");
+            assert_eq!(
+                be.to_host(&t.ptr, num_src + 1),
+                want.indptr,
+                "{case}: offsets"
+            );
+            assert_eq!(be.to_host(&t.eid, e), want.eid, "{case}: edge ids");
+            assert_eq!(be.to_host(&t.dst, e), want.dst, "{case}: destinations");
+        }
     }
 }

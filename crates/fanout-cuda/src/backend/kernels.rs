@@ -7,8 +7,13 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The kernel source (CUDA C), compiled at run time.
-pub(crate) const SOURCE: &str = include_str!("kernels.cu");
+/// The kernel source (CUDA C), compiled at run time: the backend's kernels, the prefix sums and
+/// sorts (`crate::sort`), then the sampler's (`crate::sample`), in one program.
+pub(crate) const SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("../sort.cu"),
+    include_str!("../sample/sample.cu")
+);
 
 /// Every kernel of [`SOURCE`], loaded up front so that a missing one fails at start-up.
 const NAMES: &[&str] = &[
@@ -49,6 +54,22 @@ const NAMES: &[&str] = &[
     "adam",
     "sgd",
     "sgd_momentum",
+    // sort.cu
+    "scan_tile_sums",
+    "scan_tile_offsets",
+    "scan_tiles",
+    "radix_hist",
+    "radix_scatter",
+    "gather_u32",
+    // sample.cu
+    "khop_counts",
+    "khop_sample",
+    "remap_seeds",
+    "remap_mark",
+    "remap_assign",
+    "remap_lookup",
+    "remap_reset",
+    "fill_u32",
 ];
 
 /// The loaded kernels of one device.

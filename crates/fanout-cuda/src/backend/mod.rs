@@ -95,6 +95,10 @@ impl CudaBackend {
         &self.inner.stream
     }
 
+    pub(crate) fn kernels(&self) -> &Kernels {
+        &self.inner.kernels
+    }
+
     /// `len` zeroed device elements (at least one is allocated: the driver refuses empty
     /// allocations).
     pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> CudaSlice<T> {

@@ -1,0 +1,117 @@
+//! Times k-hop sampling on the GPU (`CudaKHopSampler`) against the CPU sampler on all cores,
+//! on the same seeds and keys (run on a GPU machine):
+//!
+//! `cargo run --release --features cuda -p fanout-cuda --example cuda_sampling DATASET [BATCH FANOUTS BATCHES]`
+//!
+//! DATASET is a dataset directory (`fanout dataset gen --preset products DIR`); BATCH seeds
+//! per batch (default 8000), FANOUTS in hop order (default 15,10,5), BATCHES timed batches
+//! (default 20, after 2 warm-ups). Seeds are the training set, shuffled. Prints, per sampler,
+//! the median batch time, seeds per second (SEPS), edges per second, and whether every timed
+//! GPU batch equals the CPU's.
+
+use fanout_cuda::{CudaBackend, CudaDevice, CudaKHopSampler};
+use fanout_graph::Dataset;
+use fanout_rand::Rng;
+use fanout_sample::{
+    parse_fanouts, BatchKey, KHopConfig, KHopSampler, MiniBatch, RemapKind, Sampler,
+};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn timed(s: &dyn Sampler, batches: &[(Vec<u32>, BatchKey)]) -> (f64, Vec<MiniBatch>) {
+    for (seeds, key) in batches.iter().take(2) {
+        s.sample(seeds, *key).expect("sample");
+    }
+    let mut times = Vec::new();
+    let mut out = Vec::new();
+    for (seeds, key) in batches {
+        let t = Instant::now();
+        let b = s.sample(seeds, *key).expect("sample");
+        times.push(t.elapsed().as_secs_f64());
+        out.push(b);
+    }
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], out)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(dir) = args.first() else {
+        eprintln!("usage: cuda_sampling DATASET [BATCH FANOUTS BATCHES]");
+        std::process::exit(2);
+    };
+    let batch: usize = args.get(1).map_or(8000, |a| a.parse().expect("BATCH"));
+    let fanouts = parse_fanouts(args.get(2).map_or("15,10,5", String::as_str)).expect("FANOUTS");
+    let count: u64 = args.get(3).map_or(20, |a| a.parse().expect("BATCHES"));
+    let ds = Arc::new(Dataset::open(dir).expect("open the dataset"));
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("no GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    let be = CudaBackend::new(&dev).expect("CUDA backend");
+    let mut train: Vec<u32> = ds.train.to_vec();
+    Rng::new(1).shuffle(&mut train);
+    let batches: Vec<(Vec<u32>, BatchKey)> = (0..count)
+        .map(|step| {
+            let from = (step as usize * batch) % train.len().max(1);
+            let seeds = train
+                .iter()
+                .cycle()
+                .skip(from)
+                .take(batch.min(train.len()))
+                .copied()
+                .collect();
+            (
+                seeds,
+                BatchKey {
+                    seed: 1,
+                    epoch: 0,
+                    step,
+                },
+            )
+        })
+        .collect();
+    let cfg = KHopConfig {
+        fanouts: fanouts.clone(),
+        replace: false,
+        remap: RemapKind::Auto,
+    };
+    let t = Instant::now();
+    let gpu = CudaKHopSampler::new(&be, ds.clone(), cfg.clone()).expect("GPU sampler");
+    let setup = t.elapsed().as_secs_f64();
+    let cpu = KHopSampler::new(ds.clone(), cfg).expect("CPU sampler");
+    println!(
+        "device: {} | {} vertices, {} arcs | batch {batch}, fanouts {fanouts:?}, {count} batches | \
+         GPU sampler set-up (topology upload) {setup:.3} s | {} CPU threads",
+        dev.name(),
+        ds.num_nodes(),
+        ds.meta.num_edge,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    let (g, gb) = timed(&gpu, &batches);
+    let (c, cb) = timed(&cpu, &batches);
+    let same = gb == cb;
+    let edges: f64 = cb
+        .iter()
+        .map(|b| b.blocks.iter().map(|x| x.num_edges()).sum::<usize>() as f64)
+        .sum::<f64>()
+        / cb.len() as f64;
+    for (name, t) in [("GPU", g), ("CPU", c)] {
+        println!(
+            "{name}: median batch {:.2} ms | {:.0} seeds/s | {:.1} M edges/s",
+            t * 1e3,
+            batch as f64 / t,
+            edges / t / 1e6
+        );
+    }
+    println!(
+        "GPU / CPU speed: {:.1}x | {edges:.0} edges per batch | GPU batches equal the CPU's: {same}",
+        c / g
+    );
+    if !same {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,356 @@
+//! GPU sampling (feature `cuda`): [`CudaKHopSampler`], uniform k-hop sampling on one GPU with
+//! the topology in device memory and FastGL's Fused-Map id remapping fused into the sampling
+//! kernel (`sample.cu`).
+//!
+//! Each hop is four kernels and two prefix sums: count each frontier vertex's edges, prefix-sum
+//! them into the block's offsets, draw every vertex's neighbours (one thread per vertex) while
+//! lowering each neighbour's remap word to its first edge position, mark the first occurrences,
+//! prefix-sum them into new local ids, then assign and look up. The host reads back two sizes
+//! per hop (edges, new vertices) and, at the end, the blocks and the input vertices.
+
+use crate::backend::kernels::{grid, kernels_for, Kernels};
+use crate::sort::DeviceSort;
+use crate::CudaBackend;
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
+use fanout_sample::graph::check_seeds;
+use fanout_sample::{
+    BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Sampler, FANOUT_ALL,
+};
+use std::fmt::Display;
+use std::sync::{Arc, Mutex};
+
+/// Tag bit of a remap word that holds an edge position (`sample.cu`'s `FIRST`).
+const FIRST: usize = 1 << 31;
+
+/// Uniform k-hop sampling on a GPU: the [`KHopSampler`] of `fanout-sample`, run on the device.
+///
+/// Guarantees: for the same dataset, configuration, seeds and key, [`Sampler::sample`] returns
+/// exactly the mini-batch the CPU's `KHopSampler` returns (the same draws, in the same order,
+/// the same local ids in order of first occurrence), and the same errors for seeds out of range
+/// or repeated. A device failure is returned as an error naming the CUDA call. Batches are
+/// sampled one at a time on the sampler's own stream (concurrent callers wait for each other),
+/// so sampling overlaps the training stream's work.
+pub struct CudaKHopSampler {
+    ds: Arc<Dataset>,
+    cfg: KHopConfig,
+    device: u32,
+    stream: Arc<CudaStream>,
+    kernels: Arc<Kernels>,
+    indptr: CudaSlice<u64>,
+    indices: CudaSlice<u32>,
+    work: Mutex<Work>,
+}
+
+/// The per-batch workspace, reused: one remap word per graph vertex (all EMPTY between
+/// batches) and room for every vertex's id in the batch's vertex list.
+struct Work {
+    map: CudaSlice<u32>,
+    nodes: CudaSlice<u32>,
+    dup: CudaSlice<u32>,
+    /// A batch stopped before it emptied its remap words: refill them all first.
+    dirty: bool,
+}
+
+/// Collects the topology as the device layout: `u64` offsets and `u32` ids.
+struct Topology;
+impl CsrVisitor for Topology {
+    type Output = (Vec<u64>, Vec<u32>);
+    fn visit<O: Offset, I: VertexId>(self, indptr: &[O], indices: &[I]) -> Self::Output {
+        (
+            indptr.iter().map(|&o| o.into()).collect(),
+            indices.iter().map(|&i| i.idx() as u32).collect(),
+        )
+    }
+}
+
+/// A launch of `$name` with configuration `$cfg` and arguments `$arg` (references that live
+/// past the launch), as a `Result` that names the kernel.
+macro_rules! launch {
+    ($s:expr, $name:literal, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let mut b = $s.stream.launch_builder($s.kernels.get($name));
+        $( cudarc::driver::PushKernelArg::arg(&mut b, $arg); )*
+        // SAFETY: the arguments match the kernel's parameters in sample.cu in number, order and
+        // type; every buffer holds the elements the kernel indexes for these sizes (the
+        // frontier and edge counts it is given, and one remap word per graph vertex).
+        unsafe { b.launch($cfg) }.map(drop).map_err(|e| $s.failed(concat!("launch ", $name), e))
+    }};
+}
+
+impl CudaKHopSampler {
+    /// A sampler over `ds` on `gpu`'s device (on a stream of its own): copies the topology to the device (8 bytes per vertex
+    /// and 4 per arc) and compiles the kernels if this process has not yet. Errors: the
+    /// configuration the CPU sampler refuses, a graph with more than 2^31 vertices, or a
+    /// device that cannot hold the topology or fails.
+    pub fn new(gpu: &CudaBackend, ds: Arc<Dataset>, cfg: KHopConfig) -> Result<Self> {
+        // The CPU sampler's checks (layout, id width, fanouts), so both refuse the same things.
+        KHopSampler::new(ds.clone(), cfg.clone())?;
+        let n = ds.num_nodes() as usize;
+        if n >= FIRST {
+            return Err(Error::Invalid(format!(
+                "GPU sampling takes graphs of fewer than 2^31 vertices; this one has {n}"
+            )));
+        }
+        let ctx = gpu.stream().context();
+        let fail = |call: &str, e: &dyn Display| gpu_error(gpu.index(), call, e);
+        let kernels = kernels_for(ctx).map_err(|e| fail("kernel compilation", &e))?;
+        let stream = ctx.new_stream().map_err(|e| fail("cuStreamCreate", &e))?;
+        let (p, i) = ds.topology.visit(Topology);
+        let indptr = stream
+            .clone_htod(&p)
+            .map_err(|e| fail("cuMemcpyHtoD (offsets)", &e))?;
+        let indices = if i.is_empty() {
+            stream.alloc_zeros(1)
+        } else {
+            stream.clone_htod(&i)
+        }
+        .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?;
+        drop((p, i));
+        let work = Work {
+            map: stream
+                .alloc_zeros(n.max(1))
+                .map_err(|e| fail("cuMemAlloc", &e))?,
+            nodes: stream
+                .alloc_zeros(n.max(1))
+                .map_err(|e| fail("cuMemAlloc", &e))?,
+            dup: stream.alloc_zeros(1).map_err(|e| fail("cuMemAlloc", &e))?,
+            dirty: true,
+        };
+        Ok(CudaKHopSampler {
+            ds,
+            cfg,
+            device: gpu.index(),
+            stream,
+            kernels,
+            indptr,
+            indices,
+            work: Mutex::new(work),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KHopConfig {
+        &self.cfg
+    }
+
+    fn failed(&self, call: &str, e: impl Display) -> Error {
+        gpu_error(self.device, call, &e)
+    }
+
+    fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(len.max(1))
+            .map_err(|e| self.failed("cuMemAlloc", e))
+    }
+
+    fn upload(&self, host: &[u32]) -> Result<CudaSlice<u32>> {
+        if host.is_empty() {
+            return self.alloc(1);
+        }
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.failed("cuMemcpyHtoD", e))
+    }
+
+    /// Elements `from..to` of `dev`, on the host (waits for the stream).
+    fn download(&self, dev: &CudaSlice<u32>, from: usize, to: usize) -> Result<Vec<u32>> {
+        if from == to {
+            return Ok(Vec::new());
+        }
+        self.stream
+            .clone_dtoh(&dev.slice(from..to))
+            .map_err(|e| self.failed("cuMemcpyDtoH", e))
+    }
+
+    /// `out[i] = input[0] + ... + input[i - 1]` for `i` in `0..=n`, on the device.
+    fn exclusive_scan(&self, input: &CudaSlice<u32>, n: usize) -> Result<CudaSlice<u32>> {
+        let sort = DeviceSort {
+            stream: &self.stream,
+            kernels: &self.kernels,
+        };
+        sort.exclusive_scan(input, n)
+            .map_err(|(call, e)| self.failed(call, e))
+    }
+
+    /// Draws hop `hop` for the `n` vertices of `frontier` (device ids): the block's offsets
+    /// (`n + 1`), its sampled global ids, and their count. With `map`, each sampled id's remap
+    /// word is lowered to its first edge position.
+    fn draw_hop(
+        &self,
+        frontier: &CudaSlice<u32>,
+        n: usize,
+        key: &BatchKey,
+        hop: usize,
+        map: Option<&mut CudaSlice<u32>>,
+    ) -> Result<(CudaSlice<u32>, CudaSlice<u32>, usize)> {
+        let k = self.cfg.fanouts[hop];
+        let replace = u32::from(self.cfg.replace && k != FANOUT_ALL);
+        let base = KHopSampler::hop_base(key, hop);
+        let n64 = n as i64;
+        let mut counts = self.alloc::<u32>(n)?;
+        launch!(
+            self,
+            "khop_counts",
+            grid(n),
+            [frontier, &n64, &self.indptr, &k, &replace, &mut counts]
+        )?;
+        let offs = self.exclusive_scan(&counts, n)?;
+        let m = self.download(&offs, n, n + 1)?[0] as usize;
+        let mut ids = self.alloc::<u32>(m)?;
+        let map_addr = match map {
+            Some(m) => {
+                use cudarc::driver::DevicePtr;
+                m.device_ptr(&self.stream).0
+            }
+            None => 0u64,
+        };
+        launch!(
+            self,
+            "khop_sample",
+            grid(n),
+            [
+                frontier,
+                &n64,
+                &self.indptr,
+                &self.indices,
+                &k,
+                &replace,
+                &base,
+                &offs,
+                &mut ids,
+                &map_addr
+            ]
+        )?;
+        Ok((offs, ids, m))
+    }
+
+    fn sample_with(&self, w: &mut Work, seeds: &[u32], key: BatchKey) -> Result<MiniBatch> {
+        let n_all = self.ds.num_nodes() as usize;
+        if w.dirty {
+            let n64 = n_all as i64;
+            launch!(self, "fill_u32", grid(n_all), [&mut w.map, &n64, &u32::MAX])?;
+            w.dirty = false;
+        }
+        w.dirty = true;
+        let b = seeds.len();
+        let seeds_d = self.upload(seeds)?;
+        self.stream
+            .memset_zeros(&mut w.dup)
+            .map_err(|e| self.failed("cuMemsetD8", e))?;
+        let b64 = b as i64;
+        launch!(
+            self,
+            "remap_seeds",
+            grid(b),
+            [&seeds_d, &b64, &mut w.map, &mut w.nodes, &mut w.dup]
+        )?;
+        if self.download(&w.dup, 0, 1)?[0] > 0 {
+            let mut s = seeds.to_vec();
+            s.sort_unstable();
+            let dup = s.windows(2).find(|p| p[0] == p[1]).map_or(0, |p| p[0]);
+            return Err(Error::Invalid(format!(
+                "seed vertex {dup} appears more than once in one mini-batch"
+            )));
+        }
+        let mut total = b;
+        let mut blocks = Vec::with_capacity(self.cfg.fanouts.len());
+        for hop in 0..self.cfg.fanouts.len() {
+            let num_dst = total;
+            let (offs, mut ids, m) =
+                self.draw_hop(&w.nodes, num_dst, &key, hop, Some(&mut w.map))?;
+            if m >= FIRST || total + m >= FIRST {
+                return Err(Error::Invalid(format!(
+                    "a mini-batch of more than 2^31 edges or vertices (hop {hop}: {m} edges)"
+                )));
+            }
+            let mut flags = self.alloc::<u32>(m)?;
+            let m64 = m as i64;
+            launch!(
+                self,
+                "remap_mark",
+                grid(m),
+                [&ids, &m64, &w.map, &mut flags]
+            )?;
+            let pos = self.exclusive_scan(&flags, m)?;
+            let new = self.download(&pos, m, m + 1)?[0] as usize;
+            let base = total as u32;
+            launch!(
+                self,
+                "remap_assign",
+                grid(m),
+                [&ids, &m64, &pos, &base, &mut w.map, &mut w.nodes]
+            )?;
+            launch!(self, "remap_lookup", grid(m), [&mut ids, &m64, &w.map])?;
+            total += new;
+            blocks.push(Block {
+                num_dst,
+                num_src: total,
+                indptr: self.download(&offs, 0, num_dst + 1)?,
+                indices: self.download(&ids, 0, m)?,
+                weights: None,
+            });
+        }
+        blocks.reverse();
+        let input_nodes = self.download(&w.nodes, 0, total)?;
+        let t64 = total as i64;
+        launch!(
+            self,
+            "remap_reset",
+            grid(total),
+            [&w.nodes, &t64, &mut w.map]
+        )?;
+        w.dirty = false;
+        let labels = self
+            .ds
+            .labels
+            .as_ref()
+            .map(|l| input_nodes[..b].iter().map(|&s| l[s as usize]).collect());
+        Ok(MiniBatch {
+            key,
+            num_seeds: b,
+            blocks,
+            input_nodes,
+            labels,
+        })
+    }
+}
+
+fn gpu_error(device: u32, call: &str, e: &dyn Display) -> Error {
+    Error::Invalid(format!(
+        "GPU sampling on cuda:{device}: CUDA {call} failed: {e}"
+    ))
+}
+
+impl Sampler for CudaKHopSampler {
+    fn sample(&self, seeds: &[u32], key: BatchKey) -> Result<MiniBatch> {
+        check_seeds(seeds, self.ds.num_nodes())?;
+        let mut w = self.work.lock().unwrap_or_else(|p| p.into_inner());
+        self.sample_with(&mut w, seeds, key)
+    }
+    fn num_layers(&self) -> usize {
+        self.cfg.fanouts.len()
+    }
+    fn dataset(&self) -> &Arc<Dataset> {
+        &self.ds
+    }
+    fn name(&self) -> &'static str {
+        "khop"
+    }
+    fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
+        check_seeds(frontier, self.ds.num_nodes())?;
+        if hop >= self.cfg.fanouts.len() {
+            return Err(Error::Invalid(format!(
+                "hop {hop} asked of a {}-hop sampler",
+                self.cfg.fanouts.len()
+            )));
+        }
+        let _w = self.work.lock().unwrap_or_else(|p| p.into_inner());
+        let f = self.upload(frontier)?;
+        let (offs, ids, m) = self.draw_hop(&f, frontier.len(), &key, hop, None)?;
+        Ok(HopSample {
+            indptr: self.download(&offs, 0, frontier.len() + 1)?,
+            ids: self.download(&ids, 0, m)?,
+            weights: None,
+        })
+    }
+}

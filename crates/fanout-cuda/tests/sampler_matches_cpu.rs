@@ -1,0 +1,169 @@
+//! GPU k-hop sampling against the CPU sampler: the same mini-batches bit for bit (draws, their
+//! order, local ids, input vertices, labels) with and without replacement, for fanouts that
+//! reach every branch of the CPU's Floyd sampling (rows of at most 64 arcs, at most 4096, and
+//! longer; k above and below 64) and "all"; single hops; and the same errors. Skips itself,
+//! printing why, where there is no GPU.
+#![cfg(feature = "cuda")]
+
+use fanout_cuda::{CudaBackend, CudaDevice, CudaKHopSampler};
+use fanout_graph::{
+    build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
+    SliceArcs,
+};
+use fanout_rand::Rng;
+use fanout_sample::{BatchKey, KHopConfig, KHopSampler, RemapKind, Sampler, FANOUT_ALL};
+use std::sync::Arc;
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(CudaBackend::new(&d).expect("a GPU opened but its backend did not start")),
+        Err(e) => {
+            eprintln!("skipped: no GPU here ({e})");
+            None
+        }
+    }
+}
+
+/// Vertex 0 has 6,000 in-neighbours (past the 4,096-arc bit map), vertex 1 has 300, vertex 2
+/// none; the others 0 to 40 (a tenth none).
+fn graph(n: u64) -> Arc<Dataset> {
+    let mut r = Rng::new(5);
+    let mut arcs: Vec<(u64, u64)> = (1..=6000.min(n - 1)).map(|s| (s, 0)).collect();
+    arcs.extend((0..300).map(|_| (r.below(n), 1)));
+    for d in 3..n {
+        let deg = if r.bernoulli(0.1) { 0 } else { r.below(41) };
+        arcs.extend((0..deg).map(|_| (r.below(n), d)));
+    }
+    let mut w = DatasetWriter::temporary().unwrap();
+    let opts = BuildOptions {
+        layout: Layout::Csc,
+        dedup: true,
+        num_nodes: Some(n),
+        ..Default::default()
+    };
+    let st = build_topology(&mut SliceArcs(&arcs), &opts, &mut w, &NoProgress).unwrap();
+    let labels: Vec<i64> = (0..n as i64).map(|v| v % 7).collect();
+    w.write_array(files::LABEL, &labels).unwrap();
+    let train: Vec<u32> = (0..n as u32 / 2).collect();
+    w.write_array(files::TRAIN, &train).unwrap();
+    let meta = Meta {
+        num_node: n,
+        num_edge: st.num_arcs,
+        num_class: 7,
+        num_train_set: train.len() as u64,
+        layout: Layout::Csc,
+        ..Meta::default()
+    };
+    Arc::new(w.finish(meta, &NoProgress).unwrap())
+}
+
+fn config(fanouts: &[u32], replace: bool) -> KHopConfig {
+    KHopConfig {
+        fanouts: fanouts.to_vec(),
+        replace,
+        remap: RemapKind::Auto,
+    }
+}
+
+/// Seeds 0, 1, 2 (the long rows and the empty one) and `b - 3` others, shuffled by `step`.
+fn seeds(n: u64, b: usize, step: u64) -> Vec<u32> {
+    let mut all: Vec<u32> = (3..n as u32).collect();
+    Rng::new(step).shuffle(&mut all);
+    let mut s = vec![0, 1, 2];
+    s.extend(&all[..b - 3]);
+    Rng::new(step + 100).shuffle(&mut s);
+    s
+}
+
+#[test]
+fn batches_are_the_cpu_samplers_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    let ds = graph(20_000);
+    let cases: &[&[u32]] = &[&[25, 10], &[15, 10, 5], &[100, 3], &[2, FANOUT_ALL], &[70]];
+    let mut checked = 0;
+    for &fanouts in cases {
+        for replace in [false, true] {
+            let cfg = config(fanouts, replace);
+            let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
+            let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+            for step in 0..3u64 {
+                let key = BatchKey {
+                    seed: 11,
+                    epoch: 1,
+                    step,
+                };
+                let s = seeds(20_000, [1, 500, 4000][step as usize].max(3), step);
+                let want = cpu.sample(&s, key).unwrap();
+                let got = gpu.sample(&s, key).unwrap();
+                assert_eq!(
+                    got.blocks.len(),
+                    want.blocks.len(),
+                    "fanouts {fanouts:?} replace {replace} step {step}"
+                );
+                for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
+                    assert_eq!(
+                        (g.num_dst, g.num_src),
+                        (w.num_dst, w.num_src),
+                        "fanouts {fanouts:?} replace {replace} step {step} block {l}: sizes"
+                    );
+                    assert!(
+                        g.indptr == w.indptr && g.indices == w.indices,
+                        "fanouts {fanouts:?} replace {replace} step {step} block {l}: edges differ"
+                    );
+                }
+                assert_eq!(
+                    got, want,
+                    "fanouts {fanouts:?} replace {replace} step {step}"
+                );
+                got.validate().unwrap();
+                checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
+            }
+        }
+    }
+    eprintln!("{checked} sampled edges equal to the CPU's");
+}
+
+#[test]
+fn single_hops_are_the_cpu_samplers() {
+    let Some(dev) = gpu() else { return };
+    let ds = graph(5_000);
+    for replace in [false, true] {
+        let cfg = config(&[30, 4], replace);
+        let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
+        let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+        let key = BatchKey {
+            seed: 3,
+            epoch: 0,
+            step: 7,
+        };
+        // A frontier with a repeated vertex and the long rows: hops take any frontier.
+        let frontier: Vec<u32> = vec![0, 1, 2, 9, 4999, 9, 17];
+        for hop in 0..2 {
+            assert_eq!(
+                gpu.sample_hop(&frontier, key, hop).unwrap(),
+                cpu.sample_hop(&frontier, key, hop).unwrap(),
+                "replace {replace} hop {hop}"
+            );
+        }
+        assert!(gpu.sample_hop(&frontier, key, 2).is_err());
+    }
+}
+
+#[test]
+fn bad_seeds_are_the_cpu_samplers_errors_and_leave_no_trace() {
+    let Some(dev) = gpu() else { return };
+    let ds = graph(3_000);
+    let cfg = config(&[10, 10], false);
+    let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
+    let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+    let key = BatchKey::default();
+    for bad in [vec![4, 8, 4, 9], vec![1, 3_000]] {
+        let g = gpu.sample(&bad, key).unwrap_err().to_string();
+        let c = cpu.sample(&bad, key).unwrap_err().to_string();
+        assert_eq!(g, c, "seeds {bad:?}");
+    }
+    // The refused batch's seeds took remap words; the next batch must not see them.
+    let s = seeds(3_000, 300, 1);
+    assert_eq!(gpu.sample(&s, key).unwrap(), cpu.sample(&s, key).unwrap());
+    assert_eq!(gpu.sample(&[], key).unwrap(), cpu.sample(&[], key).unwrap());
+}
