@@ -9,8 +9,8 @@ use crate::progress::Bars;
 use clap::{Args, ValueEnum};
 use fanout_compute::ModelKind;
 use fanout_exec::{
-    BatchOutcome, EpochMetrics, FeaturePlacement, FitObserver, RunEnv, SampleScope, StrategyKind,
-    TrainConfig, TrainOutcome,
+    BatchOutcome, EpochMetrics, FeaturePlacement, FitObserver, RunEnv, SampleScope,
+    SamplingPlacement, StrategyKind, TrainConfig, TrainOutcome,
 };
 use fanout_sample::parse_fanouts;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -145,6 +145,12 @@ pub struct TrainArgs {
     /// most half its free memory (and a quarter of the host's) [default: auto].
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
+    /// Where batches are sampled (with --device cuda): device copies the topology to the GPU
+    /// once and draws each batch there (k-hop only; the same batches as the host sampler, bit
+    /// for bit); host samples on the CPU threads; auto picks device on a GPU for k-hop sampling
+    /// when the topology takes at most a quarter of its free memory [default: auto].
+    #[arg(long, value_enum)]
+    pub sampling_placement: Option<SamplingArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).
     /// Under mpirun, each process is one worker instead [default: 1].
     #[arg(long)]
@@ -174,7 +180,7 @@ pub struct TrainArgs {
     pub queue_depth: Option<usize>,
     /// Device to compute on: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
     /// `--features cuda` and the NVIDIA driver, NVRTC and cuBLAS libraries at run time; the
-    /// model computes on the GPU (see --feature-placement), sampling stays on the CPU for now.
+    /// model computes on the GPU (see --feature-placement and --sampling-placement).
     #[arg(long, default_value = "cpu")]
     pub device: fanout_cuda::DeviceSpec,
 }
@@ -275,6 +281,10 @@ impl TrainArgs {
         set(
             &mut c.feature_placement,
             self.feature_placement.map(PlacementArg::placement),
+        );
+        set(
+            &mut c.sampling_placement,
+            self.sampling_placement.map(SamplingArg::placement),
         );
         set(&mut c.workers, self.workers);
         if let Some(s) = self.strategy {
@@ -405,6 +415,27 @@ impl PlacementArg {
             PlacementArg::Auto => FeaturePlacement::Auto,
             PlacementArg::Host => FeaturePlacement::Host,
             PlacementArg::Device => FeaturePlacement::Device,
+        }
+    }
+}
+
+/// `--sampling-placement`.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SamplingArg {
+    /// Device on a GPU for k-hop sampling when the topology fits in a quarter of its memory.
+    Auto,
+    /// The host's sampler threads.
+    Host,
+    /// The GPU (k-hop sampling only).
+    Device,
+}
+
+impl SamplingArg {
+    fn placement(self) -> SamplingPlacement {
+        match self {
+            SamplingArg::Auto => SamplingPlacement::Auto,
+            SamplingArg::Host => SamplingPlacement::Host,
+            SamplingArg::Device => SamplingPlacement::Device,
         }
     }
 }

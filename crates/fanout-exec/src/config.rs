@@ -165,6 +165,34 @@ impl FeaturePlacement {
     }
 }
 
+/// Where a run's batches are sampled (`sampling_placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplingPlacement {
+    /// `device` when the run computes on a GPU, samples k-hop, and the topology (8 bytes per
+    /// vertex twice and 4 per arc) takes at most a quarter of the device's free memory; `host`
+    /// otherwise.
+    #[default]
+    Auto,
+    /// The sampler's threads on the host.
+    Host,
+    /// The GPU (k-hop sampling only): the topology is copied there once and each batch is
+    /// drawn there, with FastGL's Fused-Map remapping, giving the host sampler's batches bit
+    /// for bit. Needs a GPU backend.
+    Device,
+}
+
+impl SamplingPlacement {
+    /// The name used in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplingPlacement::Auto => "auto",
+            SamplingPlacement::Host => "host",
+            SamplingPlacement::Device => "device",
+        }
+    }
+}
+
 /// A training run. Serialises to and from JSON and TOML with these field names; unknown
 /// fields are refused (a misspelt setting is an error, not silently ignored).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -212,6 +240,8 @@ pub struct TrainConfig {
     /// Where each batch's feature rows are gathered: on the host by the extract stage, or on
     /// the compute device from a copy of every row made once.
     pub feature_placement: FeaturePlacement,
+    /// Where each batch is sampled: by the host's sampler threads or on the compute device.
+    pub sampling_placement: SamplingPlacement,
     /// How the run is spread over workers (`None`: single for one worker, data-parallel for
     /// more).
     pub strategy: Option<StrategyKind>,
@@ -251,6 +281,7 @@ impl Default for TrainConfig {
             cache: CacheSpec::default(),
             feature_residency: Residency::Auto,
             feature_placement: FeaturePlacement::Auto,
+            sampling_placement: SamplingPlacement::Auto,
             strategy: None,
             workers: 1,
             partition: None,

@@ -6,8 +6,11 @@
 pub use fanout_cuda::{DeviceInfo, DeviceSpec, CUDA_BUILT};
 
 use crate::run::{train, TrainOutcome};
-use crate::{FitObserver, Result, RunEnv, TrainConfig};
-use fanout_graph::Progress;
+use crate::{ExecError, FitObserver, Result, RunEnv, SamplingPlacement, TrainConfig};
+use fanout_compute::Backend;
+use fanout_graph::{Dataset, Progress};
+use fanout_sample::{KHopConfig, Sampler, SamplerKind};
+use std::sync::Arc;
 
 /// Where a run computes, as opened by [`Compute::open`].
 #[derive(Debug)]
@@ -82,6 +85,108 @@ fn cuda_backend(device: fanout_cuda::Device) -> std::result::Result<Compute, Str
         device.info(),
         fanout_cuda::REBUILD_HINT
     ))
+}
+
+/// The sampler this run draws its batches with on the device (see [`SamplingPlacement`]):
+/// `Ok(Some((sampler, note)))` to use instead of the host's, `Ok(None)` to sample on the host,
+/// `Err` when `device` is asked for where it cannot be (no GPU backend, a sampler other than
+/// k-hop, a topology larger than the device's free memory).
+pub(crate) fn device_sampler<B: Backend>(
+    be: &B,
+    cfg: &TrainConfig,
+    ds: &Arc<Dataset>,
+    fanouts: &[u32],
+) -> Result<Option<(Arc<dyn Sampler>, String)>> {
+    check_sampling_placement(be, cfg)?;
+    let device = match cfg.sampling_placement {
+        SamplingPlacement::Host => return Ok(None),
+        SamplingPlacement::Auto => false,
+        SamplingPlacement::Device => true,
+    };
+    let bad = |m: String| Err(ExecError::Invalid(m));
+    let Some(gpu) = cuda_of(be) else {
+        return Ok(None);
+    };
+    if cfg.sampler_kind() != SamplerKind::Khop {
+        return Ok(None);
+    }
+    // Offsets (8 bytes a vertex), arcs (4 bytes each), and the remap words and vertex list.
+    let bytes = (ds.num_nodes() + 1) * 8 + ds.meta.num_edge * 4 + ds.num_nodes() * 8;
+    let free = be.free_memory().unwrap_or(0);
+    if !device && bytes > free / 4 {
+        return Ok(None);
+    }
+    if device && bytes > free {
+        return bad(format!(
+            "--sampling-placement device: the topology takes {:.0} MB on the device but {} has \
+             {:.0} MB free; use --sampling-placement host",
+            bytes as f64 / 1e6,
+            be.name(),
+            free as f64 / 1e6
+        ));
+    }
+    let khop = KHopConfig {
+        fanouts: fanouts.to_vec(),
+        replace: cfg.sampler.replace,
+        remap: cfg.sampler.remap,
+    };
+    let sampler = new_gpu_sampler(gpu, ds, khop)?;
+    let note = format!(
+        "sampling on the GPU (k-hop with Fused-Map remapping; topology {:.0} MB on the device)",
+        bytes as f64 / 1e6
+    );
+    Ok(Some((sampler, note)))
+}
+
+/// Refuses `--sampling-placement device` where it cannot be: a backend other than the CUDA
+/// one, or a sampler other than k-hop.
+pub(crate) fn check_sampling_placement<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
+    if cfg.sampling_placement != SamplingPlacement::Device {
+        return Ok(());
+    }
+    if cuda_of(be).is_none() {
+        return Err(ExecError::Invalid(format!(
+            "--sampling-placement device needs a GPU (--device cuda); this run computes on {}",
+            be.name()
+        )));
+    }
+    let kind = cfg.sampler_kind();
+    if kind != SamplerKind::Khop {
+        return Err(ExecError::Invalid(format!(
+            "--sampling-placement device samples k-hop only; the {} sampler runs on the host \
+             (--sampling-placement host)",
+            kind.name()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+type Gpu = fanout_cuda::CudaBackend;
+#[cfg(not(feature = "cuda"))]
+type Gpu = ();
+
+/// `be` as the CUDA backend, if it is one.
+fn cuda_of<B: Backend>(be: &B) -> Option<&Gpu> {
+    if cfg!(feature = "cuda") {
+        (be as &dyn std::any::Any).downcast_ref::<Gpu>()
+    } else {
+        None
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn new_gpu_sampler(gpu: &Gpu, ds: &Arc<Dataset>, cfg: KHopConfig) -> Result<Arc<dyn Sampler>> {
+    Ok(Arc::new(fanout_cuda::CudaKHopSampler::new(
+        gpu,
+        ds.clone(),
+        cfg,
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: KHopConfig) -> Result<Arc<dyn Sampler>> {
+    unreachable!("cuda_of finds no GPU backend in a build without CUDA")
 }
 
 #[cfg(test)]

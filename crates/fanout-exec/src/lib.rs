@@ -54,7 +54,8 @@ pub mod trainer;
 
 pub use buffers::BufferPool;
 pub use config::{
-    CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, StrategyKind, TrainConfig,
+    CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, SamplingPlacement, StrategyKind,
+    TrainConfig,
 };
 pub use device::{Compute, DeviceInfo, DeviceSpec};
 pub use error::{ExecError, Result};

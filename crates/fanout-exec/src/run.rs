@@ -626,8 +626,12 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 ///   `Some`): PaGraph's trial step is measured with a probe of host memory.
 ///
 /// Everything else (single and data-parallel with one worker, caches of a given size,
-/// `--fuse-input`, `--resume` and checkpoints) runs on any backend. `Ok` for the CPU backend.
+/// `--fuse-input`, `--resume` and checkpoints) runs on any backend.
+///
+/// On any backend, `--sampling-placement device` is refused unless the backend is the CUDA
+/// one and the sampler k-hop (the only one with a GPU implementation).
 pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
+    crate::device::check_sampling_placement(be, cfg)?;
     if be.name() == "cpu" {
         return Ok(());
     }
@@ -831,7 +835,13 @@ pub fn train_worker_with<B: Backend>(
     if let Some(note) = &built.note {
         obs.note(note);
     }
-    let sampler = built.sampler;
+    let sampler = match crate::device::device_sampler(&be, &cfg, &ds, &fanouts)? {
+        Some((on_device, note)) => {
+            obs.note(&note);
+            on_device
+        }
+        None => built.sampler,
+    };
 
     let model_cfg = ModelConfig {
         hidden: cfg.hidden.unwrap_or(1),

@@ -9,8 +9,8 @@ use fanout_compute::{
 };
 use fanout_exec::{
     evaluate_checkpoint, evaluate_checkpoint_with, train, train_with_backend, CacheSpec,
-    EvalRequest, EvalSplit, ExecError, FeaturePlacement, MemoryProbe, RunEnv, StrategyKind,
-    TrainConfig, TrainOutcome,
+    EvalRequest, EvalSplit, ExecError, FeaturePlacement, MemoryProbe, RunEnv, SamplingPlacement,
+    StrategyKind, TrainConfig, TrainOutcome,
 };
 use fanout_graph::{Dataset, NoProgress};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -571,6 +571,30 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         let want = format!("--strategy {} runs on --device cpu only for now", s.name());
         assert!(e.contains(&want), "{e}");
     }
+    // Sampling on the device needs the CUDA backend, here and on the CPU.
+    let on_device = TrainConfig {
+        sampling_placement: SamplingPlacement::Device,
+        ..base.clone()
+    };
+    let e = refused(on_device.clone());
+    assert!(
+        e.contains("--sampling-placement device needs a GPU (--device cuda); this run computes on"),
+        "{e}"
+    );
+    let e = train(&on_device, &RunEnv::default(), &mut ())
+        .err()
+        .expect("sampling on the device ran on the CPU")
+        .to_string();
+    assert!(e.contains("--sampling-placement device needs a GPU"), "{e}");
+    // Auto samples on the host here: the run is the CPU's.
+    let auto = TrainConfig {
+        sampling_placement: SamplingPlacement::Auto,
+        epochs: 1,
+        ..base.clone()
+    };
+    let cpu = train(&auto, &RunEnv::default(), &mut ()).unwrap();
+    let named = train_with_backend(NAMED, &auto, &RunEnv::default(), &mut ()).unwrap();
+    assert_identical(&named, &cpu, "auto sampling placement on another backend");
     // A one-worker data-parallel run is allowed.
     let dp = TrainConfig {
         strategy: Some(StrategyKind::DataParallel),
