@@ -51,7 +51,8 @@ def train(
     (``MATURIN_PEP517_ARGS="--features cuda" pip install ./python``; no CUDA toolkit needed
     to build) and the NVIDIA driver; a device that cannot be opened raises
     :class:`DeviceError` saying what is missing, and a GPU asked for is never replaced by the
-    CPU. Sampling and feature gathering stay on the CPU (docs/cuda.md).
+    CPU. On a GPU, k-hop sampling and the feature rows move there too when they fit
+    (``sampling_placement``, ``feature_placement``; docs/cuda.md).
 
     ``save_model`` (also accepted as a config key) writes the best-validation model as a
     safetensors checkpoint (``fanout eval``, :func:`evaluate`,

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/cuda.md ("GPU sampling, the device cache and Python, measured"), run on
+# the GPU machine from the repository root (GUIDE §5). Build here first and carry GPU_DIR:
+#
+#   cargo build --release --features cuda
+#   cargo build --release --features cuda -p fanout-cuda --example cuda_sampling --example cuda_kernels
+#   cargo test --release --features cuda -p fanout-cuda --no-run   # then copy the two test binaries
+#   (cd python && maturin build --release --features cuda -o ../.gpu)
+#   mkdir -p .gpu; cp target/release/fanout target/release/examples/cuda_{sampling,kernels} .gpu/
+#
+# with the test binaries copied as .gpu/sampler_matches_cpu and .gpu/backend_matches_cpu.
+# Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
+set -uo pipefail
+G=${GPU_DIR:-.gpu}
+R=${OUT:-/tmp/out}
+M=/tmp/m
+mkdir -p $M $R
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for lib in libnvrtc.so libcublas.so; do
+  if ! ldconfig -p | grep -q "$lib"; then
+    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
+    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
+  fi
+done
+nvidia-smi -L; nproc
+step() { echo; echo "=== $* ($(date +%T))"; }
+F=$G/fanout
+step "1 sampler tests"
+timeout 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15
+step "2 backend tests"
+timeout 120 $G/backend_matches_cpu 2>&1 | tail -4
+step "3 products dataset (2449029)"
+D=/tmp/products
+time timeout 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+step "4 sampling bench"
+timeout 60 $G/cuda_sampling $D 8000 15,10,5 20
+timeout 60 $G/cuda_sampling $D 8000 10,25 20
+run() { # name, args...
+  local n=$1; shift
+  step "train $n"
+  timeout 100 $F train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -v '^\s*$' | grep -iv 'progress' | tail -7
+}
+run gcn-sdev --model gcn --fanouts 15,10,5 --sampling-placement device
+run gcn-shost --model gcn --fanouts 15,10,5 --sampling-placement host
+run sage-sdev --model sage --fanouts 10,25 --sampling-placement device
+run sage-shost --model sage --fanouts 10,25 --sampling-placement host
+run gat-sdev --model gat --fanouts 10,25 --sampling-placement device
+run gat-shost --model gat --fanouts 10,25 --sampling-placement host
+run sage-cache-dev --model sage --fanouts 10,25 --sampling-placement host --feature-placement device --cache-policy degree --cache-ratio 0.2 --match-reorder
+run sage-cache-host --model sage --fanouts 10,25 --sampling-placement host --feature-placement host --cache-policy degree --cache-ratio 0.2 --match-reorder
+run sage-upload --model sage --fanouts 10,25 --sampling-placement host --feature-placement host
+step "compare losses"
+python3 - $M <<'PY'
+import json, sys, os
+d = sys.argv[1]
+m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
+for k, v in m.items():
+    e = v['epochs']
+    print(f"{k:16s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
+          + f"  sample {e[-1]['sample_s']:.3f} extract {e[-1]['extract_s']:.3f} train {e[-1]['train_s']:.3f}"
+          + f"  loss {[x['loss'] for x in e]}  test {v['test_acc']}  hit {e[-1]['hit_rate']}")
+for a, b in [('gcn-sdev','gcn-shost'),('sage-sdev','sage-shost'),('gat-sdev','gat-shost'),('sage-cache-dev','sage-cache-host')]:
+    if a in m and b in m:
+        la = [x['loss'] for x in m[a]['epochs']]; lb = [x['loss'] for x in m[b]['epochs']]
+        print(a, 'vs', b, 'losses equal:', la == lb, 'test equal:', m[a]['test_acc'] == m[b]['test_acc'])
+PY
+step "python on the GPU"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/*.whl && \
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_check_python.py
+step "out of memory"
+timeout 120 $F train --dataset $D --epochs 1 --model sage --hidden 8192 --batch-size 200000 --fanouts 25,25 --device cuda --sampling-placement device > $R/oom.txt 2>&1
+echo "exit $?"; grep -v '^\s*$' $R/oom.txt | tail -4; grep -c panicked $R/oom.txt
+step "kernels"
+timeout 60 $G/cuda_kernels 2>&1 | tail -12
+tar czf $R/metrics.tgz -C /tmp m
+step done

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Epochs on the GPU machine (GUIDE §5), from the repository root: GCN 15,10,5, SAGE and GAT 10,25
+# on the products preset at full size, 3 epochs, batch 8000, hidden 256, with the fanout binary
+# in GPU_DIR (default .gpu) and, when OLD_BIN names one, an earlier build on the same runs (its
+# losses must be the same); then the CPU on all cores. Prints each run and a comparison; the
+# metrics JSON of every run go to $OUT/metrics2.tgz. Build as bench/gpu_check.sh says, with the
+# crate's lib test binary copied as GPU_DIR/cuda_lib_tests.
+set -uo pipefail
+G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m; mkdir -p $M $R
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for lib in libnvrtc.so libcublas.so; do
+  if ! ldconfig -p | grep -q "$lib"; then
+    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
+    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
+  fi
+done
+nvidia-smi -L
+step() { echo; echo "=== $* ($(date +%T))"; }
+step "lib tests (sorts, transposes)"
+timeout 120 $G/cuda_lib_tests --nocapture --test-threads 1 2>&1 | grep -E "test |result|skipped|panicked|assert" | head -20
+step "backend tests"
+timeout 120 $G/backend_matches_cpu 2>&1 | grep -E "test |result|panicked|mismatch" | head -20
+step "sampler tests"
+timeout 120 $G/sampler_matches_cpu 2>&1 | tail -3
+step "dataset"
+D=/tmp/products
+timeout 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+run() { # name binary args...
+  local n=$1 b=$2; shift 2
+  step "train $n"
+  timeout 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -5
+}
+for model in gcn sage gat; do
+  f=10,25; [ $model = gcn ] && f=15,10,5
+  [ -n "${OLD_BIN:-}" ] && run $model-hostT $OLD_BIN --model $model --fanouts $f --device cuda
+  run $model-devT $G/fanout --model $model --fanouts $f --device cuda
+done
+for model in sage gcn gat; do
+  f=10,25; [ $model = gcn ] && f=15,10,5
+  run $model-cpu $G/fanout --model $model --fanouts $f --device cpu
+done
+step "compare"
+python3 - $M <<'PY'
+import json, sys, os
+d = sys.argv[1]
+m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
+for k, v in m.items():
+    e = v['epochs']
+    print(f"{k:12s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
+          + f"  sample {e[-1]['sample_s']:.3f} extract {e[-1]['extract_s']:.3f} train {e[-1]['train_s']:.3f}"
+          + f"  loss {[x['loss'] for x in e]}  test {v['test_acc']}")
+for mo in ['gcn', 'sage', 'gat']:
+    a, b, c = m.get(mo + '-hostT'), m.get(mo + '-devT'), m.get(mo + '-cpu')
+    if a and b:
+        print(mo, 'device vs host transposes: losses equal', [x['loss'] for x in a['epochs']] == [x['loss'] for x in b['epochs']],
+              'speed-up %.2fx' % (a['median_epoch_s'] / b['median_epoch_s']))
+    if b and c:
+        print(mo, 'CPU / GPU epoch %.1fx' % (c['median_epoch_s'] / b['median_epoch_s']),
+              'losses', [x['loss'] for x in c['epochs']], 'test', c['test_acc'])
+PY
+tar czf $R/metrics2.tgz -C /tmp m
+step done
