@@ -147,8 +147,11 @@ pub struct TrainArgs {
     pub feature_placement: Option<PlacementArg>,
     /// Where batches are sampled (with --device cuda): device copies the topology to the GPU
     /// once and draws each batch there (k-hop only; the same batches as the host sampler, bit
-    /// for bit); host samples on the CPU threads; auto picks device on a GPU for k-hop sampling
-    /// when the topology takes at most a quarter of its free memory [default: auto].
+    /// for bit); uva does the same with the arcs read from pinned host memory (graphs whose
+    /// arcs do not fit on the GPU); host samples on the CPU threads; auto picks device on a
+    /// GPU for k-hop sampling when the topology takes at most a quarter of its free memory,
+    /// else uva when the arcs take at most a quarter of the host's available memory
+    /// [default: auto].
     #[arg(long, value_enum)]
     pub sampling_placement: Option<SamplingArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).
@@ -422,12 +425,14 @@ impl PlacementArg {
 /// `--sampling-placement`.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum SamplingArg {
-    /// Device on a GPU for k-hop sampling when the topology fits in a quarter of its memory.
+    /// Device (or uva) on a GPU for k-hop sampling, when the topology fits (see above).
     Auto,
     /// The host's sampler threads.
     Host,
     /// The GPU (k-hop sampling only).
     Device,
+    /// The GPU, reading the arcs from pinned host memory (graphs whose arcs do not fit there).
+    Uva,
 }
 
 impl SamplingArg {
@@ -436,6 +441,7 @@ impl SamplingArg {
             SamplingArg::Auto => SamplingPlacement::Auto,
             SamplingArg::Host => SamplingPlacement::Host,
             SamplingArg::Device => SamplingPlacement::Device,
+            SamplingArg::Uva => SamplingPlacement::Uva,
         }
     }
 }

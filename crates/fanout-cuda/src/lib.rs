@@ -41,7 +41,7 @@ pub use backend::{CudaBackend, CudaBlock, CudaTensor};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_count, driver_present, CudaDevice, PinnedBuffer, Stream};
 #[cfg(feature = "cuda")]
-pub use sample::CudaKHopSampler;
+pub use sample::{ArcsAt, CudaKHopSampler};
 
 /// Whether this build has the CUDA backend (the `cuda` cargo feature). When `false`, [`open`]
 /// of a CUDA spec always returns [`Error::NotBuilt`].

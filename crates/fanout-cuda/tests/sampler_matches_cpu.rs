@@ -1,11 +1,12 @@
 //! GPU k-hop sampling against the CPU sampler: the same mini-batches bit for bit (draws, their
-//! order, local ids, input vertices, labels) with and without replacement, for fanouts that
+//! order, local ids, input vertices, labels) with the arcs on the device or read from pinned
+//! host memory, with and without replacement, for fanouts that
 //! reach every branch of the CPU's Floyd sampling (rows of at most 64 arcs, at most 4096, and
 //! longer; k above and below 64) and "all"; single hops; and the same errors. Skips itself,
 //! printing why, where there is no GPU.
 #![cfg(feature = "cuda")]
 
-use fanout_cuda::{CudaBackend, CudaDevice, CudaKHopSampler};
+use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaKHopSampler};
 use fanout_graph::{
     build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
     SliceArcs,
@@ -81,11 +82,14 @@ fn batches_are_the_cpu_samplers_bit_for_bit() {
     let ds = graph(20_000);
     let cases: &[&[u32]] = &[&[25, 10], &[15, 10, 5], &[100, 3], &[2, FANOUT_ALL], &[70]];
     let mut checked = 0;
-    for &fanouts in cases {
+    for (&fanouts, arcs) in cases
+        .iter()
+        .flat_map(|f| [(f, ArcsAt::Device), (f, ArcsAt::PinnedHost)])
+    {
         for replace in [false, true] {
             let cfg = config(fanouts, replace);
             let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
-            let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+            let gpu = CudaKHopSampler::with_arcs(&dev, ds.clone(), cfg, arcs).unwrap();
             for step in 0..3u64 {
                 let key = BatchKey {
                     seed: 11,
@@ -98,22 +102,22 @@ fn batches_are_the_cpu_samplers_bit_for_bit() {
                 assert_eq!(
                     got.blocks.len(),
                     want.blocks.len(),
-                    "fanouts {fanouts:?} replace {replace} step {step}"
+                    "{arcs:?} fanouts {fanouts:?} replace {replace} step {step}"
                 );
                 for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
                     assert_eq!(
                         (g.num_dst, g.num_src),
                         (w.num_dst, w.num_src),
-                        "fanouts {fanouts:?} replace {replace} step {step} block {l}: sizes"
+                        "{arcs:?} fanouts {fanouts:?} replace {replace} step {step} block {l}: sizes"
                     );
                     assert!(
                         g.indptr == w.indptr && g.indices == w.indices,
-                        "fanouts {fanouts:?} replace {replace} step {step} block {l}: edges differ"
+                        "{arcs:?} fanouts {fanouts:?} replace {replace} step {step} block {l}: edges differ"
                     );
                 }
                 assert_eq!(
                     got, want,
-                    "fanouts {fanouts:?} replace {replace} step {step}"
+                    "{arcs:?} fanouts {fanouts:?} replace {replace} step {step}"
                 );
                 got.validate().unwrap();
                 checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();

@@ -169,9 +169,10 @@ impl FeaturePlacement {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SamplingPlacement {
-    /// `device` when the run computes on a GPU, samples k-hop, and the topology (8 bytes per
-    /// vertex twice and 4 per arc) takes at most a quarter of the device's free memory; `host`
-    /// otherwise.
+    /// On a GPU with k-hop sampling: `device` when the topology (8 bytes per vertex twice and
+    /// 4 per arc) takes at most a quarter of the device's free memory, else `uva` when the
+    /// per-vertex part does and the arcs take at most a quarter of the host's available
+    /// memory; `host` otherwise, and on the CPU.
     #[default]
     Auto,
     /// The sampler's threads on the host.
@@ -180,6 +181,9 @@ pub enum SamplingPlacement {
     /// drawn there, with FastGL's Fused-Map remapping, giving the host sampler's batches bit
     /// for bit. Needs a GPU backend.
     Device,
+    /// The GPU, as `device`, with the arcs in pinned host memory that the kernels read over
+    /// the bus (UVA, zero-copy): for graphs whose arcs do not fit on the GPU. The same batches.
+    Uva,
 }
 
 impl SamplingPlacement {
@@ -189,6 +193,7 @@ impl SamplingPlacement {
             SamplingPlacement::Auto => "auto",
             SamplingPlacement::Host => "host",
             SamplingPlacement::Device => "device",
+            SamplingPlacement::Uva => "uva",
         }
     }
 }

@@ -586,6 +586,12 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         .expect("sampling on the device ran on the CPU")
         .to_string();
     assert!(e.contains("--sampling-placement device needs a GPU"), "{e}");
+    let uva = TrainConfig {
+        sampling_placement: SamplingPlacement::Uva,
+        ..base.clone()
+    };
+    let e = refused(uva);
+    assert!(e.contains("--sampling-placement uva needs a GPU"), "{e}");
     // Auto samples on the host here: the run is the CPU's.
     let auto = TrainConfig {
         sampling_placement: SamplingPlacement::Auto,

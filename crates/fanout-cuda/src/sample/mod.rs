@@ -11,7 +11,10 @@
 use crate::backend::kernels::{grid, kernels_for, Kernels};
 use crate::sort::DeviceSort;
 use crate::CudaBackend;
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, PinnedHostSlice,
+    ValidAsZeroBits,
+};
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
 use fanout_sample::{
@@ -38,8 +41,29 @@ pub struct CudaKHopSampler {
     stream: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     indptr: CudaSlice<u64>,
-    indices: CudaSlice<u32>,
+    indices: Arcs,
     work: Mutex<Work>,
+}
+
+/// Where a [`CudaKHopSampler`] keeps the graph's arcs (4 bytes each; the offsets, 8 bytes per
+/// vertex, are always on the device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArcsAt {
+    /// In device memory: the fastest reads.
+    Device,
+    /// In page-locked host memory that the kernels read over the bus (UVA, zero-copy): for
+    /// graphs whose arcs do not fit on the device. Each sampled arc is one read across the bus.
+    PinnedHost,
+}
+
+/// The arcs as the kernels read them.
+enum Arcs {
+    Device(CudaSlice<u32>),
+    /// The pinned buffer (kept alive here) and its device address.
+    Pinned {
+        _buf: PinnedHostSlice<u32>,
+        addr: u64,
+    },
 }
 
 /// The per-batch workspace, reused: one remap word per graph vertex (all EMPTY between
@@ -78,11 +102,24 @@ macro_rules! launch {
 }
 
 impl CudaKHopSampler {
-    /// A sampler over `ds` on `gpu`'s device (on a stream of its own): copies the topology to the device (8 bytes per vertex
-    /// and 4 per arc) and compiles the kernels if this process has not yet. Errors: the
-    /// configuration the CPU sampler refuses, a graph with more than 2^31 vertices, or a
-    /// device that cannot hold the topology or fails.
+    /// A sampler over `ds` on `gpu`'s device (on a stream of its own) with the arcs on the
+    /// device: [`CudaKHopSampler::with_arcs`] with [`ArcsAt::Device`].
     pub fn new(gpu: &CudaBackend, ds: Arc<Dataset>, cfg: KHopConfig) -> Result<Self> {
+        Self::with_arcs(gpu, ds, cfg, ArcsAt::Device)
+    }
+
+    /// A sampler over `ds` on `gpu`'s device (on a stream of its own): copies the offsets (8
+    /// bytes per vertex) to the device and the arcs (4 bytes each) where `arcs` says, and
+    /// compiles the kernels if this process has not yet. Its batches do not depend on where
+    /// the arcs are. Errors: the configuration the CPU sampler refuses, a graph with more than
+    /// 2^31 vertices, or a device (or pinned host memory) that cannot hold the topology or
+    /// fails.
+    pub fn with_arcs(
+        gpu: &CudaBackend,
+        ds: Arc<Dataset>,
+        cfg: KHopConfig,
+        arcs: ArcsAt,
+    ) -> Result<Self> {
         // The CPU sampler's checks (layout, id width, fanouts), so both refuse the same things.
         KHopSampler::new(ds.clone(), cfg.clone())?;
         let n = ds.num_nodes() as usize;
@@ -99,12 +136,17 @@ impl CudaKHopSampler {
         let indptr = stream
             .clone_htod(&p)
             .map_err(|e| fail("cuMemcpyHtoD (offsets)", &e))?;
-        let indices = if i.is_empty() {
-            stream.alloc_zeros(1)
-        } else {
-            stream.clone_htod(&i)
-        }
-        .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?;
+        let indices = match arcs {
+            ArcsAt::Device => Arcs::Device(
+                if i.is_empty() {
+                    stream.alloc_zeros(1)
+                } else {
+                    stream.clone_htod(&i)
+                }
+                .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?,
+            ),
+            ArcsAt::PinnedHost => pinned_copy(ctx, &i).map_err(|(call, e)| fail(call, &e))?,
+        };
         drop((p, i));
         let work = Work {
             map: stream
@@ -198,11 +240,12 @@ impl CudaKHopSampler {
         let m = self.download(&offs, n, n + 1)?[0] as usize;
         let mut ids = self.alloc::<u32>(m)?;
         let map_addr = match map {
-            Some(m) => {
-                use cudarc::driver::DevicePtr;
-                m.device_ptr(&self.stream).0
-            }
+            Some(m) => m.device_ptr(&self.stream).0,
             None => 0u64,
+        };
+        let arcs_addr = match &self.indices {
+            Arcs::Device(d) => d.device_ptr(&self.stream).0,
+            Arcs::Pinned { addr, .. } => *addr,
         };
         launch!(
             self,
@@ -212,7 +255,7 @@ impl CudaKHopSampler {
                 frontier,
                 &n64,
                 &self.indptr,
-                &self.indices,
+                &arcs_addr,
                 &k,
                 &replace,
                 &base,
@@ -313,6 +356,28 @@ impl CudaKHopSampler {
             labels,
         })
     }
+}
+
+/// A page-locked, device-mapped copy of `host` and the address the kernels read it at.
+fn pinned_copy(
+    ctx: &Arc<CudaContext>,
+    host: &[u32],
+) -> std::result::Result<Arcs, (&'static str, DriverError)> {
+    // SAFETY: the buffer is written whole below before anything reads it.
+    let mut buf = unsafe {
+        ctx.alloc_pinned_with_flags::<u32>(host.len().max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
+    }
+    .map_err(|e| ("cuMemHostAlloc (arcs)", e))?;
+    let dst = buf.as_mut_slice().map_err(|e| ("cuEventSynchronize", e))?;
+    dst[..host.len()].copy_from_slice(host);
+    let ptr = dst.as_mut_ptr();
+    let mut addr: sys::CUdeviceptr = 0;
+    // SAFETY: `ptr` is the start of a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in
+    // this context, which the buffer keeps alive as long as the sampler holds it.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut addr, ptr.cast(), 0) }
+        .result()
+        .map_err(|e| ("cuMemHostGetDevicePointer", e))?;
+    Ok(Arcs::Pinned { _buf: buf, addr })
 }
 
 fn gpu_error(device: u32, call: &str, e: &dyn Display) -> Error {
