@@ -253,6 +253,7 @@ mod tests {
     #[test]
     fn reorder_batches_permutes_whole_batches() {
         let mb = |step: u64, nodes: Vec<u32>| MiniBatch {
+            resident: Default::default(),
             key: fanout_sample::BatchKey {
                 step,
                 ..Default::default()

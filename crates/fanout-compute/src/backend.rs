@@ -184,6 +184,18 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn fill_zero(&self, t: &mut Self::Tensor);
     /// Validates `block` ([`BlockRef::validate`]) and copies it to the device.
     fn prepare_block(&self, block: &BlockRef<'_>) -> Result<Self::Block>;
+    /// The blocks of a batch that a sampler left on this device (`resident`: that sampler's
+    /// opaque copy; `blocks`: the same blocks on the host, in model order), prepared without a
+    /// copy from the host; `None` when `resident` is not a copy this backend knows (the caller
+    /// then prepares `blocks`). The default knows none.
+    fn adopt_blocks(
+        &self,
+        resident: &(dyn std::any::Any + Send + Sync),
+        blocks: &[BlockRef<'_>],
+    ) -> Option<Vec<Self::Block>> {
+        let _ = (resident, blocks);
+        None
+    }
     /// The sizes of a prepared block.
     fn block_dims(&self, block: &Self::Block) -> BlockDims;
 

@@ -257,6 +257,19 @@ impl<B: Backend> Model<B> {
         blocks.iter().map(|b| self.be.prepare_block(b)).collect()
     }
 
+    /// [`Model::prepare_blocks`], taking the sampler's copy of them on the model's device
+    /// instead when there is one the backend knows ([`Backend::adopt_blocks`]).
+    pub fn prepare_blocks_from(
+        &self,
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+        blocks: &[BlockRef<'_>],
+    ) -> Result<Vec<B::Block>> {
+        match resident.and_then(|r| self.be.adopt_blocks(r, blocks)) {
+            Some(adopted) => Ok(adopted),
+            None => self.prepare_blocks(blocks),
+        }
+    }
+
     /// Runs the model: `x` holds the input features of block 0's sources (`num_src x in_dim`);
     /// returns the logits of the last block's destinations (`num_dst x num_classes`). In
     /// [`Mode::Train`] activations and dropout masks are cached for [`Model::backward`].

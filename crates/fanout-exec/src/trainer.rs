@@ -152,7 +152,10 @@ impl<B: Backend> Trainer<B> {
     }
 
     fn forward(&mut self, p: Prepared, mode: Mode) -> Result<B::Tensor> {
-        let blocks = self.model.prepare_blocks(&block_refs(&p.batch.blocks))?;
+        let resident = p.batch.resident.0.as_deref();
+        let blocks = self
+            .model
+            .prepare_blocks_from(resident, &block_refs(&p.batch.blocks))?;
         let be = self.model.backend().clone();
         // Dropout is keyed by vertex id, so data-parallel workers drop what the one-worker
         // union batch would.

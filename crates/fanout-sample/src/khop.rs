@@ -527,6 +527,7 @@ mod tests {
             .as_ref()
             .map(|l| seeds.iter().map(|&s| l[s as usize]).collect());
         MiniBatch {
+            resident: Default::default(),
             key: k,
             num_seeds: seeds.len(),
             blocks,

@@ -45,7 +45,7 @@ pub use graph::{check_dataset, layout_note, parse_fanouts, FANOUT_ALL};
 pub use khop::{KHopConfig, KHopSampler};
 pub use layerwise::{LayerwiseConfig, LayerwiseSampler};
 pub use loader::{epoch_batches, near_equal_part, BatchPlan, EpochIter, Loader, LoaderConfig};
-pub use minibatch::{BatchKey, Block, MiniBatch};
+pub use minibatch::{BatchKey, Block, MiniBatch, Resident};
 pub use randomwalk::{RandomWalkConfig, RandomWalkSampler};
 pub use remap::{remap_reference, DenseMap, FusedMap, RemapKind, Remapper};
 pub use resident::Residency;

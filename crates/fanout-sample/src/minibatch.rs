@@ -75,6 +75,35 @@ pub struct MiniBatch {
     /// Labels of the seeds (`labels[i]` is the label of `seeds()[i]`, -1 = none), when the
     /// dataset has labels.
     pub labels: Option<Vec<i64>>,
+    /// A copy of the blocks that the sampler left on the device it sampled on (a GPU
+    /// sampler's), for a compute backend on that device to use instead of uploading `blocks`
+    /// ([`Resident`]).
+    #[serde(skip)]
+    pub resident: Resident,
+}
+
+/// A sampler's copy of a batch held on a device, opaque to everything but that device's
+/// compute backend, which downcasts it (`fanout_compute::Backend::adopt_blocks`). The host
+/// fields of the [`MiniBatch`] stay complete and authoritative: the copy holds the same blocks.
+/// It is never compared (two batches equal in their host fields are equal), serialised or sent
+/// to another worker.
+#[derive(Clone, Default)]
+pub struct Resident(pub Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>);
+
+impl PartialEq for Resident {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Resident(on a device)"
+        } else {
+            "Resident(none)"
+        })
+    }
 }
 
 impl MiniBatch {
@@ -168,6 +197,7 @@ mod tests {
     fn tiny() -> MiniBatch {
         // Seeds {10, 11}; hop 0 finds 12; hop 1 finds 13.
         MiniBatch {
+            resident: Default::default(),
             key: BatchKey::default(),
             num_seeds: 2,
             blocks: vec![

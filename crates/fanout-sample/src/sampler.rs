@@ -144,6 +144,7 @@ impl Driver {
                 .collect()
         });
         Ok(MiniBatch {
+            resident: Default::default(),
             key,
             num_seeds: seeds.len(),
             blocks,

@@ -134,6 +134,7 @@ mod tests {
     fn edges_go_to_their_destination_owner_and_remote_sources_are_counted() {
         // Seeds 0 (part 0) and 5 (part 1); sources 1 (part 0) and 4 (part 1).
         let mb = MiniBatch {
+            resident: Default::default(),
             key: BatchKey::default(),
             num_seeds: 2,
             blocks: vec![Block {

@@ -116,6 +116,7 @@ pub fn decode(bytes: &[u8]) -> Result<MiniBatch, String> {
         return Err(format!("{} bytes after the mini-batch", bytes.len() - r.at));
     }
     let mb = MiniBatch {
+        resident: Default::default(),
         key,
         num_seeds,
         blocks,

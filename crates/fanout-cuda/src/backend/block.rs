@@ -3,11 +3,13 @@
 
 use super::kernels::launch;
 use super::{device_failed, CudaBackend};
+use crate::sample::DeviceBlocks;
 use crate::sort::{DeviceSort, Failure};
 use cudarc::driver::CudaSlice;
 #[cfg(doc)]
 use fanout_compute::SourceMajor;
 use fanout_compute::{BlockDims, BlockRef};
+use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -45,10 +47,56 @@ impl fmt::Debug for CudaBlock {
 impl CudaBackend {
     /// Copies a validated block to the device and computes each edge's destination there.
     pub(crate) fn upload_block(&self, b: &BlockRef<'_>) -> CudaBlock {
-        let dims = b.dims();
         let indptr = self.to_device(b.indptr);
         let indices = self.to_device(b.indices);
         let weights = b.weights.map(|w| self.to_device(w));
+        self.block_from(b.dims(), indptr, indices, weights)
+    }
+
+    /// The blocks a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device for a
+    /// batch (`resident`), copied on the device instead of uploaded from `blocks` (the same
+    /// blocks on the host, validated by the sampler that made both); `None` when `resident`
+    /// is not such a copy, is on another device, or does not have `blocks`' shapes.
+    pub(crate) fn adopt_blocks(
+        &self,
+        resident: &(dyn Any + Send + Sync),
+        blocks: &[BlockRef<'_>],
+    ) -> Option<Vec<CudaBlock>> {
+        let dev = resident.downcast_ref::<DeviceBlocks>()?;
+        let fits = |b: &BlockRef<'_>, (p, i): &(CudaSlice<u32>, CudaSlice<u32>)| {
+            b.weights.is_none() && p.len() > b.num_dst && i.len() >= b.indices.len()
+        };
+        if dev.device != self.index()
+            || dev.blocks.len() != blocks.len()
+            || !blocks.iter().zip(&dev.blocks).all(|(b, d)| fits(b, d))
+        {
+            return None;
+        }
+        let copy = |s: &CudaSlice<u32>, len: usize| {
+            self.stream()
+                .clone_dtod(&s.slice(0..len.max(1)))
+                .unwrap_or_else(|e| device_failed("cuMemcpyDtoD (sampled block)", e))
+        };
+        let adopted = blocks.iter().zip(&dev.blocks).map(|(b, (p, i))| {
+            let dims = b.dims();
+            self.block_from(
+                dims,
+                copy(p, dims.num_dst + 1),
+                copy(i, dims.num_edges),
+                None,
+            )
+        });
+        Some(adopted.collect())
+    }
+
+    /// A block from its device arrays: computes each edge's destination there.
+    fn block_from(
+        &self,
+        dims: BlockDims,
+        indptr: CudaSlice<u32>,
+        indices: CudaSlice<u32>,
+        weights: Option<CudaSlice<f32>>,
+    ) -> CudaBlock {
         let mut edst = self.alloc::<u32>(dims.num_edges);
         let dsts = dims.num_dst as i64;
         launch!(

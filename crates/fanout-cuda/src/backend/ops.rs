@@ -108,6 +108,13 @@ impl Backend for CudaBackend {
         block.validate()?;
         Ok(self.upload_block(block))
     }
+    fn adopt_blocks(
+        &self,
+        resident: &(dyn std::any::Any + Send + Sync),
+        blocks: &[BlockRef<'_>],
+    ) -> Option<Vec<CudaBlock>> {
+        CudaBackend::adopt_blocks(self, resident, blocks)
+    }
     fn block_dims(&self, block: &CudaBlock) -> BlockDims {
         block.0.dims
     }

@@ -18,7 +18,7 @@ use cudarc::driver::{
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
 use fanout_sample::{
-    BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Sampler, FANOUT_ALL,
+    BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Resident, Sampler, FANOUT_ALL,
 };
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
@@ -74,6 +74,16 @@ struct Work {
     dup: CudaSlice<u32>,
     /// A batch stopped before it emptied its remap words: refill them all first.
     dirty: bool,
+}
+
+/// The blocks of a batch as the sampler left them on its device, in model order: each block's
+/// offsets and local source ids (buffers of at least `num_dst + 1` and `max(edges, 1)`
+/// elements), for the compute backend on that device to adopt instead of uploading the host
+/// copy (`CudaBackend::adopt_blocks`).
+pub(crate) struct DeviceBlocks {
+    /// The device ordinal (`N` of `cuda:N`).
+    pub(crate) device: u32,
+    pub(crate) blocks: Vec<(CudaSlice<u32>, CudaSlice<u32>)>,
 }
 
 /// Collects the topology as the device layout: `u64` offsets and `u32` ids.
@@ -297,6 +307,7 @@ impl CudaKHopSampler {
         }
         let mut total = b;
         let mut blocks = Vec::with_capacity(self.cfg.fanouts.len());
+        let mut on_device = Vec::with_capacity(self.cfg.fanouts.len());
         for hop in 0..self.cfg.fanouts.len() {
             let num_dst = total;
             let (offs, mut ids, m) =
@@ -332,8 +343,10 @@ impl CudaKHopSampler {
                 indices: self.download(&ids, 0, m)?,
                 weights: None,
             });
+            on_device.push((offs, ids));
         }
         blocks.reverse();
+        on_device.reverse();
         let input_nodes = self.download(&w.nodes, 0, total)?;
         let t64 = total as i64;
         launch!(
@@ -349,6 +362,10 @@ impl CudaKHopSampler {
             .as_ref()
             .map(|l| input_nodes[..b].iter().map(|&s| l[s as usize]).collect());
         Ok(MiniBatch {
+            resident: Resident(Some(Arc::new(DeviceBlocks {
+                device: self.device,
+                blocks: on_device,
+            }))),
             key,
             num_seeds: b,
             blocks,

@@ -194,6 +194,7 @@ impl Producer<'_> {
                 }
                 Ok(Prepared {
                     batch: MiniBatch {
+                        resident: Default::default(),
                         key: BatchKey {
                             seed: self.seed,
                             epoch,

@@ -132,6 +132,7 @@ impl Inner {
         };
         self.extract.add_since(t);
         let batch = MiniBatch {
+            resident: Default::default(),
             key,
             num_seeds: share.reach[0],
             blocks: Vec::new(),
