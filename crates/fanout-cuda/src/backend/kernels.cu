@@ -57,7 +57,38 @@ extern "C" __global__ void leaky_relu_backward(const float* g, const float* x, f
   GRID_STRIDE(i, n) { out[i] = x[i] > 0.0f ? g[i] : slope * g[i]; }
 }
 
+// ----- fanout_rand's keyed streams (also used by sample.cu) -----
+
+__device__ __forceinline__ u64 rotl64(u64 x, int k) { return (x << k) | (x >> (64 - k)); }
+
+__device__ __forceinline__ u64 splitmix64(u64* state) {
+  *state += 0x9E3779B97F4A7C15ull;
+  u64 z = *state;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// fanout_rand::mix_keys(&[a, b]).
+__device__ __forceinline__ u64 mix_keys2(u64 a, u64 b) {
+  u64 state = 0x6A09E667F3BCC908ull ^ 2ull;
+  u64 acc = splitmix64(&state);
+  state ^= a * 0x9E3779B97F4A7C15ull;
+  acc ^= splitmix64(&state);
+  acc = rotl64(acc, 23) * 0xD6E8FEB86659FD93ull;
+  state ^= b * 0x9E3779B97F4A7C15ull;
+  acc ^= splitmix64(&state);
+  acc = rotl64(acc, 23) * 0xD6E8FEB86659FD93ull;
+  return acc;
+}
+
 // ----- dropout and the fused epilogue -----
+
+// seeds[r] = mix_keys([key, id]) with id = ids[r], or r when ids is null: each row's dropout seed,
+// as the CPU backend computes it.
+extern "C" __global__ void dropout_seeds(const u32* ids, u64 key, i64 rows, u64* seeds) {
+  GRID_STRIDE(r, rows) { seeds[r] = mix_keys2(key, ids ? (u64)ids[r] : (u64)r); }
+}
 
 // C. Wellons' lowbias32, as fanout_rand::lowbias32.
 __device__ __forceinline__ u32 lowbias32(u32 v) {

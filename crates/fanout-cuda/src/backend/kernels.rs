@@ -25,6 +25,7 @@ const NAMES: &[&str] = &[
     "relu_backward",
     "leaky_relu",
     "leaky_relu_backward",
+    "dropout_seeds",
     "dropout",
     "epilogue",
     "col_sum_chunks",

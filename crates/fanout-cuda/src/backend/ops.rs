@@ -4,7 +4,7 @@ use super::block::CudaBlock;
 use super::kernels::{launch, THREADS};
 use super::{device_failed, CudaBackend, CudaTensor};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use fanout_compute::{
     check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef,
     CrossEntropy, DropoutSpec, Result, SgdUpdate, Tensor,
@@ -30,20 +30,27 @@ fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
 
 impl CudaBackend {
     /// The per-row dropout seeds `mix_keys([key, id])` (id = the row's vertex id, or its index).
-    fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> Vec<u64> {
-        if let Some(ids) = row_ids {
+    /// Each row's dropout seed, `mix_keys([key, id])` with `id` the row's vertex
+    /// (`row_ids[r]`) or its index, computed on the device (the ids uploaded, 4 bytes a row).
+    fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> CudaSlice<u64> {
+        let ids = row_ids.map(|ids| {
             assert!(
                 ids.len() >= rows,
                 "dropout: {} row ids for {rows} rows",
                 ids.len()
             );
-        }
-        (0..rows)
-            .map(|r| {
-                let id = row_ids.map_or(r as u64, |ids| ids[r] as u64);
-                fanout_rand::mix_keys(&[key, id])
-            })
-            .collect()
+            self.to_device(&ids[..rows])
+        });
+        let ids_addr = self.addr(ids.as_ref());
+        let mut seeds = self.alloc::<u64>(rows);
+        let r64 = rows as i64;
+        launch!(
+            self.inner,
+            "dropout_seeds",
+            rows,
+            [&ids_addr, &key, &r64, &mut seeds]
+        );
+        seeds
     }
 
     /// Column sums (`1 x cols`) by passes of [`COL_SUM_CHUNK`] rows.
@@ -327,7 +334,7 @@ impl Backend for CudaBackend {
         row_ids: Option<&[u32]>,
     ) -> (CudaTensor, CudaTensor) {
         let (thr, keep) = dropout_threshold(p);
-        let seeds = self.to_device(&self.dropout_seeds(x.rows, key, row_ids));
+        let seeds = self.dropout_seeds(x.rows, key, row_ids);
         let mut out = self.new_tensor(x.rows, x.cols);
         let mut mask = self.new_tensor(x.rows, x.cols);
         let (n, cols) = (x.len() as i64, x.cols as i32);
@@ -360,7 +367,7 @@ impl Backend for CudaBackend {
             assert_eq!(b.shape(), (1, x.cols), "epilogue: bias shape");
         }
         let (thr, scale) = dropout.map_or((0, 1.0), |d| dropout_threshold(d.p));
-        let seeds = dropout.map(|d| self.to_device(&self.dropout_seeds(x.rows, d.key, d.row_ids)));
+        let seeds = dropout.map(|d| self.dropout_seeds(x.rows, d.key, d.row_ids));
         let mut factor =
             (keep && (relu || dropout.is_some())).then(|| self.new_tensor(x.rows, x.cols));
         let bias_addr = self.addr(bias.map(|b| &b.data));

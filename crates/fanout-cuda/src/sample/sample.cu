@@ -2,7 +2,8 @@
 // Compiled after kernels.cu in the same NVRTC program (its typedefs and GRID_STRIDE are used).
 //
 // The draws are the CPU sampler's (crates/fanout-sample/src/khop.rs) bit for bit: vertex v's
-// stream in a hop is xoshiro256++ seeded through SplitMix64 from mix_keys([base, v]) (fanout-rand),
+// stream in a hop is xoshiro256++ seeded through SplitMix64 from mix_keys([base, v]) (fanout-rand;
+// splitmix64 and mix_keys2 are in kernels.cu),
 // integers below n by Lemire's multiply-and-reject, rows without replacement by Floyd's
 // algorithm (a draw t already chosen is replaced by j), so a GPU batch is the CPU batch.
 //
@@ -16,29 +17,6 @@
 #define FIRST 0x80000000u
 #define EMPTY 0xFFFFFFFFu
 #define FANOUT_ALL 0xFFFFFFFFu
-
-__device__ __forceinline__ u64 rotl64(u64 x, int k) { return (x << k) | (x >> (64 - k)); }
-
-__device__ __forceinline__ u64 splitmix64(u64* state) {
-  *state += 0x9E3779B97F4A7C15ull;
-  u64 z = *state;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// fanout_rand::mix_keys(&[a, b]).
-__device__ __forceinline__ u64 mix_keys2(u64 a, u64 b) {
-  u64 state = 0x6A09E667F3BCC908ull ^ 2ull;
-  u64 acc = splitmix64(&state);
-  state ^= a * 0x9E3779B97F4A7C15ull;
-  acc ^= splitmix64(&state);
-  acc = rotl64(acc, 23) * 0xD6E8FEB86659FD93ull;
-  state ^= b * 0x9E3779B97F4A7C15ull;
-  acc ^= splitmix64(&state);
-  acc = rotl64(acc, 23) * 0xD6E8FEB86659FD93ull;
-  return acc;
-}
 
 struct Xoshiro {
   u64 s0, s1, s2, s3;
