@@ -246,6 +246,21 @@ impl CudaKHopSampler {
             grid(n),
             [frontier, &n64, &self.indptr, &k, &replace, &mut counts]
         )?;
+        // The offsets are u32 sums: when n x k could reach 2^31 (k = all, or a huge
+        // frontier), the counts are summed on the host first so that a total past the
+        // remapper's 2^31 is refused rather than wrapped.
+        if k == FANOUT_ALL || n as u64 * k as u64 >= FIRST as u64 {
+            let total: u64 = self
+                .download(&counts, 0, n)?
+                .iter()
+                .map(|&c| c as u64)
+                .sum();
+            if total >= FIRST as u64 {
+                return Err(Error::Invalid(format!(
+                    "a mini-batch of more than 2^31 edges (hop {hop}: {total} edges)"
+                )));
+            }
+        }
         let offs = self.exclusive_scan(&counts, n)?;
         let m = self.download(&offs, n, n + 1)?[0] as usize;
         let mut ids = self.alloc::<u32>(m)?;
