@@ -15,15 +15,8 @@ G=${GPU_DIR:-.gpu}
 R=${OUT:-/tmp/out}
 M=/tmp/m
 mkdir -p $M $R
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for lib in libnvrtc.so libcublas.so; do
-  if ! ldconfig -p | grep -q "$lib"; then
-    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
-    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
-  fi
-done
+. "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L; nproc
-step() { echo; echo "=== $* ($(date +%T))"; }
 F=$G/fanout
 step "1 sampler tests"
 timeout 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15

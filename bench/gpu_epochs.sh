@@ -7,15 +7,8 @@
 # crate's lib test binary copied as GPU_DIR/cuda_lib_tests.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m; mkdir -p $M $R
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for lib in libnvrtc.so libcublas.so; do
-  if ! ldconfig -p | grep -q "$lib"; then
-    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
-    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
-  fi
-done
+. "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L
-step() { echo; echo "=== $* ($(date +%T))"; }
 step "lib tests (sorts, transposes)"
 timeout 120 $G/cuda_lib_tests --nocapture --test-threads 1 2>&1 | grep -E "test |result|skipped|panicked|assert" | head -20
 step "backend tests"

@@ -1,0 +1,11 @@
+# Sourced by the GPU scripts (bench/gpu_check.sh, bench/gpu_epochs.sh): puts the driver's and,
+# where the default search path lacks them, NVRTC's and cuBLAS's libraries on LD_LIBRARY_PATH
+# (fanout loads all three at run time), and defines `step`, which prints a timed section header.
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for lib in libnvrtc.so libcublas.so; do
+  if ! ldconfig -p | grep -q "$lib"; then
+    dir=$(find /usr/local /usr/lib /opt \( -name "$lib" -o -name "$lib.*" \) 2>/dev/null | head -1 | xargs -r dirname)
+    [ -n "$dir" ] && export LD_LIBRARY_PATH="$dir:$LD_LIBRARY_PATH"
+  fi
+done
+step() { echo; echo "=== $* ($(date +%T))"; }
