@@ -628,8 +628,8 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 /// Everything else (single and data-parallel with one worker, caches of a given size,
 /// `--fuse-input`, `--resume` and checkpoints) runs on any backend.
 ///
-/// On any backend, `--sampling-placement device` is refused unless the backend is the CUDA
-/// one and the sampler k-hop (the only one with a GPU implementation).
+/// On any backend, `--sampling-placement device` or `uva` is refused unless the backend is
+/// the CUDA one and the sampler k-hop (the only one with a GPU implementation).
 pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     crate::device::check_sampling_placement(be, cfg)?;
     if be.name() == "cpu" {

@@ -47,6 +47,46 @@ impl Named {
 /// through it), all tests together.
 static NAMED_CALLS: AtomicUsize = AtomicUsize::new(0);
 
+/// A copy of a batch's blocks "on the device" of [`Named`], which adopts it.
+struct HeldBlocks(Vec<fanout_sample::Block>);
+
+/// `Model::prepare_blocks_from` takes the copy a backend adopts, and the host blocks when the
+/// backend knows no such copy or there is none.
+#[test]
+fn blocks_a_backend_adopts_replace_the_host_blocks() {
+    let block = |num_dst: usize, num_src: usize, indptr: Vec<u32>, indices: Vec<u32>| {
+        fanout_sample::Block {
+            num_dst,
+            num_src,
+            indptr,
+            indices,
+            weights: None,
+        }
+    };
+    let host = [block(2, 3, vec![0, 1, 2], vec![2, 1])];
+    // The held copy differs from the host blocks, so which one was used shows.
+    let held = HeldBlocks(vec![block(2, 3, vec![0, 2, 3], vec![2, 1, 0])]);
+    let refs: Vec<BlockRef<'_>> = host
+        .iter()
+        .map(|b| BlockRef {
+            num_dst: b.num_dst,
+            num_src: b.num_src,
+            indptr: &b.indptr,
+            indices: &b.indices,
+            weights: None,
+        })
+        .collect();
+    let cfg = fanout_compute::ModelConfig::new(ModelKind::Sage, 4, 4, 2, 1);
+    let model = Model::new(NAMED, cfg).unwrap();
+    let edges = |r: Option<&(dyn std::any::Any + Send + Sync)>| {
+        let b = model.prepare_blocks_from(r, &refs).unwrap();
+        NAMED.block_dims(&b[0]).num_edges
+    };
+    assert_eq!(edges(Some(&held)), 3, "the held copy was adopted");
+    assert_eq!(edges(Some(&"not a copy Named knows")), 2, "host blocks");
+    assert_eq!(edges(None), 2, "host blocks");
+}
+
 /// Calls of [`Named`]'s `gather_rows` (batches gathered on the "device"), all tests together.
 static GATHER_CALLS: AtomicUsize = AtomicUsize::new(0);
 
@@ -83,6 +123,23 @@ impl Backend for Named {
     }
     fn block_dims(&self, block: &CpuBlock) -> BlockDims {
         self.0.block_dims(block)
+    }
+    /// Adopts a [`HeldBlocks`] copy: prepares *its* blocks, not the host ones it is given.
+    fn adopt_blocks(
+        &self,
+        resident: &(dyn std::any::Any + Send + Sync),
+        blocks: &[BlockRef<'_>],
+    ) -> Option<Vec<CpuBlock>> {
+        let held = resident.downcast_ref::<HeldBlocks>()?;
+        assert_eq!(held.0.len(), blocks.len(), "a held copy of other blocks");
+        let refs = held.0.iter().map(|b| BlockRef {
+            num_dst: b.num_dst,
+            num_src: b.num_src,
+            indptr: &b.indptr,
+            indices: &b.indices,
+            weights: None,
+        });
+        Some(refs.map(|r| self.0.prepare_block(&r).unwrap()).collect())
     }
     fn gemm(
         &self,
