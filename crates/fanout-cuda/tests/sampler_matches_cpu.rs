@@ -161,7 +161,8 @@ fn bad_seeds_are_the_cpu_samplers_errors_and_leave_no_trace() {
     let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
     let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
     let key = BatchKey::default();
-    for bad in [vec![4, 8, 4, 9], vec![1, 3_000]] {
+    // More seeds than vertices: a repeat the GPU must refuse before writing its vertex list.
+    for bad in [vec![4, 8, 4, 9], vec![1, 3_000], vec![7; 3_001]] {
         let g = gpu.sample(&bad, key).unwrap_err().to_string();
         let c = cpu.sample(&bad, key).unwrap_err().to_string();
         assert_eq!(g, c, "seeds {bad:?}");

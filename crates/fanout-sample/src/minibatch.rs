@@ -84,7 +84,9 @@ pub struct MiniBatch {
 
 /// A sampler's copy of a batch held on a device, opaque to everything but that device's
 /// compute backend, which downcasts it (`fanout_compute::Backend::adopt_blocks`). The host
-/// fields of the [`MiniBatch`] stay complete and authoritative: the copy holds the same blocks.
+/// fields of the [`MiniBatch`] stay complete for every host stage, and the copy holds the same
+/// blocks; a backend that adopts the copy does not read the host blocks, so code that edits
+/// `blocks` in place must clear `resident` (`Resident::default()`).
 /// It is never compared (two batches equal in their host fields are equal), serialised or sent
 /// to another worker.
 #[derive(Clone, Default)]

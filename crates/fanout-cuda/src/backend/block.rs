@@ -55,20 +55,29 @@ impl CudaBackend {
 
     /// The blocks a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device for a
     /// batch (`resident`), copied on the device instead of uploaded from `blocks` (the same
-    /// blocks on the host, validated by the sampler that made both); `None` when `resident`
-    /// is not such a copy, is on another device, or does not have `blocks`' shapes.
+    /// blocks on the host, made by the sampler with them); `None` when `resident` is not such
+    /// a copy, is on another device, or does not have exactly `blocks`' destination, source
+    /// and edge counts. The contents are not compared: a copy moved by hand onto another
+    /// batch of the same shapes would be used.
     pub(crate) fn adopt_blocks(
         &self,
         resident: &(dyn Any + Send + Sync),
         blocks: &[BlockRef<'_>],
     ) -> Option<Vec<CudaBlock>> {
         let dev = resident.downcast_ref::<DeviceBlocks>()?;
-        let fits = |b: &BlockRef<'_>, (p, i): &(CudaSlice<u32>, CudaSlice<u32>)| {
-            b.weights.is_none() && p.len() > b.num_dst && i.len() >= b.indices.len()
+        // Exactly the shapes the sampler recorded for these blocks (a copy moved onto
+        // another batch of other shapes is not adopted), and buffers that hold them.
+        let fits = |b: &BlockRef<'_>, &(d, s, e): &(usize, usize, usize)| {
+            b.weights.is_none() && (b.num_dst, b.num_src, b.indices.len()) == (d, s, e)
+        };
+        let holds = |b: &BlockRef<'_>, (p, i): &(CudaSlice<u32>, CudaSlice<u32>)| {
+            p.len() > b.num_dst && i.len() >= b.indices.len()
         };
         if dev.device != self.index()
             || dev.blocks.len() != blocks.len()
-            || !blocks.iter().zip(&dev.blocks).all(|(b, d)| fits(b, d))
+            || dev.dims.len() != blocks.len()
+            || !blocks.iter().zip(&dev.dims).all(|(b, d)| fits(b, d))
+            || !blocks.iter().zip(&dev.blocks).all(|(b, d)| holds(b, d))
         {
             return None;
         }

@@ -29,7 +29,6 @@ fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
 }
 
 impl CudaBackend {
-    /// The per-row dropout seeds `mix_keys([key, id])` (id = the row's vertex id, or its index).
     /// Each row's dropout seed, `mix_keys([key, id])` with `id` the row's vertex
     /// (`row_ids[r]`) or its index, computed on the device (the ids uploaded, 4 bytes a row).
     fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> CudaSlice<u64> {

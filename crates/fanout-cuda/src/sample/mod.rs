@@ -5,8 +5,9 @@
 //! Each hop is four kernels and two prefix sums: count each frontier vertex's edges, prefix-sum
 //! them into the block's offsets, draw every vertex's neighbours (one thread per vertex) while
 //! lowering each neighbour's remap word to its first edge position, mark the first occurrences,
-//! prefix-sum them into new local ids, then assign and look up. The host reads back two sizes
-//! per hop (edges, new vertices) and, at the end, the blocks and the input vertices.
+//! prefix-sum them into new local ids, then assign and look up. The host reads back the
+//! duplicate-seed flag, then per hop two sizes (edges, new vertices) and the block, and at the
+//! end the input vertices. The arcs may instead sit in pinned host memory ([`ArcsAt`]).
 
 use crate::backend::kernels::{grid, kernels_for, Kernels};
 use crate::sort::DeviceSort;
@@ -66,6 +67,14 @@ enum Arcs {
     },
 }
 
+impl Drop for CudaKHopSampler {
+    /// Waits for the sampler's queued work: a batch stopped by an error may leave a kernel
+    /// reading the pinned arcs by address, which cudarc's event tracking does not see.
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+    }
+}
+
 /// The per-batch workspace, reused: one remap word per graph vertex (all EMPTY between
 /// batches) and room for every vertex's id in the batch's vertex list.
 struct Work {
@@ -83,6 +92,8 @@ struct Work {
 pub(crate) struct DeviceBlocks {
     /// The device ordinal (`N` of `cuda:N`).
     pub(crate) device: u32,
+    /// Each block's destinations, sources and edges, in model order.
+    pub(crate) dims: Vec<(usize, usize, usize)>,
     pub(crate) blocks: Vec<(CudaSlice<u32>, CudaSlice<u32>)>,
 }
 
@@ -143,6 +154,12 @@ impl CudaKHopSampler {
         let kernels = kernels_for(ctx).map_err(|e| fail("kernel compilation", &e))?;
         let stream = ctx.new_stream().map_err(|e| fail("cuStreamCreate", &e))?;
         let (p, i) = ds.topology.visit(Topology);
+        if let Some(v) = p.windows(2).position(|w| w[1] - w[0] > u32::MAX as u64) {
+            return Err(Error::Invalid(format!(
+                "GPU sampling takes rows of fewer than 2^32 arcs; vertex {v} has {}",
+                p[v + 1] - p[v]
+            )));
+        }
         let indptr = stream
             .clone_htod(&p)
             .map_err(|e| fail("cuMemcpyHtoD (offsets)", &e))?;
@@ -301,6 +318,10 @@ impl CudaKHopSampler {
         }
         w.dirty = true;
         let b = seeds.len();
+        if b > n_all {
+            // More seeds than vertices repeat one; the vertex list has room for n_all only.
+            return Err(duplicate_seed(seeds));
+        }
         let seeds_d = self.upload(seeds)?;
         self.stream
             .memset_zeros(&mut w.dup)
@@ -313,16 +334,12 @@ impl CudaKHopSampler {
             [&seeds_d, &b64, &mut w.map, &mut w.nodes, &mut w.dup]
         )?;
         if self.download(&w.dup, 0, 1)?[0] > 0 {
-            let mut s = seeds.to_vec();
-            s.sort_unstable();
-            let dup = s.windows(2).find(|p| p[0] == p[1]).map_or(0, |p| p[0]);
-            return Err(Error::Invalid(format!(
-                "seed vertex {dup} appears more than once in one mini-batch"
-            )));
+            return Err(duplicate_seed(seeds));
         }
         let mut total = b;
         let mut blocks = Vec::with_capacity(self.cfg.fanouts.len());
         let mut on_device = Vec::with_capacity(self.cfg.fanouts.len());
+        let mut dims = Vec::with_capacity(self.cfg.fanouts.len());
         for hop in 0..self.cfg.fanouts.len() {
             let num_dst = total;
             let (offs, mut ids, m) =
@@ -359,9 +376,11 @@ impl CudaKHopSampler {
                 weights: None,
             });
             on_device.push((offs, ids));
+            dims.push((num_dst, total, m));
         }
         blocks.reverse();
         on_device.reverse();
+        dims.reverse();
         let input_nodes = self.download(&w.nodes, 0, total)?;
         let t64 = total as i64;
         launch!(
@@ -379,6 +398,7 @@ impl CudaKHopSampler {
         Ok(MiniBatch {
             resident: Resident(Some(Arc::new(DeviceBlocks {
                 device: self.device,
+                dims,
                 blocks: on_device,
             }))),
             key,
@@ -410,6 +430,16 @@ fn pinned_copy(
         .result()
         .map_err(|e| ("cuMemHostGetDevicePointer", e))?;
     Ok(Arcs::Pinned { _buf: buf, addr })
+}
+
+/// The CPU remapper's error for seeds with a repeat (the smallest repeated one).
+fn duplicate_seed(seeds: &[u32]) -> Error {
+    let mut s = seeds.to_vec();
+    s.sort_unstable();
+    let dup = s.windows(2).find(|p| p[0] == p[1]).map_or(0, |p| p[0]);
+    Error::Invalid(format!(
+        "seed vertex {dup} appears more than once in one mini-batch"
+    ))
 }
 
 fn gpu_error(device: u32, call: &str, e: &dyn Display) -> Error {
