@@ -14,6 +14,8 @@ pub(crate) type Failure = (&'static str, DriverError);
 const THREADS: u32 = 256;
 const SCAN_TILE: usize = 256 * 8;
 const RADIX_TILE: usize = 2048;
+/// A null device pointer, for the kernels' optional arguments.
+const NULL: u64 = 0;
 
 /// The sorting kernels on one stream.
 pub(crate) struct DeviceSort<'a> {
@@ -104,10 +106,10 @@ impl DeviceSort<'_> {
         for pass in 0..passes {
             let shift = 8 * pass;
             // The first pass reads the caller's keys, and its values are the positions.
-            let (src_k, src_v, null) = if pass == 0 {
-                (keys, None, 0u64)
+            let (src_k, src_v) = if pass == 0 {
+                (keys, None)
             } else {
-                (&k_in, Some(&v_in), 0u64)
+                (&k_in, Some(&v_in))
             };
             launch!(
                 self,
@@ -122,7 +124,7 @@ impl DeviceSort<'_> {
             b.arg(src_k);
             match src_v {
                 Some(v) => b.arg(v),
-                None => b.arg(&null),
+                None => b.arg(&NULL),
             };
             b.arg(&n64).arg(&shift).arg(&offs).arg(&t64);
             b.arg(&mut k_out).arg(&mut v_out);

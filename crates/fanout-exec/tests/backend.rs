@@ -7,6 +7,7 @@ use fanout_compute::{
     device_failed, io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock,
     CrossEntropy, DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
 };
+use fanout_exec::trainer::block_refs;
 use fanout_exec::{
     evaluate_checkpoint, evaluate_checkpoint_with, train, train_with_backend, CacheSpec,
     EvalRequest, EvalSplit, ExecError, FeaturePlacement, MemoryProbe, RunEnv, SamplingPlacement,
@@ -66,16 +67,7 @@ fn blocks_a_backend_adopts_replace_the_host_blocks() {
     let host = [block(2, 3, vec![0, 1, 2], vec![2, 1])];
     // The held copy differs from the host blocks, so which one was used shows.
     let held = HeldBlocks(vec![block(2, 3, vec![0, 2, 3], vec![2, 1, 0])]);
-    let refs: Vec<BlockRef<'_>> = host
-        .iter()
-        .map(|b| BlockRef {
-            num_dst: b.num_dst,
-            num_src: b.num_src,
-            indptr: &b.indptr,
-            indices: &b.indices,
-            weights: None,
-        })
-        .collect();
+    let refs = block_refs(&host);
     let cfg = fanout_compute::ModelConfig::new(ModelKind::Sage, 4, 4, 2, 1);
     let model = Model::new(NAMED, cfg).unwrap();
     let edges = |r: Option<&(dyn std::any::Any + Send + Sync)>| {
@@ -132,14 +124,12 @@ impl Backend for Named {
     ) -> Option<Vec<CpuBlock>> {
         let held = resident.downcast_ref::<HeldBlocks>()?;
         assert_eq!(held.0.len(), blocks.len(), "a held copy of other blocks");
-        let refs = held.0.iter().map(|b| BlockRef {
-            num_dst: b.num_dst,
-            num_src: b.num_src,
-            indptr: &b.indptr,
-            indices: &b.indices,
-            weights: None,
-        });
-        Some(refs.map(|r| self.0.prepare_block(&r).unwrap()).collect())
+        let refs = block_refs(&held.0);
+        Some(
+            refs.iter()
+                .map(|r| self.0.prepare_block(r).unwrap())
+                .collect(),
+        )
     }
     fn gemm(
         &self,

@@ -311,17 +311,17 @@ impl CudaKHopSampler {
 
     fn sample_with(&self, w: &mut Work, seeds: &[u32], key: BatchKey) -> Result<MiniBatch> {
         let n_all = self.ds.num_nodes() as usize;
-        if w.dirty {
-            let n64 = n_all as i64;
-            launch!(self, "fill_u32", grid(n_all), [&mut w.map, &n64, &u32::MAX])?;
-            w.dirty = false;
-        }
-        w.dirty = true;
         let b = seeds.len();
         if b > n_all {
             // More seeds than vertices repeat one; the vertex list has room for n_all only.
             return Err(duplicate_seed(seeds));
         }
+        if w.dirty {
+            let n64 = n_all as i64;
+            launch!(self, "fill_u32", grid(n_all), [&mut w.map, &n64, &u32::MAX])?;
+        }
+        // Until the batch empties its remap words again at the end.
+        w.dirty = true;
         let seeds_d = self.upload(seeds)?;
         self.stream
             .memset_zeros(&mut w.dup)
@@ -339,7 +339,6 @@ impl CudaKHopSampler {
         let mut total = b;
         let mut blocks = Vec::with_capacity(self.cfg.fanouts.len());
         let mut on_device = Vec::with_capacity(self.cfg.fanouts.len());
-        let mut dims = Vec::with_capacity(self.cfg.fanouts.len());
         for hop in 0..self.cfg.fanouts.len() {
             let num_dst = total;
             let (offs, mut ids, m) =
@@ -376,11 +375,9 @@ impl CudaKHopSampler {
                 weights: None,
             });
             on_device.push((offs, ids));
-            dims.push((num_dst, total, m));
         }
         blocks.reverse();
         on_device.reverse();
-        dims.reverse();
         let input_nodes = self.download(&w.nodes, 0, total)?;
         let t64 = total as i64;
         launch!(
@@ -398,7 +395,10 @@ impl CudaKHopSampler {
         Ok(MiniBatch {
             resident: Resident(Some(Arc::new(DeviceBlocks {
                 device: self.device,
-                dims,
+                dims: blocks
+                    .iter()
+                    .map(|b| (b.num_dst, b.num_src, b.num_edges()))
+                    .collect(),
                 blocks: on_device,
             }))),
             key,
