@@ -7,11 +7,13 @@
 //! sources each among 5 x DST sources, features COLS (default 256) wide: the input layer of a
 //! GraphSAGE batch. Prints one line per operation: median of 10 timed runs after 2 warm-ups,
 //! the bytes the operation must move at least (gathered source rows read once per edge, output
-//! written once), and the rate that gives; then a feature gather from an ogbn-products-sized
-//! table held on the device, and the device's copy rate (bytes read + written).
+//! written once), and the rate that gives. The aggregations and row gathers run with the plain
+//! kernels and with the Memory-Aware ones (`GraphKernels`). Then a feature gather from an
+//! ogbn-products-sized table held on the device (ids uploaded each time, or already on the
+//! device), and the device's copy rate (bytes read + written).
 
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
-use fanout_cuda::{CudaBackend, CudaDevice};
+use fanout_cuda::{CudaBackend, CudaDevice, GraphKernels};
 use fanout_rand::Rng;
 use std::time::Instant;
 
@@ -91,35 +93,41 @@ fn main() {
             cpu_s / gpu_s
         );
     };
+    // Each graph kernel with the plain kernels and the Memory-Aware ones, one after the
+    // other on the same inputs (both give the same bits).
+    let both = |f: &dyn Fn()| {
+        g.set_graph_kernels(GraphKernels::Plain);
+        let plain = median_s(f, &gsync);
+        g.set_graph_kernels(GraphKernels::MemoryAware);
+        (plain, median_s(f, &gsync))
+    };
     let bytes = edges * row + dst as f64 * row;
-    report(
-        "aggregate mean (spmm)",
-        bytes,
-        median_s(|| drop(g.aggregate(&gb, &gx, Aggregation::Mean)), &gsync),
-        median_s(
-            || drop(CpuBackend.aggregate(&cb, &x, Aggregation::Mean)),
-            &nosync,
-        ),
+    let cpu = median_s(
+        || drop(CpuBackend.aggregate(&cb, &x, Aggregation::Mean)),
+        &nosync,
     );
+    let (plain, ma) = both(&|| drop(g.aggregate(&gb, &gx, Aggregation::Mean)));
+    report("aggregate mean, plain", bytes, plain, cpu);
+    report("aggregate mean, memory-aware", bytes, ma, cpu);
+    println!("{:<28} memory-aware / plain time {:.3}", "", ma / plain);
     let bytes = edges * row + src as f64 * row;
-    report(
-        "aggregate mean backward",
-        bytes,
-        median_s(
-            || drop(g.aggregate_backward(&gb, &ggd, Aggregation::Mean)),
-            &gsync,
-        ),
-        median_s(
-            || drop(CpuBackend.aggregate_backward(&cb, &gd, Aggregation::Mean)),
-            &nosync,
-        ),
+    let cpu = median_s(
+        || drop(CpuBackend.aggregate_backward(&cb, &gd, Aggregation::Mean)),
+        &nosync,
     );
+    let (plain, ma) = both(&|| drop(g.aggregate_backward(&gb, &ggd, Aggregation::Mean)));
+    report("aggregate backward, plain", bytes, plain, cpu);
+    report("aggregate backward, m-aware", bytes, ma, cpu);
+    println!("{:<28} memory-aware / plain time {:.3}", "", ma / plain);
     let idx: Vec<u32> = (0..dst).map(|_| rng.below(src as u64) as u32).collect();
+    let cpu = median_s(|| drop(CpuBackend.gather_rows(&x, &idx)), &nosync);
+    let (plain, warp) = both(&|| drop(g.gather_rows(&gx, &idx)));
+    report("gather_rows, plain", 2.0 * dst as f64 * row, plain, cpu);
     report(
-        "gather_rows",
+        "gather_rows, warp per row",
         2.0 * dst as f64 * row,
-        median_s(|| drop(g.gather_rows(&gx, &idx)), &gsync),
-        median_s(|| drop(CpuBackend.gather_rows(&x, &idx)), &nosync),
+        warp,
+        cpu,
     );
     let w = Tensor::from_fn(cols, cols, |_, _| rng.next_f32());
     let gw = g.upload(&w);
@@ -141,13 +149,22 @@ fn main() {
     let ids: Vec<u32> = (0..batch_rows)
         .map(|_| rng.below(table_rows as u64) as u32)
         .collect();
-    let gs = median_s(|| drop(g.gather_rows(&table, &ids)), &gsync);
-    println!(
-        "{:<28} GPU {:>9.3} ms {:>8.1} GB/s (rows read + written; {batch_rows} random rows of a {table_rows} x {feat} table, ids uploaded each time)",
-        "feature gather (device rows)",
-        gs * 1e3,
-        2.0 * (batch_rows * feat * 4) as f64 / gs / 1e9
+    let line = |what: &str, secs: f64| {
+        println!(
+            "{what:<28} GPU {:>9.3} ms {:>8.1} GB/s ({batch_rows} random rows of a {table_rows} x {feat} table, rows read + written)",
+            secs * 1e3,
+            2.0 * (batch_rows * feat * 4) as f64 / secs / 1e9
+        )
+    };
+    let (plain, warp) = both(&|| drop(g.gather_rows(&table, &ids)));
+    line("features, plain, ids up", plain);
+    line("features, warp, ids up", warp);
+    let dev_ids = g.upload_ids(&ids);
+    let resident = median_s(
+        || drop(g.gather_rows_device(&table, &dev_ids, batch_rows)),
+        &gsync,
     );
+    line("features, warp, ids on GPU", resident);
     drop(table);
     let copy = median_s(|| drop(gx.clone()), &gsync);
     println!(

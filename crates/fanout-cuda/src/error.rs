@@ -34,6 +34,15 @@ pub enum Error {
         /// The driver's error (e.g. `CUDA_ERROR_NO_DEVICE`) or what went wrong.
         detail: String,
     },
+    /// An environment variable that tunes the backend holds a value it does not know.
+    Setting {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -61,6 +70,11 @@ impl fmt::Display for Error {
                      LD_LIBRARY_PATH"
                 )
             }
+            Error::Setting {
+                variable,
+                value,
+                expected,
+            } => write!(f, "{variable} is {value:?}; expected {expected}"),
             Error::NoSuchDevice { index, count } => match count {
                 0 => write!(
                     f,

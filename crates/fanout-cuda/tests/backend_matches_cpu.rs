@@ -10,7 +10,7 @@ use fanout_compute::{
     Adam, AdamUpdate, Aggregation, Backend, BlockRef, CpuBackend, DropoutSpec, Mode, Model,
     ModelConfig, ModelKind, Optimizer, SgdUpdate, Tensor,
 };
-use fanout_cuda::{CudaBackend, CudaDevice};
+use fanout_cuda::{CudaBackend, CudaDevice, GraphKernels};
 use fanout_rand::Rng;
 
 const CPU: CpuBackend = CpuBackend;
@@ -657,6 +657,127 @@ fn gradients_to_sources_are_deterministic() {
             g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth))
         );
     }
+}
+
+/// The Memory-Aware aggregation, the warp row gather and the vectorised attention products
+/// against the plain kernels and the CPU: the same bits, on rows of up to 100 edges (the kernel
+/// stages edges 32 at a time), widths that leave lanes idle or take several passes (1 to 520
+/// columns, 16-byte reads or not), 4 to 40 heads (heads of 3 columns inside one 16-byte read;
+/// more heads than the kernel stages fall back to the plain one), forward and backward;
+/// gathered rows of aligned and unaligned widths, and device ids past the table giving zero
+/// rows.
+#[test]
+fn memory_aware_kernels_equal_the_plain_ones() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(21);
+    let mut r = Report::default();
+    let both = |f: &dyn Fn() -> <CudaBackend as Backend>::Tensor| {
+        g.set_graph_kernels(GraphKernels::Plain);
+        let plain = g.download(&f());
+        g.set_graph_kernels(GraphKernels::MemoryAware);
+        (plain, g.download(&f()))
+    };
+    for (bi, max_deg) in [1u64, 31, 100].into_iter().enumerate() {
+        let ob = Owned::random(700, 900, max_deg, false, &mut rng);
+        let cb = CPU.prepare_block(&ob.as_ref()).unwrap();
+        let gb = g.prepare_block(&ob.as_ref()).unwrap();
+        let edges = ob.indices.len();
+        for (cols, heads) in [
+            (1, 0),
+            (31, 0),
+            (100, 0),
+            (256, 0),
+            (300, 0),
+            (12, 4),
+            (256, 4),
+            (520, 40),
+        ] {
+            let what = format!("block {bi} (up to {max_deg} edges), {cols} columns, {heads} heads");
+            let x = rand(900, cols, &mut rng);
+            let gd = rand(700, cols, &mut rng);
+            let coeff = (heads > 0).then(|| rand(edges, heads, &mut rng));
+            let (gx, ggd) = (g.upload(&x), g.upload(&gd));
+            let gco = coeff.as_ref().map(|c| g.upload(c));
+            let (plain, ma) = both(&|| g.spmm(&gb, gco.as_ref(), &gx));
+            r.same_bits(&format!("{what}: spmm memory-aware = plain"), &plain, &ma);
+            r.close(
+                &format!("{what}: spmm memory-aware"),
+                &CPU.spmm(&cb, coeff.as_ref(), &x),
+                &ma,
+                TOL,
+            );
+            let (plain, ma) = both(&|| g.spmm_backward_x(&gb, gco.as_ref(), &ggd));
+            r.same_bits(
+                &format!("{what}: spmm backward memory-aware = plain"),
+                &plain,
+                &ma,
+            );
+            r.close(
+                &format!("{what}: spmm backward memory-aware"),
+                &CPU.spmm_backward_x(&cb, coeff.as_ref(), &gd),
+                &ma,
+                TOL,
+            );
+            if heads > 0 {
+                let (plain, ma) = both(&|| g.spmm_backward_coeff(&gb, &ggd, &gx, heads));
+                r.same_bits(
+                    &format!("{what}: coefficient gradient, vectorised = plain"),
+                    &plain,
+                    &ma,
+                );
+                r.close(
+                    &format!("{what}: coefficient gradient, vectorised"),
+                    &CPU.spmm_backward_coeff(&cb, &gd, &x, heads),
+                    &ma,
+                    TOL,
+                );
+                let a = rand(heads, cols / heads, &mut rng);
+                let ga = g.upload(&a);
+                let (plain, ma) = both(&|| g.head_dot(&gx, &ga));
+                r.same_bits(
+                    &format!("{what}: head_dot, vectorised = plain"),
+                    &plain,
+                    &ma,
+                );
+                r.close(
+                    &format!("{what}: head_dot, vectorised"),
+                    &CPU.head_dot(&x, &a),
+                    &ma,
+                    TOL,
+                );
+            }
+        }
+    }
+    for cols in [3usize, 100, 128] {
+        let x = rand(5000, cols, &mut rng);
+        let gx = g.upload(&x);
+        let ids: Vec<u32> = (0..3000).map(|_| rng.below(5000) as u32).collect();
+        let (plain, warp) = both(&|| g.gather_rows(&gx, &ids));
+        r.same_bits(
+            &format!("gather_rows {cols} columns: warp = plain"),
+            &plain,
+            &warp,
+        );
+        r.same_bits(
+            &format!("gather_rows {cols} columns: the CPU's"),
+            &CPU.gather_rows(&x, &ids),
+            &warp,
+        );
+        let mut past = ids.clone();
+        past[7] = 5000;
+        past[2999] = u32::MAX;
+        let got = g.download(&g.gather_rows_device(&gx, &g.upload_ids(&past), past.len()));
+        let mut want = CPU.gather_rows(&x, &ids);
+        for row in [7, 2999] {
+            want.data_mut()[row * cols..(row + 1) * cols].fill(0.0);
+        }
+        r.same_bits(
+            &format!("gather_rows_device {cols} columns, ids past the table"),
+            &want,
+            &got,
+        );
+    }
+    r.finish("memory_aware_kernels_equal_the_plain_ones");
 }
 
 /// Two layers of one kind on a small graph, trained for a few Adam steps with dropout on both

@@ -156,13 +156,14 @@ impl CudaBackend {
                 stream: self.stream(),
                 kernels: self.kernels(),
             };
-            let built = (|| {
-                let ptr = sort.exclusive_scan(self.out_degrees(b), n)?;
+            let degrees = self.out_degrees(b);
+            let built = self.inner.timed("transpose (radix sort)", || {
+                let ptr = sort.exclusive_scan(degrees, n)?;
                 let max_key = n.saturating_sub(1) as u32;
                 let (_, eid) = sort.sort_with_positions(&d.indices, e, max_key)?;
                 let dst = sort.gather(&d.edst, &eid, e)?;
                 Ok::<_, Failure>(Transposed { ptr, dst, eid })
-            })();
+            });
             built.unwrap_or_else(|(call, err)| device_failed(call, err))
         })
     }

@@ -207,15 +207,29 @@ extern "C" __global__ void l2_backward(const float* g, const float* y, const flo
 // ----- heads -----
 
 // out[n, h] = sum_f x[n, h*F + f] * a[h, f]
+// With `vec` (F a multiple of 4, x and a 16-byte aligned), each thread reads its segments 16
+// bytes at a time; the products are summed in the same order either way.
 extern "C" __global__ void head_dot(const float* x, const float* a, float* out, i64 rows,
-                                    int heads, int f) {
+                                    int heads, int f, int vec) {
   GRID_STRIDE(i, rows * heads) {
     i64 r = i / heads;
     int h = (int)(i % heads);
     const float* xr = x + r * heads * f + h * f;
     const float* ar = a + h * f;
     float s = 0.0f;
-    for (int k = 0; k < f; k++) s += xr[k] * ar[k];
+    if (vec) {
+      const float4* x4 = (const float4*)xr;
+      const float4* a4 = (const float4*)ar;
+      for (int k = 0; k < (f >> 2); k++) {
+        float4 u = x4[k], w = a4[k];
+        s += u.x * w.x;
+        s += u.y * w.y;
+        s += u.z * w.z;
+        s += u.w * w.w;
+      }
+    } else {
+      for (int k = 0; k < f; k++) s += xr[k] * ar[k];
+    }
     out[i] = s;
   }
 }
@@ -332,10 +346,146 @@ extern "C" __global__ void spmm_t(const u32* tptr, const u32* tdst, const u32* t
   }
 }
 
-// dcoeff[e, h] = <g[dst(e), head h], x[src(e), head h]>.
+// FastGL's Memory-Aware aggregation (section 4.2): out[r, j] = sum over k in ptr[r]..ptr[r+1] of
+// coeff[id(k), j / F] * x[nbr[k], j], with id(k) = eid[k] (or k when eid is null) and coeff null
+// = 1. The forward pass calls it with the block's CSR (eid null), the backward pass with its
+// transpose, so it computes what `spmm` and `spmm_t` compute, in the same order per output
+// element (bit for bit). The layout is the paper's: a thread block of MA_WARPS warps holds
+// MA_WARPS rows (X = 8 targets); each warp walks its row's edges in chunks of 32, staging the
+// chunk's neighbour ids and coefficients in shared memory with one coalesced load per warp
+// (instead of every lane reading them from global memory edge by edge), then each lane
+// accumulates up to MA_COLS columns, lane + 32 q (Y = 32 features a pass), over the chunk.
+// The partial sums live in registers, a faster tier than the shared memory the paper puts
+// them in. Shared memory: MA_WARPS x 32 x (1 + heads) words (the launch sets it).
+#define MA_WARPS 8
+#define MA_COLS 8
+extern "C" __global__ void spmm_ma(const u32* ptr, const u32* nbr, const u32* eid,
+                                   const float* coeff, int heads, const float* x, float* out,
+                                   i64 rows, int cols) {
+  extern __shared__ u32 staged[];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  u32* s_nbr = staged + warp * 32 * (1 + heads);
+  float* s_c = (float*)(s_nbr + 32);
+  int f = cols / heads;
+  for (i64 r = (i64)blockIdx.x * MA_WARPS + warp; r < rows; r += (i64)gridDim.x * MA_WARPS) {
+    u32 b = ptr[r], end = ptr[r + 1];
+    for (int c0 = 0; c0 < cols; c0 += 32 * MA_COLS) {
+      float acc[MA_COLS];
+      int hq[MA_COLS];
+#pragma unroll
+      for (int q = 0; q < MA_COLS; q++) {
+        acc[q] = 0.0f;
+        int j = c0 + lane + 32 * q;
+        hq[q] = j < cols ? j / f : 0;
+      }
+      for (u32 e0 = b; e0 < end; e0 += 32) {
+        u32 n = min(32u, end - e0);
+        __syncwarp();
+        if ((u32)lane < n) {
+          u32 k = e0 + lane;
+          s_nbr[lane] = nbr[k];
+          if (coeff) {
+            i64 id = eid ? (i64)eid[k] : (i64)k;
+            for (int h = 0; h < heads; h++) s_c[lane * heads + h] = coeff[id * heads + h];
+          }
+        }
+        __syncwarp();
+        for (u32 k = 0; k < n; k++) {
+          const float* xr = x + (i64)s_nbr[k] * cols + c0 + lane;
+#pragma unroll
+          for (int q = 0; q < MA_COLS; q++) {
+            if (c0 + lane + 32 * q < cols) {
+              float v = xr[32 * q];
+              acc[q] = acc[q] + (coeff ? s_c[k * heads + hq[q]] * v : v);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < MA_COLS; q++) {
+        int j = c0 + lane + 32 * q;
+        if (j < cols) out[r * cols + j] = acc[q];
+      }
+    }
+  }
+}
+
+// spmm_ma with 16-byte reads and writes, for widths that are a multiple of 4 with x and out
+// 16-byte aligned: each lane accumulates MA_VECS groups of 4 columns, 4 (lane + 32 q) + 0..3
+// (256 columns a pass). Each output element sums the same terms in the same order as spmm_ma.
+#define MA_VECS 2
+extern "C" __global__ void spmm_ma4(const u32* ptr, const u32* nbr, const u32* eid,
+                                    const float* coeff, int heads, const float* x, float* out,
+                                    i64 rows, int cols) {
+  extern __shared__ u32 staged[];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  u32* s_nbr = staged + warp * 32 * (1 + heads);
+  float* s_c = (float*)(s_nbr + 32);
+  int f = cols / heads, c4 = cols >> 2;
+  const float4* x4 = (const float4*)x;
+  float4* out4 = (float4*)out;
+  for (i64 r = (i64)blockIdx.x * MA_WARPS + warp; r < rows; r += (i64)gridDim.x * MA_WARPS) {
+    u32 b = ptr[r], end = ptr[r + 1];
+    for (int v0 = 0; v0 < c4; v0 += 32 * MA_VECS) {
+      float4 acc[MA_VECS];
+      int hq[MA_VECS][4];
+#pragma unroll
+      for (int q = 0; q < MA_VECS; q++) {
+        acc[q].x = 0.0f;
+        acc[q].y = 0.0f;
+        acc[q].z = 0.0f;
+        acc[q].w = 0.0f;
+        int v = v0 + lane + 32 * q;
+#pragma unroll
+        for (int t = 0; t < 4; t++) hq[q][t] = v < c4 ? (4 * v + t) / f : 0;
+      }
+      for (u32 e0 = b; e0 < end; e0 += 32) {
+        u32 n = min(32u, end - e0);
+        __syncwarp();
+        if ((u32)lane < n) {
+          u32 k = e0 + lane;
+          s_nbr[lane] = nbr[k];
+          if (coeff) {
+            i64 id = eid ? (i64)eid[k] : (i64)k;
+            for (int h = 0; h < heads; h++) s_c[lane * heads + h] = coeff[id * heads + h];
+          }
+        }
+        __syncwarp();
+        for (u32 k = 0; k < n; k++) {
+          const float4* xr = x4 + (i64)s_nbr[k] * c4 + v0 + lane;
+#pragma unroll
+          for (int q = 0; q < MA_VECS; q++) {
+            if (v0 + lane + 32 * q < c4) {
+              float4 v = xr[32 * q];
+              if (coeff) {
+                const float* ck = s_c + k * heads;
+                acc[q].x = acc[q].x + ck[hq[q][0]] * v.x;
+                acc[q].y = acc[q].y + ck[hq[q][1]] * v.y;
+                acc[q].z = acc[q].z + ck[hq[q][2]] * v.z;
+                acc[q].w = acc[q].w + ck[hq[q][3]] * v.w;
+              } else {
+                acc[q].x = acc[q].x + v.x;
+                acc[q].y = acc[q].y + v.y;
+                acc[q].z = acc[q].z + v.z;
+                acc[q].w = acc[q].w + v.w;
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < MA_VECS; q++) {
+        int v = v0 + lane + 32 * q;
+        if (v < c4) out4[r * c4 + v] = acc[q];
+      }
+    }
+  }
+}
+
+// dcoeff[e, h] = <g[dst(e), head h], x[src(e), head h]>; `vec` as for head_dot.
 extern "C" __global__ void spmm_coeff_grad(const u32* indices, const u32* edst, const float* g,
                                            const float* x, float* out, i64 edges, int heads,
-                                           int f) {
+                                           int f, int vec) {
   i64 cols = (i64)heads * f;
   GRID_STRIDE(i, edges * heads) {
     i64 e = i / heads;
@@ -343,7 +493,19 @@ extern "C" __global__ void spmm_coeff_grad(const u32* indices, const u32* edst, 
     const float* gr = g + (i64)edst[e] * cols + h * f;
     const float* xr = x + (i64)indices[e] * cols + h * f;
     float s = 0.0f;
-    for (int k = 0; k < f; k++) s += gr[k] * xr[k];
+    if (vec) {
+      const float4* g4 = (const float4*)gr;
+      const float4* x4 = (const float4*)xr;
+      for (int k = 0; k < (f >> 2); k++) {
+        float4 u = g4[k], w = x4[k];
+        s += u.x * w.x;
+        s += u.y * w.y;
+        s += u.z * w.z;
+        s += u.w * w.w;
+      }
+    } else {
+      for (int k = 0; k < f; k++) s += gr[k] * xr[k];
+    }
     out[i] = s;
   }
 }
@@ -421,6 +583,33 @@ extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* ou
     i64 r = i / cols;
     int c = (int)(i % cols);
     out[i] = x[(i64)idx[r] * cols + c];
+  }
+}
+
+// out[r, :] = x[idx[r], :], one warp per row (coalesced row copies, 16 bytes a lane when the
+// rows and both buffers are 16-byte aligned). An id of `x_rows` or more gives a row of zeros
+// (callers that take ids from the host check them first; ids already on the device are not
+// checked anywhere else).
+extern "C" __global__ void gather_rows_warp(const float* x, i64 x_rows, const u32* idx, float* out,
+                                            i64 n, int cols) {
+  int lane = threadIdx.x & 31;
+  i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
+  bool vec = (cols & 3) == 0 && ((u64)x & 15) == 0 && ((u64)out & 15) == 0;
+  for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < n; r += warps) {
+    u32 id = idx[r];
+    float* dst = out + r * cols;
+    if ((i64)id >= x_rows) {
+      for (int c = lane; c < cols; c += 32) dst[c] = 0.0f;
+      continue;
+    }
+    const float* src = x + (i64)id * cols;
+    if (vec) {
+      const float4* s4 = (const float4*)src;
+      float4* d4 = (float4*)dst;
+      for (int c = lane; c < (cols >> 2); c += 32) d4[c] = s4[c];
+    } else {
+      for (int c = lane; c < cols; c += 32) dst[c] = src[c];
+    }
   }
 }
 

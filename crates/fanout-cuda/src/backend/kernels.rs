@@ -42,6 +42,8 @@ const NAMES: &[&str] = &[
     "edge_coefficients",
     "spmm",
     "spmm_t",
+    "spmm_ma",
+    "spmm_ma4",
     "spmm_coeff_grad",
     "u_add_v",
     "edge_sum_to_dst",
@@ -49,6 +51,7 @@ const NAMES: &[&str] = &[
     "edge_softmax",
     "edge_softmax_backward",
     "gather_rows",
+    "gather_rows_warp",
     "scatter_add_groups",
     "softmax_xent",
     "argmax_hits",
@@ -155,10 +158,29 @@ macro_rules! launch {
             // order and type (pointers as device slices or u64 device addresses, i64 / i32 /
             // u32 / f32 scalars); every slice holds at least the elements the kernel indexes
             // for these sizes (checked by the caller's shape asserts).
-            if let Err(e) = unsafe { b.launch($crate::backend::kernels::grid(n)) } {
+            let cfg = $crate::backend::kernels::grid(n);
+            if let Err(e) = $be.timed($name, || unsafe { b.launch(cfg) }) {
                 $crate::backend::device_failed(concat!("launch ", $name), e);
             }
         }
     }};
 }
 pub(crate) use launch;
+
+/// Launches kernel `$name` of backend `$be` with the launch configuration `$cfg` (for kernels
+/// that set their own block shape or shared memory) and the arguments `$arg`, as [`launch`]
+/// does.
+macro_rules! launch_with {
+    ($be:expr, $name:literal, $cfg:expr, [$($arg:expr),* $(,)?]) => {{
+        let func = $be.kernels.get($name);
+        let mut b = $be.stream.launch_builder(func);
+        $( cudarc::driver::PushKernelArg::arg(&mut b, $arg); )*
+        let cfg: cudarc::driver::LaunchConfig = $cfg;
+        // SAFETY: as for `launch`; `$cfg` gives the kernel the block shape and shared memory
+        // its comment in kernels.cu asks for.
+        if let Err(e) = $be.timed($name, || unsafe { b.launch(cfg) }) {
+            $crate::backend::device_failed(concat!("launch ", $name), e);
+        }
+    }};
+}
+pub(crate) use launch_with;

@@ -14,6 +14,7 @@
 mod block;
 pub(crate) mod kernels;
 mod ops;
+mod profile;
 
 pub use block::CudaBlock;
 
@@ -23,6 +24,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBi
 use fanout_compute::Tensor;
 use kernels::Kernels;
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// `fanout_compute::Backend` on one CUDA device.
@@ -45,6 +47,64 @@ struct Inner {
     blas: CudaBlas,
     index: u32,
     name: String,
+    /// [`GraphKernels`] as its `u8` (switchable on a shared backend).
+    graph_kernels: AtomicU8,
+    profile: Option<profile::Profile>,
+}
+
+impl Inner {
+    /// Runs `f` (which queues work on the stream) inside a profile span named `name` when the
+    /// backend is profiled, else just runs it.
+    fn timed<R>(&self, name: &'static str, f: impl FnOnce() -> R) -> R {
+        self.timed_work(name, profile::Work::None, f)
+    }
+
+    /// [`Inner::timed`] with the work the call does counted (bytes, operations).
+    fn timed_work<R>(&self, name: &'static str, work: profile::Work, f: impl FnOnce() -> R) -> R {
+        match &self.profile {
+            Some(p) => p.span(&self.stream, name, work, f),
+            None => f(),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
+    }
+}
+
+/// Which kernels aggregate over a block's edges and gather rows.
+///
+/// Both give the same results bit for bit (each output element sums the same terms in the
+/// same order); they differ only in how threads share the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKernels {
+    /// One thread per output element, each reading its row's edge ids and coefficients from
+    /// global memory itself (the first kernels).
+    Plain,
+    /// FastGL's Memory-Aware aggregation (a warp per destination, its edges' ids and
+    /// coefficients staged in shared memory, partial sums in registers) and a warp per
+    /// gathered row with 16-byte copies. The default.
+    MemoryAware,
+}
+
+impl GraphKernels {
+    /// The choice named by `FANOUT_CUDA_GRAPH_KERNELS` (`plain` or `memory-aware`; a
+    /// switch for measuring one against the other), else [`GraphKernels::MemoryAware`].
+    fn from_env() -> Result<Self, Error> {
+        match std::env::var("FANOUT_CUDA_GRAPH_KERNELS").as_deref() {
+            Err(_) | Ok("") | Ok("memory-aware") => Ok(GraphKernels::MemoryAware),
+            Ok("plain") => Ok(GraphKernels::Plain),
+            Ok(other) => Err(Error::Setting {
+                variable: "FANOUT_CUDA_GRAPH_KERNELS",
+                value: other.to_string(),
+                expected: "plain or memory-aware",
+            }),
+        }
+    }
 }
 
 impl fmt::Debug for CudaBackend {
@@ -75,6 +135,8 @@ impl CudaBackend {
                 blas,
                 index: device.index(),
                 name: device.name().to_string(),
+                graph_kernels: AtomicU8::new(GraphKernels::from_env()? as u8),
+                profile: profile::Profile::from_env(),
             }),
         })
     }
@@ -82,6 +144,22 @@ impl CudaBackend {
     /// The device index (`N` of `cuda:N`).
     pub fn index(&self) -> u32 {
         self.inner.index
+    }
+
+    /// The kernels that aggregate and gather rows (see [`GraphKernels`]).
+    pub fn graph_kernels(&self) -> GraphKernels {
+        match self.inner.graph_kernels.load(Ordering::Relaxed) {
+            0 => GraphKernels::Plain,
+            _ => GraphKernels::MemoryAware,
+        }
+    }
+
+    /// Switches the kernels that aggregate and gather rows, for this backend and its clones,
+    /// from the next call on. The results do not change (see [`GraphKernels`]).
+    pub fn set_graph_kernels(&self, kernels: GraphKernels) {
+        self.inner
+            .graph_kernels
+            .store(kernels as u8, Ordering::Relaxed);
     }
 
     /// Blocks until all queued work has finished (for timing).
@@ -112,8 +190,9 @@ impl CudaBackend {
         if host.is_empty() {
             return self.alloc(0);
         }
-        self.stream()
-            .clone_htod(host)
+        let bytes = profile::Work::Bytes(std::mem::size_of_val(host) as f64);
+        self.inner
+            .timed_work("copy to device", bytes, || self.stream().clone_htod(host))
             .unwrap_or_else(|e| device_failed("cuMemcpyHtoD", e))
     }
 
@@ -126,8 +205,11 @@ impl CudaBackend {
         if len == 0 {
             return Vec::new();
         }
-        self.stream()
-            .clone_dtoh(&dev.slice(0..len))
+        let bytes = profile::Work::Bytes((len * std::mem::size_of::<T>()) as f64);
+        self.inner
+            .timed_work("copy to host", bytes, || {
+                self.stream().clone_dtoh(&dev.slice(0..len))
+            })
             .unwrap_or_else(|e| device_failed("cuMemcpyDtoH", e))
     }
 

@@ -1,8 +1,8 @@
 //! `impl Backend for CudaBackend`: shape checks on the host, the work in `kernels.cu` or cuBLAS.
 
 use super::block::CudaBlock;
-use super::kernels::{launch, THREADS};
-use super::{device_failed, CudaBackend, CudaTensor};
+use super::kernels::{launch, launch_with, THREADS};
+use super::{device_failed, CudaBackend, CudaTensor, GraphKernels};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use fanout_compute::{
@@ -28,7 +28,124 @@ fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
     cols / heads
 }
 
+/// Warps (destinations) per thread block of the Memory-Aware aggregation (`MA_WARPS` in
+/// kernels.cu; the paper's X = 8 targets).
+const MA_WARPS: usize = 8;
+/// The most coefficient columns (attention heads) the Memory-Aware kernel stages: 8 warps x 32
+/// edges x (1 + heads) words stay within 48 KiB of shared memory. More heads take the plain
+/// kernel.
+const MA_MAX_HEADS: usize = 32;
+
 impl CudaBackend {
+    /// Whether aggregations with `heads` coefficient columns use the Memory-Aware kernel: it
+    /// is chosen and its shared memory (32 words per warp and head) stays within the 48 KiB
+    /// every device allows a block without opting in.
+    fn memory_aware(&self, heads: usize) -> bool {
+        self.graph_kernels() == GraphKernels::MemoryAware && heads <= MA_MAX_HEADS
+    }
+
+    /// 1 when the Memory-Aware kernels are chosen, segments of `width` floats can be read 16
+    /// bytes at a time (a multiple of 4), and every buffer starts 16-byte aligned; else 0 (the
+    /// kernels' `vec` argument).
+    fn vec4(&self, width: usize, buffers: &[&CudaSlice<f32>]) -> i32 {
+        let aligned = buffers
+            .iter()
+            .all(|b| self.addr(Some(b)).is_multiple_of(16));
+        (self.graph_kernels() == GraphKernels::MemoryAware && width.is_multiple_of(4) && aligned)
+            as i32
+    }
+
+    /// `out = sum over each row's edges of coeff * x[nbr]` with the Memory-Aware kernel
+    /// (`spmm_ma`, or `spmm_ma4` with 16-byte reads where [`CudaBackend::vec4`] allows, in
+    /// kernels.cu): `ptr`/`nbr` are a block's CSR (forward, `eid` 0) or its
+    /// transpose (backward, `eid` the transpose's edge ids); `coeff` is a device address or 0.
+    #[allow(clippy::too_many_arguments)]
+    fn spmm_ma(
+        &self,
+        ptr: &CudaSlice<u32>,
+        nbr: &CudaSlice<u32>,
+        eid: u64,
+        coeff: u64,
+        heads: usize,
+        x: &CudaTensor,
+        out: &mut CudaTensor,
+    ) {
+        if out.rows == 0 || out.cols == 0 {
+            return;
+        }
+        let (h32, rows, cols) = (heads as i32, out.rows as i64, out.cols as i32);
+        let blocks = out.rows.div_ceil(MA_WARPS).clamp(1, 1 << 16) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (32 * MA_WARPS as u32, 1, 1),
+            shared_mem_bytes: (MA_WARPS * 32 * (1 + heads) * 4) as u32,
+        };
+        let args = (&eid, &coeff, &h32);
+        if self.vec4(out.cols, &[&x.data, &out.data]) == 1 {
+            launch_with!(
+                self.inner,
+                "spmm_ma4",
+                cfg,
+                [
+                    ptr,
+                    nbr,
+                    args.0,
+                    args.1,
+                    args.2,
+                    &x.data,
+                    &mut out.data,
+                    &rows,
+                    &cols
+                ]
+            );
+        } else {
+            launch_with!(
+                self.inner,
+                "spmm_ma",
+                cfg,
+                [
+                    ptr,
+                    nbr,
+                    args.0,
+                    args.1,
+                    args.2,
+                    &x.data,
+                    &mut out.data,
+                    &rows,
+                    &cols
+                ]
+            );
+        }
+    }
+
+    /// `x`'s rows at the first `n` of the device ids `ids`, gathered on the device (a warp per
+    /// row). Ids are not checked on the host: an id of `x`'s row count or more gives a row of
+    /// zeros. Panics when `ids` holds fewer than `n` elements.
+    pub fn gather_rows_device(&self, x: &CudaTensor, ids: &CudaSlice<u32>, n: usize) -> CudaTensor {
+        assert!(
+            ids.len() >= n,
+            "gather_rows_device: {n} rows asked of {} ids",
+            ids.len()
+        );
+        let mut out = self.new_tensor(n, x.cols);
+        if n == 0 || x.cols == 0 {
+            return out;
+        }
+        let (x_rows, n64, cols) = (x.rows as i64, n as i64, x.cols as i32);
+        launch!(
+            self.inner,
+            "gather_rows_warp",
+            n * 32,
+            [&x.data, &x_rows, ids, &mut out.data, &n64, &cols]
+        );
+        out
+    }
+
+    /// A device copy of the ids `host` (for [`CudaBackend::gather_rows_device`]).
+    pub fn upload_ids(&self, host: &[u32]) -> CudaSlice<u32> {
+        self.to_device(host)
+    }
+
     /// Each row's dropout seed, `mix_keys([key, id])` with `id` the row's vertex
     /// (`row_ids[r]`) or its index, computed on the device (the ids uploaded, 4 bytes a row).
     fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> CudaSlice<u64> {
@@ -189,7 +306,9 @@ impl Backend for CudaBackend {
         };
         // SAFETY: the shapes above make every matrix cuBLAS reads or writes lie inside the
         // buffers (lda/ldb/ldc are the row lengths of the row-major operands).
-        if let Err(e) = unsafe { self.inner.blas.gemm(cfg, &b.data, &a.data, &mut c.data) } {
+        let product = || unsafe { self.inner.blas.gemm(cfg, &b.data, &a.data, &mut c.data) };
+        let flops = super::profile::Work::Flops(2.0 * (m * n * k) as f64);
+        if let Err(e) = self.inner.timed_work("cublasSgemm", flops, product) {
             device_failed("cublasSgemm", e);
         }
     }
@@ -449,11 +568,12 @@ impl Backend for CudaBackend {
         );
         let mut out = self.new_tensor(x.rows, heads);
         let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
+        let vec = self.vec4(f, &[&x.data, &a.data]);
         launch!(
             self.inner,
             "head_dot",
             x.rows * heads,
-            [&x.data, &a.data, &mut out.data, &rows, &h32, &f32_]
+            [&x.data, &a.data, &mut out.data, &rows, &h32, &f32_, &vec]
         );
         out
     }
@@ -602,6 +722,10 @@ impl Backend for CudaBackend {
         assert_eq!(x.rows, b.dims.num_src, "spmm: x rows != num_src");
         let mut out = self.new_tensor(b.dims.num_dst, x.cols);
         let c = self.addr(coeff.map(|c| &c.data));
+        if self.memory_aware(heads) {
+            self.spmm_ma(&b.indptr, &b.indices, 0, c, heads, x, &mut out);
+            return out;
+        }
         let (h32, dsts, cols) = (heads as i32, b.dims.num_dst as i64, x.cols as i32);
         launch!(
             self.inner,
@@ -639,6 +763,11 @@ impl Backend for CudaBackend {
         let t = self.transposed(block);
         let mut out = self.new_tensor(dims.num_src, grad.cols);
         let c = self.addr(coeff.map(|c| &c.data));
+        if self.memory_aware(heads) {
+            let eid = self.addr(Some(&t.eid));
+            self.spmm_ma(&t.ptr, &t.dst, eid, c, heads, grad, &mut out);
+            return out;
+        }
         let (h32, srcs, cols) = (heads as i32, dims.num_src as i64, grad.cols as i32);
         launch!(
             self.inner,
@@ -675,6 +804,7 @@ impl Backend for CudaBackend {
         assert_eq!(x.rows, b.dims.num_src, "spmm_backward_coeff: x rows");
         let mut out = self.new_tensor(b.dims.num_edges, heads);
         let (edges, h32, f32_) = (b.dims.num_edges as i64, heads as i32, f as i32);
+        let vec = self.vec4(f, &[&grad.data, &x.data]);
         launch!(
             self.inner,
             "spmm_coeff_grad",
@@ -687,7 +817,8 @@ impl Backend for CudaBackend {
                 &mut out.data,
                 &edges,
                 &h32,
-                &f32_
+                &f32_,
+                &vec
             ]
         );
         out
@@ -782,6 +913,9 @@ impl Backend for CudaBackend {
             panic!("gather_rows: index {bad} out of range for {} rows", x.rows);
         }
         let idx_d = self.to_device(idx);
+        if self.graph_kernels() == GraphKernels::MemoryAware {
+            return self.gather_rows_device(x, &idx_d, idx.len());
+        }
         let mut out = self.new_tensor(idx.len(), x.cols);
         let (n, cols) = (idx.len() as i64, x.cols as i32);
         launch!(
