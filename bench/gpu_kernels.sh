@@ -32,6 +32,8 @@ for model in gcn sage gat; do
   f=10,25; [ $model = gcn ] && f=15,10,5
   FANOUT_CUDA_GRAPH_KERNELS=plain run $model-plain --model $model --fanouts $f
   run $model-ma --model $model --fanouts $f
+  run $model-uva --model $model --fanouts $f --feature-placement uva
+  run $model-host --model $model --fanouts $f --feature-placement host
 done
 step "compare"
 python3 - $M <<'PY'
@@ -48,8 +50,14 @@ for mo in ['gcn', 'sage', 'gat']:
     if a and b:
         print(mo, 'memory-aware vs plain: losses equal', [x['loss'] for x in a['epochs']] == [x['loss'] for x in b['epochs']],
               'test equal', a['test_acc'] == b['test_acc'], 'speed-up %.2fx' % (a['median_epoch_s'] / b['median_epoch_s']))
+    u, h = m.get(mo + '-uva'), m.get(mo + '-host')
+    if u and h and b:
+        print(mo, 'uva vs host rows: losses equal', [x['loss'] for x in u['epochs']] == [x['loss'] for x in h['epochs']] == [x['loss'] for x in b['epochs']],
+              'uva %.3fs host %.3fs device %.3fs: uva / host speed-up %.2fx' % (u['median_epoch_s'], h['median_epoch_s'], b['median_epoch_s'], h['median_epoch_s'] / u['median_epoch_s']),
+              'first epochs uva %.3f host %.3f device %.3f' % (u['epochs'][0]['wall_s'], h['epochs'][0]['wall_s'], b['epochs'][0]['wall_s']),
+              'host GB/epoch uva %.2f host %.2f' % (u['epochs'][-1]['extract']['bytes_from_host'] / 1e9, h['epochs'][-1]['extract']['bytes_from_host'] / 1e9))
 PY
-for run in gcn-plain gcn-ma gat-plain gat-ma; do
+for run in gcn-ma gat-ma; do
   model=${run%-*}; k=plain; [ ${run#*-} = ma ] && k=memory-aware
   f=10,25; [ $model = gcn ] && f=15,10,5
   step "profile $run (2 epochs, events around every call on the backend's stream)"

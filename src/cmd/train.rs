@@ -140,9 +140,12 @@ pub struct TrainArgs {
     /// --device cuda): without --cache-policy or --match-reorder every row is copied there once
     /// and gathered there (nothing but ids and blocks crosses per step); with them the cached
     /// rows are copied there once, the previous batch's rows stay there for Match, and each
-    /// batch uploads only its misses; host gathers on the CPU and uploads every row; auto picks
-    /// device on a GPU when neither a cache nor Match is asked for and the rows as f32 take at
-    /// most half its free memory (and a quarter of the host's) [default: auto].
+    /// batch uploads only its misses; uva keeps every row in page-locked host memory that the
+    /// GPU reads in place (zero-copy, for features that do not fit on it; no cache or Match);
+    /// host gathers on the CPU and uploads every row; auto picks, on a GPU without a cache or
+    /// Match, device when the rows as f32 take at most half its free memory and a quarter of
+    /// the host's available memory, else uva when they take at most a quarter of the host's,
+    /// else host [default: auto].
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
     /// Where batches are sampled (with --device cuda): device copies the topology to the GPU
@@ -410,6 +413,8 @@ pub enum PlacementArg {
     Host,
     /// Copied to the GPU once, gathered there.
     Device,
+    /// In page-locked host memory, gathered by the GPU over the bus (zero-copy).
+    Uva,
 }
 
 impl PlacementArg {
@@ -418,6 +423,7 @@ impl PlacementArg {
             PlacementArg::Auto => FeaturePlacement::Auto,
             PlacementArg::Host => FeaturePlacement::Host,
             PlacementArg::Device => FeaturePlacement::Device,
+            PlacementArg::Uva => FeaturePlacement::Uva,
         }
     }
 }

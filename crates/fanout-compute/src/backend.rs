@@ -36,6 +36,44 @@ pub struct CrossEntropy<T> {
     pub grad: T,
 }
 
+/// A feature table in host memory that a device reads in place
+/// ([`Backend::map_host_rows`]), opaque outside the backend that made it (which downcasts
+/// [`MappedRows::table`]). Clones share the table.
+#[derive(Clone)]
+pub struct MappedRows {
+    rows: usize,
+    cols: usize,
+    table: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl MappedRows {
+    /// A `rows x cols` table held by `table` (for backends that implement
+    /// [`Backend::map_host_rows`]).
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        table: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        MappedRows { rows, cols, table }
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The backend's own table.
+    pub fn table(&self) -> &(dyn std::any::Any + Send + Sync) {
+        self.table.as_ref()
+    }
+}
+
+impl std::fmt::Debug for MappedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedRows({} x {})", self.rows, self.cols)
+    }
+}
+
 /// Hyper-parameters of one Adam update, PyTorch `torch.optim.Adam` semantics (L2 weight decay
 /// added to the gradient, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -195,6 +233,34 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     ) -> Option<Vec<Self::Block>> {
         let _ = (resident, blocks);
         None
+    }
+    /// A `rows x cols` f32 table in host memory that this device reads in place, over its bus
+    /// (zero-copy), for feature rows that do not fit in device memory: page-locked memory,
+    /// zeroed, handed once, whole and row-major, to `fill`, then read by
+    /// [`Backend::gather_mapped_rows`]. `None` where the backend has no such memory (the
+    /// default; the CPU backend's tensors are host memory already); `Some(Err)` when the
+    /// memory cannot be had (page-locked memory is limited).
+    fn map_host_rows(
+        &self,
+        rows: usize,
+        cols: usize,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Option<Result<MappedRows>> {
+        let _ = (rows, cols, fill);
+        None
+    }
+    /// `out[i] = table[idx[i]]`, gathered by the device from the host memory of
+    /// [`Backend::map_host_rows`]: the same rows as [`Backend::gather_rows`] of the same
+    /// table. Panics if an index is out of range or `table` was not made by this backend
+    /// (the default, which makes none).
+    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> Self::Tensor {
+        let _ = idx;
+        panic!(
+            "{}: a {} x {} mapped table from another backend",
+            self.name(),
+            table.rows,
+            table.cols
+        )
     }
     /// The sizes of a prepared block.
     fn block_dims(&self, block: &Self::Block) -> BlockDims;

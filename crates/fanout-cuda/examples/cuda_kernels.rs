@@ -10,7 +10,10 @@
 //! written once), and the rate that gives. The aggregations and row gathers run with the plain
 //! kernels and with the Memory-Aware ones (`GraphKernels`). Then a feature gather from an
 //! ogbn-products-sized table held on the device (ids uploaded each time, or already on the
-//! device), and the device's copy rate (bytes read + written).
+//! device); the same gather from the table in page-locked host memory read in place over the
+//! bus (`--feature-placement uva`) and gathered on the host and uploaded, against a plain copy
+//! of the same bytes from page-locked memory; and the device's copy rate (bytes read +
+//! written).
 
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use fanout_cuda::{CudaBackend, CudaDevice, GraphKernels};
@@ -165,6 +168,56 @@ fn main() {
         &gsync,
     );
     line("features, warp, ids on GPU", resident);
+    // The same table in page-locked host memory, gathered by the GPU over the bus
+    // (--feature-placement uva), against the bus's own rate: one copy of the gathered bytes
+    // from page-locked memory.
+    let host_table = Tensor::from_fn(table_rows, feat, |r, c| (r + c) as f32);
+    let mapped = g
+        .map_host_rows(table_rows, feat, &mut |t| {
+            t.copy_from_slice(host_table.data())
+        })
+        .expect("the CUDA backend maps host rows")
+        .expect("page-locked memory for the table");
+    let zero_copy = median_s(|| drop(g.gather_mapped_rows(&mapped, &ids)), &gsync);
+    let host_gather = median_s(|| drop(CpuBackend.gather_rows(&host_table, &ids)), &nosync);
+    let staged = median_s(
+        || drop(g.upload(&CpuBackend.gather_rows(&host_table, &ids))),
+        &gsync,
+    );
+    let bytes = (batch_rows * feat * 4) as f64;
+    let stream = dev.new_stream().expect("a stream");
+    let pinned = dev
+        .pinned_zeroed::<f32>(batch_rows * feat)
+        .expect("pinned memory");
+    let mut on_dev = stream
+        .inner()
+        .alloc_zeros::<f32>(batch_rows * feat)
+        .expect("device memory");
+    let bus = median_s(
+        || {
+            stream
+                .inner()
+                .memcpy_htod(pinned.inner(), &mut on_dev)
+                .expect("copy")
+        },
+        &|| stream.synchronize().expect("sync"),
+    );
+    let over_bus = |what: &str, secs: f64| {
+        println!(
+            "{what:<28} GPU {:>9.3} ms {:>8.1} GB/s over the bus ({:.0} MB of rows)",
+            secs * 1e3,
+            bytes / secs / 1e9,
+            bytes / 1e6
+        )
+    };
+    over_bus("features, zero-copy (uva)", zero_copy);
+    over_bus("features, host gather+upload", staged);
+    println!(
+        "{:<28} CPU {:>9.3} ms (of which the host gather on all cores)",
+        "",
+        host_gather * 1e3
+    );
+    over_bus("copy from page-locked memory", bus);
     drop(table);
     let copy = median_s(|| drop(gx.clone()), &gsync);
     println!(

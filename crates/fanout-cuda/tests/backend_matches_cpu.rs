@@ -776,6 +776,15 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             &want,
             &got,
         );
+        let mapped = g
+            .map_host_rows(5000, cols, &mut |t| t.copy_from_slice(x.data()))
+            .expect("maps")
+            .expect("page-locked memory");
+        r.same_bits(
+            &format!("gather_mapped_rows {cols} columns: the CPU's"),
+            &CPU.gather_rows(&x, &ids),
+            &g.download(&g.gather_mapped_rows(&mapped, &ids)),
+        );
     }
     r.finish("memory_aware_kernels_equal_the_plain_ones");
 }

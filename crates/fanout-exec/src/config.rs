@@ -135,10 +135,11 @@ impl Default for CacheSpec {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FeaturePlacement {
-    /// `device` when the run computes on a GPU (a backend with its own memory), asks for no
-    /// feature cache or Match-Reorder, and the rows as f32 take at most half the device's
-    /// free memory and a quarter of the host's available memory; `host` otherwise (a cache
-    /// or Match on the GPU is asked for with `device`).
+    /// On a GPU (a backend with its own memory) without a feature cache or Match-Reorder:
+    /// `device` when the rows as f32 take at most half the device's free memory and a quarter
+    /// of the host's available memory, else `uva` when they take at most a quarter of the
+    /// host's available memory (page-locked memory cannot be paged out); `host` otherwise,
+    /// and on the CPU (a cache or Match on the GPU is asked for with `device`).
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the
@@ -152,6 +153,11 @@ pub enum FeaturePlacement {
     /// Match-Reorder the previous batch's rows stay there and are reused (FastGL). Needs a GPU
     /// backend.
     Device,
+    /// The rows live in page-locked host memory that the GPU reads in place over its bus
+    /// (zero-copy; PyG's and MorphGL's UVA feature fetch), for features that do not fit in
+    /// device memory: the extract stage gathers nothing and the trainer's device gathers each
+    /// batch's rows from host memory. Needs a GPU backend; no feature cache or Match-Reorder.
+    Uva,
 }
 
 impl FeaturePlacement {
@@ -161,6 +167,7 @@ impl FeaturePlacement {
             FeaturePlacement::Auto => "auto",
             FeaturePlacement::Host => "host",
             FeaturePlacement::Device => "device",
+            FeaturePlacement::Uva => "uva",
         }
     }
 }

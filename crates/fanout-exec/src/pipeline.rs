@@ -200,8 +200,18 @@ pub struct Pipeline {
     extract_clock: Arc<StageClock>,
     buffers: Arc<BufferPool>,
     input_plan: Option<InputPlan>,
-    rows_on_device: Option<u64>,
+    rows_elsewhere: Option<RowsElsewhere>,
     cache_on_device: bool,
+}
+
+/// Rows the trainer gathers itself, from every vertex's row on the device or mapped from host
+/// memory: the extract stage only counts them.
+#[derive(Clone, Copy)]
+struct RowsElsewhere {
+    /// Bytes of one stored row.
+    row_bytes: u64,
+    /// Whether the device reads them from host memory (they cross the bus) rather than its own.
+    over_bus: bool,
 }
 
 impl Pipeline {
@@ -245,7 +255,7 @@ impl Pipeline {
             // Enough for the batches in flight plus the one the consumer holds.
             buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
             input_plan: cfg.input_plan,
-            rows_on_device: None,
+            rows_elsewhere: None,
             cache_on_device: false,
         })
     }
@@ -266,7 +276,22 @@ impl Pipeline {
     /// [`Prepared`] carries empty `features` (and no `input_agg`), and its [`ExtractStats`]
     /// count every row's `row_bytes` (bytes of one stored row) as served from the device.
     pub fn with_rows_on_device(mut self, row_bytes: u64) -> Self {
-        self.rows_on_device = Some(row_bytes);
+        self.rows_elsewhere = Some(RowsElsewhere {
+            row_bytes,
+            over_bus: false,
+        });
+        self
+    }
+
+    /// This pipeline for a trainer that holds every feature row in host memory its device
+    /// reads in place ([`crate::Trainer::with_mapped_rows`]): as
+    /// [`Pipeline::with_rows_on_device`], but the rows count as read from the host (they
+    /// cross the bus), none from a cache.
+    pub fn with_rows_mapped(mut self, row_bytes: u64) -> Self {
+        self.rows_elsewhere = Some(RowsElsewhere {
+            row_bytes,
+            over_bus: true,
+        });
         self
     }
 
@@ -309,7 +334,7 @@ impl Pipeline {
         let clock = self.extract_clock.clone();
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
-        let (input_plan, rows_on_device) = (self.input_plan, self.rows_on_device);
+        let (input_plan, rows_elsewhere) = (self.input_plan, self.rows_elsewhere);
         let cache_on_device = self.cache_on_device;
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
@@ -343,14 +368,16 @@ impl Pipeline {
                         cache_split = Some(split);
                         return Ok(stats);
                     }
-                    if let Some(row_bytes) = rows_on_device {
+                    if let Some(at) = rows_elsewhere {
                         // The trainer gathers the rows where they all live.
                         features.clear();
                         let rows = batch.input_nodes.len() as u64;
+                        let bytes = rows * at.row_bytes;
                         return Ok(ExtractStats {
                             rows,
-                            bytes_total: rows * row_bytes,
-                            bytes_from_cache: rows * row_bytes,
+                            bytes_total: bytes,
+                            bytes_from_cache: if at.over_bus { 0 } else { bytes },
+                            bytes_from_host: if at.over_bus { bytes } else { 0 },
                             ..ExtractStats::default()
                         });
                     }

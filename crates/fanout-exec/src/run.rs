@@ -667,6 +667,8 @@ enum RowsAt {
     /// The feature cache (and with Match the previous batch's rows) on the compute device,
     /// the misses uploaded every step.
     DeviceCache,
+    /// All of them in host memory the compute device reads in place, gathered by it.
+    Mapped,
 }
 
 /// Where this run keeps its feature rows (see [`FeaturePlacement`]); `Err` when `device` is
@@ -684,17 +686,34 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
         FeaturePlacement::Auto if dim == 0 || be.free_memory().is_none() => Ok(RowsAt::Host),
         // The cache on the device is asked for explicitly until it has been measured on a GPU.
         FeaturePlacement::Auto if cache => Ok(RowsAt::Host),
-        // The rows are assembled in host memory before the upload: auto also leaves most of
-        // that free (features larger than memory stay on the host path, read mapped).
-        FeaturePlacement::Auto => Ok(
-            if be.free_memory().is_some_and(|free| bytes <= free / 2)
-                && bytes <= fanout_graph::available_memory() / 4
-            {
-                RowsAt::Device
-            } else {
-                RowsAt::Host
-            },
+        // The rows are assembled in host memory before the upload, and mapped rows stay
+        // there page-locked: auto leaves most of it free (features larger than that stay on
+        // the host path, read from the mapped dataset file).
+        FeaturePlacement::Auto => {
+            let host_room = bytes <= fanout_graph::available_memory() / 4;
+            Ok(
+                if host_room && be.free_memory().is_some_and(|free| bytes <= free / 2) {
+                    RowsAt::Device
+                } else if host_room {
+                    RowsAt::Mapped
+                } else {
+                    RowsAt::Host
+                },
+            )
+        }
+        FeaturePlacement::Uva if be.name() == "cpu" => bad(
+            "--feature-placement uva needs a GPU (--device cuda); on the CPU the rows are \
+             already where the model computes"
+                .into(),
         ),
+        FeaturePlacement::Uva if cache => bad(
+            "--feature-placement uva reads every row from host memory in place: it takes no \
+             feature cache or Match-Reorder (use --feature-placement device for a cache on the \
+             GPU)"
+                .into(),
+        ),
+        FeaturePlacement::Uva if dim == 0 => Ok(RowsAt::Host),
+        FeaturePlacement::Uva => Ok(RowsAt::Mapped),
         FeaturePlacement::Device if be.name() == "cpu" => bad(
             "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
              already where the model computes"
@@ -715,6 +734,59 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
         },
     }
 }
+
+/// Every feature row of `ds`, as f32, in host memory that `be`'s device reads in place
+/// ([`Backend::map_host_rows`]), and the line that says so; the inner `Err` says why the
+/// backend could not map them (it has no such memory, or the memory could not be had), the
+/// outer one is a failure to read the rows.
+#[allow(clippy::type_complexity)]
+fn map_rows<B: Backend>(
+    be: &B,
+    ds: &Arc<Dataset>,
+) -> Result<std::result::Result<(fanout_compute::MappedRows, String), String>> {
+    let n = ds.num_nodes() as usize;
+    let mut plain = PlainExtractor::new(ds.clone())?;
+    let dim = plain.dim();
+    // Rows are read in chunks into a scratch buffer and copied into the table, so the host
+    // never holds the whole table twice.
+    let mut failed = None;
+    let mut fill = |table: &mut [f32]| {
+        let mut scratch = Vec::new();
+        for (c, out) in table.chunks_mut(MAP_CHUNK_ROWS * dim.max(1)).enumerate() {
+            let first = c * MAP_CHUNK_ROWS;
+            let ids: Vec<u32> = (first..first + out.len() / dim.max(1))
+                .map(|v| v as u32)
+                .collect();
+            if let Err(e) = plain.extract(&ids, &mut scratch) {
+                failed = Some(e);
+                return;
+            }
+            out.copy_from_slice(&scratch);
+        }
+    };
+    let mapped = match be.map_host_rows(n, dim, &mut fill) {
+        None => {
+            return Ok(Err(format!(
+                "{} cannot read host memory in place",
+                be.name()
+            )))
+        }
+        Some(Err(e)) => return Ok(Err(e.to_string())),
+        Some(Ok(m)) => m,
+    };
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let note = format!(
+        "features in page-locked host memory: {n} rows x {dim} ({:.0} MB as f32), each batch's rows gathered by {} over the bus",
+        (n * dim * 4) as f64 / 1e6,
+        be.name()
+    );
+    Ok(Ok((mapped, note)))
+}
+
+/// Rows read per chunk when a mapped table is filled ([`map_rows`]).
+const MAP_CHUNK_ROWS: usize = 1 << 16;
 
 /// Copies the cache of `extractor` to `be` as [`Trainer::with_device_cache`]'s table (the
 /// cached rows, then one row of negative zeros); `Err` when it does not fit in the device's
@@ -877,7 +949,7 @@ pub fn train_worker_with<B: Backend>(
     // host (see `FeaturePlacement`); decided before any strategy runs, so that every one
     // refuses what cannot be.
     let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
-    let rows_at = rows_at(&be, &cfg, &ds)?;
+    let mut rows_at = rows_at(&be, &cfg, &ds)?;
     let on_device = rows_at == RowsAt::Device;
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
     let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
@@ -925,6 +997,25 @@ pub fn train_worker_with<B: Backend>(
             (n * dim * 4) as f64 / 1e6
         ));
     }
+    if rows_at == RowsAt::Mapped {
+        match map_rows(&be, &ds)? {
+            Ok((mapped, note)) => {
+                trainer = trainer.with_mapped_rows(mapped);
+                obs.note(&note);
+            }
+            // auto falls back to the host path; asked for, it is an error.
+            Err(why) if cfg.feature_placement == FeaturePlacement::Auto => {
+                obs.note(&format!("features gathered on the host: {why}"));
+                rows_at = RowsAt::Host;
+            }
+            Err(why) => {
+                return Err(ExecError::Invalid(format!(
+                    "--feature-placement uva: {why}"
+                )))
+            }
+        }
+    }
+    let mapped = rows_at == RowsAt::Mapped;
     let pcfg = PipelineConfig {
         batch_size: plan.batch_size,
         shuffle: true,
@@ -979,6 +1070,7 @@ pub fn train_worker_with<B: Backend>(
             Box::new(match rows_at {
                 RowsAt::Device => p.with_rows_on_device(row_bytes),
                 RowsAt::DeviceCache => p.with_cache_on_device(),
+                RowsAt::Mapped => p.with_rows_mapped(row_bytes),
                 RowsAt::Host => p,
             })
         }
@@ -987,6 +1079,10 @@ pub fn train_worker_with<B: Backend>(
     if on_device {
         valid = valid.map(|p| p.with_rows_on_device(row_bytes));
         test = test.map(|p| p.with_rows_on_device(row_bytes));
+    }
+    if mapped {
+        valid = valid.map(|p| p.with_rows_mapped(row_bytes));
+        test = test.map(|p| p.with_rows_mapped(row_bytes));
     }
 
     let mut described = plan.describe(workers, threads);

@@ -6,7 +6,7 @@ use crate::metrics::{EpochMetrics, RunMetrics, SplitEpoch, WorkerEpochMetrics};
 use crate::pipeline::{BatchSource, EpochStream, Prepared};
 use fanout_cache::ExtractStats;
 use fanout_comm::Comm;
-use fanout_compute::{Backend, BlockRef, Mode, Model, OptimState, Optimizer, Tensor};
+use fanout_compute::{Backend, BlockRef, MappedRows, Mode, Model, OptimState, Optimizer, Tensor};
 use fanout_graph::Cancel;
 use fanout_sample::Block;
 use std::sync::Arc;
@@ -49,6 +49,9 @@ pub struct Trainer<B: Backend> {
     opt: Box<dyn Optimizer<B> + Send>,
     pool: Option<Arc<rayon::ThreadPool>>,
     device_rows: Option<B::Tensor>,
+    /// Every feature row in host memory the device reads in place
+    /// ([`Trainer::with_mapped_rows`]).
+    mapped_rows: Option<MappedRows>,
     /// The cache table on the device ([`Trainer::with_device_cache`]).
     device_cache: Option<B::Tensor>,
     /// The last batch assembled from a [`fanout_cache::CacheSplit`] that Match may reuse: its
@@ -85,6 +88,7 @@ impl<B: Backend> Trainer<B> {
             opt,
             pool: None,
             device_rows: None,
+            mapped_rows: None,
             device_cache: None,
             previous_rows: None,
         }
@@ -111,6 +115,16 @@ impl<B: Backend> Trainer<B> {
     /// ([`Backend::gather_rows`]), the same rows the extract stage would have sent.
     pub fn with_device_rows(mut self, rows: B::Tensor) -> Self {
         self.device_rows = Some(rows);
+        self
+    }
+
+    /// This trainer with every vertex's feature row in host memory that its backend's device
+    /// reads in place (`rows`, from [`Backend::map_host_rows`]: row `v` is vertex `v`'s
+    /// features, as f32): a batch that arrives without features (from a pipeline
+    /// [`crate::Pipeline::with_rows_mapped`]) gets its input rows gathered by the device
+    /// ([`Backend::gather_mapped_rows`]), the same rows the extract stage would have sent.
+    pub fn with_mapped_rows(mut self, rows: MappedRows) -> Self {
+        self.mapped_rows = Some(rows);
         self
     }
 
@@ -202,9 +216,12 @@ impl<B: Backend> Trainer<B> {
             self.previous_rows = split.keep.then(|| (split.seq, x.clone()));
             return Ok(self.model.forward_rows(&blocks, x, mode, ids)?);
         }
-        let x = match &self.device_rows {
-            Some(all) if p.features.is_empty() && rows > 0 => {
+        let x = match (&self.device_rows, &self.mapped_rows) {
+            (Some(all), _) if p.features.is_empty() && rows > 0 => {
                 be.gather_rows(all, &p.batch.input_nodes)
+            }
+            (_, Some(all)) if p.features.is_empty() && rows > 0 => {
+                be.gather_mapped_rows(all, &p.batch.input_nodes)
             }
             _ => be.upload_owned(Tensor::new(rows, p.dim, p.features)),
         };

@@ -5,7 +5,7 @@
 
 use fanout_compute::{
     device_failed, io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock,
-    CrossEntropy, DropoutSpec, Model, ModelKind, SgdUpdate, Tensor,
+    CrossEntropy, DropoutSpec, MappedRows, Model, ModelKind, SgdUpdate, Tensor,
 };
 use fanout_exec::trainer::block_refs;
 use fanout_exec::{
@@ -81,6 +81,8 @@ fn blocks_a_backend_adopts_replace_the_host_blocks() {
 
 /// Calls of [`Named`]'s `gather_rows` (batches gathered on the "device"), all tests together.
 static GATHER_CALLS: AtomicUsize = AtomicUsize::new(0);
+/// [`Named`]'s `gather_mapped_rows` calls, all instances together.
+static MAPPED_GATHERS: AtomicUsize = AtomicUsize::new(0);
 
 impl Backend for Named {
     type Tensor = Tensor;
@@ -276,6 +278,26 @@ impl Backend for Named {
     }
     fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
         self.0.edge_softmax_backward(block, a, grad)
+    }
+    /// "Maps" host rows as a CPU tensor held by the table.
+    fn map_host_rows(
+        &self,
+        rows: usize,
+        cols: usize,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Option<fanout_compute::Result<MappedRows>> {
+        let mut data = vec![0.0f32; rows * cols];
+        fill(&mut data);
+        let table = Tensor::new(rows, cols, data);
+        Some(Ok(MappedRows::new(rows, cols, std::sync::Arc::new(table))))
+    }
+    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> Tensor {
+        MAPPED_GATHERS.fetch_add(1, Ordering::Relaxed);
+        let t = table
+            .table()
+            .downcast_ref::<Tensor>()
+            .expect("Named's table");
+        self.0.gather_rows(t, idx)
     }
     fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
         GATHER_CALLS.fetch_add(1, Ordering::Relaxed);
@@ -713,6 +735,73 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
     };
     let e = refused(train(&factored, &env, &mut ()));
     assert!(e.contains("--feature-placement device needs a GPU"), "{e}");
+}
+
+/// `--feature-placement uva`: every row in host memory the backend reads in place, each batch
+/// gathered by the backend from there, trains the CPU's host-gathered model bit for bit (the
+/// fused first layer there or not), with every byte counted as read from the host and none
+/// from a cache; on the CPU and with a cache it is refused.
+#[test]
+fn rows_mapped_from_host_memory_train_the_host_gathered_model() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    for model in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
+        let host = config(&ds, model);
+        let uva = TrainConfig {
+            feature_placement: FeaturePlacement::Uva,
+            ..host.clone()
+        };
+        let cpu = train(&host, &env, &mut ()).unwrap();
+        let before = MAPPED_GATHERS.load(Ordering::Relaxed);
+        let named = train_with_backend(NAMED, &uva, &env, &mut ()).unwrap();
+        let gathers = MAPPED_GATHERS.load(Ordering::Relaxed) - before;
+        let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
+        assert!(
+            gathers as u64 >= batches,
+            "{model:?}: {gathers} mapped gathers for {batches} batches"
+        );
+        assert_identical(&named, &cpu, &format!("{model:?} rows mapped"));
+        for n in &named.metrics.epochs {
+            // Every input row, each read whole from the host (the CPU run's SAGE extracts
+            // fewer: its first layer is aggregated on the host).
+            assert_eq!(n.hit_rate, 0.0, "{model:?}: no row from a cache");
+            assert_eq!(n.extract.rows, n.input_nodes, "{model:?}");
+            assert_eq!(n.extract.bytes_total % n.extract.rows, 0, "{model:?}");
+            assert_eq!(
+                n.extract.bytes_from_host, n.extract.bytes_total,
+                "{model:?}"
+            );
+            assert_eq!(n.extract.bytes_from_cache, 0, "{model:?}");
+            assert!(n.extract.bytes_total > 0, "{model:?}");
+        }
+    }
+    let refused = |cfg: &TrainConfig, on_cpu: bool| {
+        let r = if on_cpu {
+            train(cfg, &env, &mut ())
+        } else {
+            train_with_backend(NAMED, cfg, &env, &mut ())
+        };
+        match r {
+            Ok(_) => panic!("ran"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let uva = TrainConfig {
+        feature_placement: FeaturePlacement::Uva,
+        ..config(&ds, ModelKind::Sage)
+    };
+    let e = refused(&uva, true);
+    assert!(e.contains("--feature-placement uva needs a GPU"), "{e}");
+    let cached = TrainConfig {
+        cache: CacheSpec {
+            policy: "degree".into(),
+            ratio: "0.3".into(),
+            ..CacheSpec::default()
+        },
+        ..uva
+    };
+    let e = refused(&cached, false);
+    assert!(e.contains("takes no feature cache"), "{e}");
 }
 
 /// `--feature-placement device` with a feature cache and/or Match-Reorder: the cached rows

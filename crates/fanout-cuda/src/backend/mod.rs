@@ -13,6 +13,7 @@
 
 mod block;
 pub(crate) mod kernels;
+mod mapped;
 mod ops;
 mod profile;
 

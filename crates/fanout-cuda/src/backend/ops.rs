@@ -7,7 +7,7 @@ use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use fanout_compute::{
     check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef,
-    CrossEntropy, DropoutSpec, Result, SgdUpdate, Tensor,
+    CrossEntropy, DropoutSpec, MappedRows, Result, SgdUpdate, Tensor,
 };
 
 /// Rows summed per thread and pass by the column-sum kernel.
@@ -907,6 +907,17 @@ impl Backend for CudaBackend {
             [&b.indptr, &a.data, &grad.data, &mut out.data, &dsts, &h32]
         );
         out
+    }
+    fn map_host_rows(
+        &self,
+        rows: usize,
+        cols: usize,
+        fill: &mut dyn FnMut(&mut [f32]),
+    ) -> Option<Result<MappedRows>> {
+        Some(self.map_rows(rows, cols, fill))
+    }
+    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> CudaTensor {
+        self.gather_mapped(table, idx)
     }
     fn gather_rows(&self, x: &CudaTensor, idx: &[u32]) -> CudaTensor {
         if let Some(&bad) = idx.iter().find(|&&i| i as usize >= x.rows) {
