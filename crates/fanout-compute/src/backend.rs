@@ -234,6 +234,20 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         let _ = (resident, blocks);
         None
     }
+    /// `out[i] = x[idx[i]]` for a batch's input vertices `idx`: the rows of
+    /// [`Backend::gather_rows`]. `resident` is the sampler's copy of the batch on a device
+    /// (as for [`Backend::adopt_blocks`]), whose input vertices are `idx`; a backend that
+    /// knows it may read the ids there instead of copying `idx` (the default gathers by
+    /// `idx`). Panics if an index is out of range.
+    fn gather_input_rows(
+        &self,
+        x: &Self::Tensor,
+        idx: &[u32],
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Self::Tensor {
+        let _ = resident;
+        self.gather_rows(x, idx)
+    }
     /// A `rows x cols` f32 table in host memory that this device reads in place, over its bus
     /// (zero-copy), for feature rows that do not fit in device memory: page-locked memory,
     /// zeroed, handed once, whole and row-major, to `fill`, then read by
@@ -251,10 +265,15 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     }
     /// `out[i] = table[idx[i]]`, gathered by the device from the host memory of
     /// [`Backend::map_host_rows`]: the same rows as [`Backend::gather_rows`] of the same
-    /// table. Panics if an index is out of range or `table` was not made by this backend
-    /// (the default, which makes none).
-    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> Self::Tensor {
-        let _ = idx;
+    /// table; `resident` as for [`Backend::gather_input_rows`]. Panics if an index is out of
+    /// range or `table` was not made by this backend (the default, which makes none).
+    fn gather_mapped_rows(
+        &self,
+        table: &MappedRows,
+        idx: &[u32],
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Self::Tensor {
+        let _ = (idx, resident);
         panic!(
             "{}: a {} x {} mapped table from another backend",
             self.name(),
@@ -511,6 +530,25 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// `(correct, labelled)`: rows whose arg-max (first maximum on ties) equals the label, and
     /// rows with a label other than -1.
     fn accuracy(&self, logits: &Self::Tensor, labels: &[i64]) -> (usize, usize);
+    /// [`Backend::softmax_cross_entropy`] and the `correct` count of [`Backend::accuracy`] of
+    /// the same logits and labels, in one call (a device backend reads both back at once; the
+    /// default calls the two). The labelled count is the cross-entropy's `count`.
+    fn loss_and_accuracy(
+        &self,
+        logits: &Self::Tensor,
+        labels: &[i64],
+    ) -> Result<(CrossEntropy<Self::Tensor>, usize)> {
+        let ce = self.softmax_cross_entropy(logits, labels)?;
+        let (correct, _) = self.accuracy(logits, labels);
+        Ok((ce, correct))
+    }
+    /// Whether every element of every tensor of `tensors` is finite (no NaN, no infinity).
+    /// The default reads each one back; a device backend answers with one read of a flag.
+    fn all_finite(&self, tensors: &[&Self::Tensor]) -> bool {
+        tensors
+            .iter()
+            .all(|t| self.download(t).data().iter().all(|v| v.is_finite()))
+    }
 
     // ----- optimiser updates -----
 

@@ -178,7 +178,7 @@ fn main() {
         })
         .expect("the CUDA backend maps host rows")
         .expect("page-locked memory for the table");
-    let zero_copy = median_s(|| drop(g.gather_mapped_rows(&mapped, &ids)), &gsync);
+    let zero_copy = median_s(|| drop(g.gather_mapped_rows(&mapped, &ids, None)), &gsync);
     let host_gather = median_s(|| drop(CpuBackend.gather_rows(&host_table, &ids)), &nosync);
     let staged = median_s(
         || drop(g.upload(&CpuBackend.gather_rows(&host_table, &ids))),

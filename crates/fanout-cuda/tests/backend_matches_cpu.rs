@@ -783,10 +783,133 @@ fn memory_aware_kernels_equal_the_plain_ones() {
         r.same_bits(
             &format!("gather_mapped_rows {cols} columns: the CPU's"),
             &CPU.gather_rows(&x, &ids),
-            &g.download(&g.gather_mapped_rows(&mapped, &ids)),
+            &g.download(&g.gather_mapped_rows(&mapped, &ids, None)),
         );
     }
     r.finish("memory_aware_kernels_equal_the_plain_ones");
+}
+
+/// `loss_and_accuracy` (both figures read back at once) gives the loss of
+/// `softmax_cross_entropy` on the same GPU bit for bit, its gradient, and the CPU's correct
+/// count, with unlabelled rows and with none labelled.
+#[test]
+fn loss_and_accuracy_in_one_read() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(13);
+    for (rows, classes, unlabelled) in [(8000usize, 47usize, 3usize), (5, 3, 0), (40, 9, 40)] {
+        let x = rand(rows, classes, &mut rng);
+        let labels: Vec<i64> = (0..rows)
+            .map(|r| {
+                if r % 7 == 0 && r / 7 < unlabelled {
+                    -1
+                } else {
+                    rng.below(classes as u64) as i64
+                }
+            })
+            .collect();
+        let gx = g.upload(&x);
+        let (ce, correct) = g.loss_and_accuracy(&gx, &labels).unwrap();
+        let apart = g.softmax_cross_entropy(&gx, &labels).unwrap();
+        assert_eq!(
+            ce.loss.to_bits(),
+            apart.loss.to_bits(),
+            "{rows} x {classes}: loss"
+        );
+        assert_eq!(ce.count, apart.count);
+        assert_eq!(
+            g.download(&ce.grad),
+            g.download(&apart.grad),
+            "{rows} x {classes}: gradient"
+        );
+        let (want, labelled) = CPU.accuracy(&x, &labels);
+        assert_eq!(
+            (correct, ce.count),
+            (want, labelled),
+            "{rows} x {classes}: accuracy"
+        );
+        let cpu = CPU.softmax_cross_entropy(&x, &labels).unwrap();
+        assert!(
+            (ce.loss - cpu.loss).abs() <= 1e-5 * cpu.loss.abs().max(1.0),
+            "{rows} x {classes}: {} vs CPU {}",
+            ce.loss,
+            cpu.loss
+        );
+    }
+    let none = vec![-1i64; 6];
+    let gx = g.upload(&rand(6, 4, &mut rng));
+    let (ce, correct) = g.loss_and_accuracy(&gx, &none).unwrap();
+    assert_eq!((ce.loss, ce.count, correct), (0.0, 0, 0));
+    assert!(
+        g.loss_and_accuracy(&gx, &[0, 1, 2, 3, 4, 5]).is_err(),
+        "label 4 and 5 of 4 classes"
+    );
+}
+
+/// `all_finite` finds a NaN, an infinity or a negative infinity in any of several tensors,
+/// wherever it is, as the CPU backend does; finite tensors (huge values, negative zeros,
+/// subnormals) pass.
+#[test]
+fn all_finite_finds_every_non_finite_value() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(8);
+    let mut host: Vec<Tensor> = vec![
+        rand(300, 7, &mut rng),
+        rand(1, 1, &mut rng),
+        rand(5000, 33, &mut rng),
+    ];
+    host[0].data_mut()[5] = f32::MAX;
+    host[0].data_mut()[6] = -0.0;
+    host[2].data_mut()[9] = f32::MIN_POSITIVE / 4.0;
+    let check = |h: &[Tensor]| {
+        let up: Vec<_> = h.iter().map(|t| g.upload(t)).collect();
+        let want = CPU.all_finite(&h.iter().collect::<Vec<_>>());
+        assert_eq!(g.all_finite(&up.iter().collect::<Vec<_>>()), want);
+        want
+    };
+    assert!(check(&host), "finite tensors");
+    for (t, at, bad) in [
+        (0, 0, f32::NAN),
+        (1, 0, f32::INFINITY),
+        (2, 5000 * 33 - 1, f32::NEG_INFINITY),
+        (2, 77, -f32::NAN),
+    ] {
+        let mut h = host.clone();
+        h[t].data_mut()[at] = bad;
+        assert!(!check(&h), "{bad} in tensor {t} at {at}");
+    }
+    assert!(g.all_finite(&[]), "no tensor");
+}
+
+/// Uploads of every size around the page-locked staging ring's bounds (64 KiB to 32 MiB go
+/// through it), more of them than the ring has buffers and all queued before any is read back,
+/// arrive whole and in order: a buffer reused before its copy finished would show.
+#[test]
+fn uploads_through_the_staging_ring_arrive_whole() {
+    let Some(g) = gpu() else { return };
+    let floats = |bytes: usize| bytes / 4;
+    let sizes = [
+        floats(64 << 10) - 1,
+        floats(64 << 10),
+        floats(1 << 20) + 3,
+        7,
+        floats(32 << 20),
+        floats(32 << 20) + 1,
+        floats(3 << 20),
+        floats(200 << 10),
+        floats(5 << 20),
+        floats(64 << 10) + 5,
+        floats(9 << 20),
+        floats(1 << 20),
+    ];
+    let hosts: Vec<Tensor> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| Tensor::from_fn(1, n, |_, c| (k * 1_000_003 + c) as f32))
+        .collect();
+    let on_device: Vec<_> = hosts.iter().map(|t| g.upload(t)).collect();
+    for (k, (h, d)) in hosts.iter().zip(&on_device).enumerate() {
+        assert_eq!(&g.download(d), h, "upload {k} of {} floats", sizes[k]);
+    }
 }
 
 /// Two layers of one kind on a small graph, trained for a few Adam steps with dropout on both

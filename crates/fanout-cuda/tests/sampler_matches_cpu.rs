@@ -6,6 +6,7 @@
 //! printing why, where there is no GPU.
 #![cfg(feature = "cuda")]
 
+use fanout_compute::{Backend, CpuBackend, Tensor};
 use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaKHopSampler};
 use fanout_graph::{
     build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
@@ -125,6 +126,59 @@ fn batches_are_the_cpu_samplers_bit_for_bit() {
         }
     }
     eprintln!("{checked} sampled edges equal to the CPU's");
+}
+
+/// The feature rows of a GPU batch's input vertices, gathered with the ids the sampler left on
+/// the device (`gather_input_rows` and `gather_mapped_rows` with the batch's `resident`), are
+/// the rows of its host input vertices; the ids really come from the device copy (ids of the
+/// right count but other values given on the host gather the same rows); without the copy,
+/// or with a count that does not match, the host ids are used.
+#[test]
+fn input_rows_gathered_with_the_samplers_device_ids() {
+    let Some(dev) = gpu() else { return };
+    let n = 20_000u64;
+    let ds = graph(n);
+    let gpu = CudaKHopSampler::with_arcs(&dev, ds.clone(), config(&[10, 5], false), ArcsAt::Device)
+        .unwrap();
+    let key = BatchKey {
+        seed: 3,
+        epoch: 0,
+        step: 1,
+    };
+    let batch = gpu.sample(&seeds(n, 600, 1), key).unwrap();
+    let resident = batch.resident.0.as_deref();
+    assert!(resident.is_some(), "a GPU batch carries its device copy");
+    let cols = 12;
+    let x = Tensor::from_fn(n as usize, cols, |r, c| (r * cols + c) as f32);
+    let gx = dev.upload(&x);
+    let ids = &batch.input_nodes;
+    let want = CpuBackend.gather_rows(&x, ids);
+    let other = vec![0u32; ids.len()];
+    assert_eq!(
+        dev.download(&dev.gather_input_rows(&gx, ids, resident)),
+        want
+    );
+    assert_eq!(
+        dev.download(&dev.gather_input_rows(&gx, &other, resident)),
+        want,
+        "the ids are read from the device copy"
+    );
+    assert_eq!(dev.download(&dev.gather_input_rows(&gx, ids, None)), want);
+    let fewer = &ids[..ids.len() - 1];
+    assert_eq!(
+        dev.download(&dev.gather_input_rows(&gx, fewer, resident)),
+        CpuBackend.gather_rows(&x, fewer),
+        "another count: the host ids"
+    );
+    let mapped = dev
+        .map_host_rows(n as usize, cols, &mut |t| t.copy_from_slice(x.data()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        dev.download(&dev.gather_mapped_rows(&mapped, &other, resident)),
+        want,
+        "mapped rows, the ids of the device copy"
+    );
 }
 
 #[test]

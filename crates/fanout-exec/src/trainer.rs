@@ -218,10 +218,10 @@ impl<B: Backend> Trainer<B> {
         }
         let x = match (&self.device_rows, &self.mapped_rows) {
             (Some(all), _) if p.features.is_empty() && rows > 0 => {
-                be.gather_rows(all, &p.batch.input_nodes)
+                be.gather_input_rows(all, &p.batch.input_nodes, resident)
             }
             (_, Some(all)) if p.features.is_empty() && rows > 0 => {
-                be.gather_mapped_rows(all, &p.batch.input_nodes)
+                be.gather_mapped_rows(all, &p.batch.input_nodes, resident)
             }
             _ => be.upload_owned(Tensor::new(rows, p.dim, p.features)),
         };
@@ -241,8 +241,8 @@ impl<B: Backend> Trainer<B> {
         }
         let logits = self.forward(p, Mode::Train { dropout_key })?;
         let be = self.model.backend().clone();
-        let ce = be.softmax_cross_entropy(&logits, &labels)?;
-        let (correct, labelled) = be.accuracy(&logits, &labels);
+        let (ce, correct) = be.loss_and_accuracy(&logits, &labels)?;
+        let labelled = ce.count;
         self.model.zero_grad();
         self.model.backward(&ce.grad)?;
         Ok(BatchOutcome {
@@ -545,7 +545,12 @@ impl<B: Backend> Trainer<B> {
             return Some(format!("the loss ({loss})"));
         }
         let be = self.model.backend();
-        for (name, p) in self.model.named_params() {
+        let params = self.model.named_params();
+        // One check of every gradient (one read on a device); which one is bad only when one is.
+        if be.all_finite(&params.iter().map(|(_, p)| &p.grad).collect::<Vec<_>>()) {
+            return None;
+        }
+        for (name, p) in params {
             let g = be.download(&p.grad);
             if let Some(v) = g.data().iter().find(|v| !v.is_finite()) {
                 return Some(format!("the gradient of {name} ({v})"));

@@ -291,7 +291,12 @@ impl Backend for Named {
         let table = Tensor::new(rows, cols, data);
         Some(Ok(MappedRows::new(rows, cols, std::sync::Arc::new(table))))
     }
-    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> Tensor {
+    fn gather_mapped_rows(
+        &self,
+        table: &MappedRows,
+        idx: &[u32],
+        _resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Tensor {
         MAPPED_GATHERS.fetch_add(1, Ordering::Relaxed);
         let t = table
             .table()
@@ -316,6 +321,10 @@ impl Backend for Named {
     ) -> fanout_compute::Result<CrossEntropy<Tensor>> {
         self.0.softmax_cross_entropy(logits, labels)
     }
+    fn all_finite(&self, tensors: &[&Tensor]) -> bool {
+        self.0.all_finite(tensors)
+    }
+    // `gather_input_rows` keeps its default, which calls `gather_rows` above (counted).
     fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
         NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
         self.0.accuracy(logits, labels)

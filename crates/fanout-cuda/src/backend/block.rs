@@ -53,6 +53,20 @@ impl CudaBackend {
         self.block_from(b.dims(), indptr, indices, weights)
     }
 
+    /// The input vertices a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device
+    /// for a batch (`resident`) whose host input vertices are `idx`: `None` when `resident`
+    /// is not such a copy, is on another device or holds another number of ids. As for the
+    /// blocks, the contents are not compared.
+    pub(crate) fn resident_inputs<'r>(
+        &self,
+        resident: Option<&'r (dyn Any + Send + Sync)>,
+        idx: &[u32],
+    ) -> Option<&'r CudaSlice<u32>> {
+        let dev = resident?.downcast_ref::<DeviceBlocks>()?;
+        (dev.device == self.index() && dev.num_inputs == idx.len() && dev.inputs.len() >= idx.len())
+            .then_some(&dev.inputs)
+    }
+
     /// The blocks a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device for a
     /// batch (`resident`), copied on the device instead of uploaded from `blocks` (the same
     /// blocks on the host, made by the sampler with them); `None` when `resident` is not such

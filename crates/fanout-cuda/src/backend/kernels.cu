@@ -626,6 +626,14 @@ extern "C" __global__ void scatter_add_groups(const u32* target, const u32* gptr
   }
 }
 
+// *flag = 1 when an element of x is a NaN or an infinity (exponent bits all set). Every thread
+// that finds one writes the same value, so the race is harmless.
+extern "C" __global__ void any_non_finite(const float* x, i64 n, int* flag) {
+  GRID_STRIDE(i, n) {
+    if ((__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u) *flag = 1;
+  }
+}
+
 // ----- loss and metrics (one thread per row) -----
 
 extern "C" __global__ void softmax_xent(const float* x, const int* labels, float inv,
@@ -659,6 +667,21 @@ extern "C" __global__ void argmax_hits(const float* x, const int* labels, int* h
       if (xr[c] > xr[best]) best = c;
     hit[r] = labels[r] >= 0 && best == labels[r];
   }
+}
+
+// One thread: out[0] = the row losses summed in row order (from -0.0, as Rust's f64 `sum`),
+// out[1] = the hits counted.
+extern "C" __global__ void step_figures(const double* row_loss, const int* hit, i64 rows,
+                                        double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = -0.0;
+  long long hits = 0;
+  for (i64 r = 0; r < rows; r++) {
+    total += row_loss[r];
+    hits += hit[r] != 0;
+  }
+  out[0] = total;
+  out[1] = (double)hits;
 }
 
 // ----- optimisers (PyTorch semantics, as the CPU backend) -----

@@ -73,7 +73,12 @@ impl CudaBackend {
     }
 
     /// See `fanout_compute::Backend::gather_mapped_rows`.
-    pub(crate) fn gather_mapped(&self, table: &MappedRows, idx: &[u32]) -> CudaTensor {
+    pub(crate) fn gather_mapped(
+        &self,
+        table: &MappedRows,
+        idx: &[u32],
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> CudaTensor {
         let (rows, cols) = table.shape();
         let mapped = table
             .table()
@@ -82,20 +87,25 @@ impl CudaBackend {
             .unwrap_or_else(|| {
                 panic!("gather_mapped_rows: a {rows} x {cols} table this device did not map")
             });
-        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= rows) {
-            panic!("gather_mapped_rows: index {bad} out of range for {rows} rows");
-        }
-        let ids = self.to_device(idx);
+        super::ops::check_ids(idx, rows, "gather_mapped_rows");
         let mut out = self.new_tensor(idx.len(), cols);
         if idx.is_empty() || cols == 0 {
             return out;
         }
+        let uploaded;
+        let ids = match self.resident_inputs(resident, idx) {
+            Some(ids) => ids,
+            None => {
+                uploaded = self.to_device(idx);
+                &uploaded
+            }
+        };
         let (x_rows, n, c32) = (rows as i64, idx.len() as i64, cols as i32);
         launch!(
             self.inner,
             "gather_rows_warp",
             idx.len() * 32,
-            [&mapped.addr, &x_rows, &ids, &mut out.data, &n, &c32]
+            [&mapped.addr, &x_rows, ids, &mut out.data, &n, &c32]
         );
         out
     }

@@ -16,6 +16,7 @@ pub(crate) mod kernels;
 mod mapped;
 mod ops;
 mod profile;
+mod staging;
 
 pub use block::CudaBlock;
 
@@ -51,6 +52,7 @@ struct Inner {
     /// [`GraphKernels`] as its `u8` (switchable on a shared backend).
     graph_kernels: AtomicU8,
     profile: Option<profile::Profile>,
+    staging: staging::Staging,
 }
 
 impl Inner {
@@ -138,6 +140,7 @@ impl CudaBackend {
                 name: device.name().to_string(),
                 graph_kernels: AtomicU8::new(GraphKernels::from_env()? as u8),
                 profile: profile::Profile::from_env(),
+                staging: staging::Staging::default(),
             }),
         })
     }
@@ -186,12 +189,20 @@ impl CudaBackend {
             .unwrap_or_else(|e| device_failed("cuMemAlloc", e))
     }
 
-    /// A device copy of `host` (one element more than nothing when empty).
+    /// A device copy of `host` (one element more than nothing when empty). Uploads of
+    /// `staging::STAGED_MIN` to `staging::STAGED_MAX` bytes pass through page-locked memory,
+    /// so the call does not wait for the stream (see the `staging` module).
     pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(&self, host: &[T]) -> CudaSlice<T> {
         if host.is_empty() {
             return self.alloc(0);
         }
-        let bytes = profile::Work::Bytes(std::mem::size_of_val(host) as f64);
+        let size = std::mem::size_of_val(host);
+        if (staging::STAGED_MIN..=staging::STAGED_MAX).contains(&size) {
+            if let Some(dev) = self.staged_upload(host) {
+                return dev;
+            }
+        }
+        let bytes = profile::Work::Bytes(size as f64);
         self.inner
             .timed_work("copy to device", bytes, || self.stream().clone_htod(host))
             .unwrap_or_else(|e| device_failed("cuMemcpyHtoD", e))

@@ -28,6 +28,14 @@ fn heads_split(cols: usize, heads: usize, what: &str) -> usize {
     cols / heads
 }
 
+/// Panics (as the `Backend` contract says) when an id of `idx` is `rows` or more; `what` names
+/// the operation.
+pub(crate) fn check_ids(idx: &[u32], rows: usize, what: &str) {
+    if let Some(&bad) = idx.iter().find(|&&i| i as usize >= rows) {
+        panic!("{what}: index {bad} out of range for {rows} rows");
+    }
+}
+
 /// Warps (destinations) per thread block of the Memory-Aware aggregation (`MA_WARPS` in
 /// kernels.cu; the paper's X = 8 targets).
 const MA_WARPS: usize = 8;
@@ -916,13 +924,30 @@ impl Backend for CudaBackend {
     ) -> Option<Result<MappedRows>> {
         Some(self.map_rows(rows, cols, fill))
     }
-    fn gather_mapped_rows(&self, table: &MappedRows, idx: &[u32]) -> CudaTensor {
-        self.gather_mapped(table, idx)
+    fn gather_mapped_rows(
+        &self,
+        table: &MappedRows,
+        idx: &[u32],
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> CudaTensor {
+        self.gather_mapped(table, idx, resident)
+    }
+    fn gather_input_rows(
+        &self,
+        x: &CudaTensor,
+        idx: &[u32],
+        resident: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> CudaTensor {
+        match self.resident_inputs(resident, idx) {
+            Some(ids) => {
+                check_ids(idx, x.rows, "gather_input_rows");
+                self.gather_rows_device(x, ids, idx.len())
+            }
+            None => self.gather_rows(x, idx),
+        }
     }
     fn gather_rows(&self, x: &CudaTensor, idx: &[u32]) -> CudaTensor {
-        if let Some(&bad) = idx.iter().find(|&&i| i as usize >= x.rows) {
-            panic!("gather_rows: index {bad} out of range for {} rows", x.rows);
-        }
+        check_ids(idx, x.rows, "gather_rows");
         let idx_d = self.to_device(idx);
         if self.graph_kernels() == GraphKernels::MemoryAware {
             return self.gather_rows_device(x, &idx_d, idx.len());
@@ -1020,6 +1045,78 @@ impl Backend for CudaBackend {
             count,
             grad,
         })
+    }
+    fn loss_and_accuracy(
+        &self,
+        logits: &CudaTensor,
+        labels: &[i64],
+    ) -> Result<(CrossEntropy<CudaTensor>, usize)> {
+        let (rows, classes) = logits.shape();
+        let count = check_labels(rows, classes, labels)?;
+        let mut grad = self.new_tensor(rows, classes);
+        if count == 0 {
+            // No row is labelled: no loss, no hit.
+            let ce = CrossEntropy {
+                loss: 0.0,
+                count,
+                grad,
+            };
+            return Ok((ce, 0));
+        }
+        let lab: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+        let lab_d = self.to_device(&lab);
+        let mut row_loss = self.alloc::<f64>(rows);
+        let mut hit = self.alloc::<i32>(rows);
+        let mut figures = self.alloc::<f64>(2);
+        let inv = 1.0 / count as f32;
+        let (r64, c32) = (rows as i64, classes as i32);
+        launch!(
+            self.inner,
+            "softmax_xent",
+            rows,
+            [
+                &logits.data,
+                &lab_d,
+                &inv,
+                &mut grad.data,
+                &mut row_loss,
+                &r64,
+                &c32
+            ]
+        );
+        launch!(
+            self.inner,
+            "argmax_hits",
+            rows,
+            [&logits.data, &lab_d, &mut hit, &r64, &c32]
+        );
+        launch!(
+            self.inner,
+            "step_figures",
+            1,
+            [&row_loss, &hit, &r64, &mut figures]
+        );
+        // One read for both figures (the separate calls read back a value per row, twice).
+        let f = self.to_host(&figures, 2);
+        let ce = CrossEntropy {
+            loss: (f[0] / count as f64) as f32,
+            count,
+            grad,
+        };
+        Ok((ce, f[1] as usize))
+    }
+    fn all_finite(&self, tensors: &[&CudaTensor]) -> bool {
+        let mut flag = self.alloc::<i32>(1);
+        for t in tensors {
+            let n = t.len() as i64;
+            launch!(
+                self.inner,
+                "any_non_finite",
+                t.len(),
+                [&t.data, &n, &mut flag]
+            );
+        }
+        self.to_host(&flag, 1)[0] == 0
     }
     fn accuracy(&self, logits: &CudaTensor, labels: &[i64]) -> (usize, usize) {
         assert_eq!(labels.len(), logits.rows, "accuracy: label count != rows");

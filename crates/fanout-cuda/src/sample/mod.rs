@@ -88,13 +88,19 @@ struct Work {
 /// The blocks of a batch as the sampler left them on its device, in model order: each block's
 /// offsets and local source ids (buffers of at least `num_dst + 1` and `max(edges, 1)`
 /// elements), for the compute backend on that device to adopt instead of uploading the host
-/// copy (`CudaBackend::adopt_blocks`).
+/// copy (`CudaBackend::adopt_blocks`); and the batch's input vertices (global ids, the host
+/// batch's `input_nodes`), for gathering their feature rows without uploading the ids
+/// (`CudaBackend::gather_input_rows`).
 pub(crate) struct DeviceBlocks {
     /// The device ordinal (`N` of `cuda:N`).
     pub(crate) device: u32,
     /// Each block's destinations, sources and edges, in model order.
     pub(crate) dims: Vec<(usize, usize, usize)>,
     pub(crate) blocks: Vec<(CudaSlice<u32>, CudaSlice<u32>)>,
+    /// The input vertices (at least `num_inputs` elements).
+    pub(crate) inputs: CudaSlice<u32>,
+    /// How many input vertices the batch has.
+    pub(crate) num_inputs: usize,
 }
 
 /// Collects the topology as the device layout: `u64` offsets and `u32` ids.
@@ -378,6 +384,14 @@ impl CudaKHopSampler {
         }
         blocks.reverse();
         on_device.reverse();
+        // The batch's own copy of its input vertices (the work list is reused by the next
+        // batch), queued before the download below waits for the stream.
+        let mut inputs = self.alloc::<u32>(total)?;
+        if total > 0 {
+            self.stream
+                .memcpy_dtod(&w.nodes.slice(0..total), &mut inputs)
+                .map_err(|e| self.failed("cuMemcpyDtoD (input vertices)", e))?;
+        }
         let input_nodes = self.download(&w.nodes, 0, total)?;
         let t64 = total as i64;
         launch!(
@@ -400,6 +414,8 @@ impl CudaKHopSampler {
                     .map(|b| (b.num_dst, b.num_src, b.num_edges()))
                     .collect(),
                 blocks: on_device,
+                inputs,
+                num_inputs: total,
             }))),
             key,
             num_seeds: b,

@@ -171,8 +171,8 @@ pub fn step<B: Backend>(
         }
     }
     let logits = logits.expect("a model has at least one layer");
-    let ce = be.softmax_cross_entropy(&logits, &batch.labels)?;
-    let (correct, labelled) = be.accuracy(&logits, &batch.labels);
+    let (ce, correct) = be.loss_and_accuracy(&logits, &batch.labels)?;
+    let labelled = ce.count;
     // The step's labelled count weights this worker's mean-loss gradient.
     let mut sums = [
         ce.loss as f64 * labelled as f64,
