@@ -2,7 +2,8 @@
 # A GPU training step with fewer host waits (docs/cuda.md, "Fewer waits per step"): the build in
 # GPU_DIR (default .gpu) against an earlier one (OLD_BIN) on the same machine, GCN 15,10,5, SAGE
 # and GAT 10,25 on the products preset at full size, 3 epochs, batch 8000, hidden 256, rows on
-# the GPU and read in place from host memory (uva); their losses must be equal. Then a profile
+# the GPU and read in place from host memory (uva); their losses must be equal (MODELS picks
+# other models, e.g. MODELS="gcn gin"). Then a profile
 # of the new build's GCN step. Run on the GPU machine from the repository root (GUIDE §5), with
 # fanout, backend_matches_cpu, sampler_matches_cpu and cuda_lib_tests built as
 # bench/gpu_check.sh says. The log is also kept in $OUT/gpu_step.log, the metrics JSON in
@@ -24,7 +25,7 @@ run() { # name binary args...
   step "train $n"
   timeout 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -4
 }
-for model in gcn sage gat; do
+for model in ${MODELS:-gcn sage gat}; do
   f=10,25; [ $model = gcn ] && f=15,10,5
   [ -n "${OLD_BIN:-}" ] && run $model-old $OLD_BIN --model $model --fanouts $f
   run $model-new $G/fanout --model $model --fanouts $f
@@ -40,7 +41,7 @@ for k, v in m.items():
     e = v['epochs']
     print(f"{k:12s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
           + f"  sample {e[-1]['sample_s']:.3f} train {e[-1]['train_s']:.3f}  loss {[x['loss'] for x in e]}  test {v['test_acc']}")
-for mo in ['gcn', 'sage', 'gat']:
+for mo in ['gcn', 'sage', 'gat', 'gin']:
     for a, b in [(mo + '-old', mo + '-new'), (mo + '-olduva', mo + '-newuva')]:
         if a in m and b in m:
             print(b, 'vs', a, ': losses equal', [x['loss'] for x in m[a]['epochs']] == [x['loss'] for x in m[b]['epochs']],

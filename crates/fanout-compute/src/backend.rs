@@ -335,6 +335,19 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// `y[..rows] <- y[..rows] + alpha * x[..rows]`: both need at least `rows` rows and the same
     /// column count. Moves data between a block's destination rows and its source rows.
     fn axpy_prefix(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor, rows: usize);
+    /// [`Backend::axpy_prefix`] with `alpha = 1 + s`, `s` the value of the `1 x 1` tensor `s`
+    /// and the sum taken in f32, bit for bit, without reading `s` back on a device (GIN's
+    /// eps). The default reads it back.
+    fn axpy_prefix_one_plus(
+        &self,
+        s: &Self::Tensor,
+        x: &Self::Tensor,
+        y: &mut Self::Tensor,
+        rows: usize,
+    ) {
+        let v = self.download(s).data()[0];
+        self.axpy_prefix(1.0 + v, x, y, rows);
+    }
     /// The first `rows` rows of `x` as a new tensor (e.g. `h_dst` from `h_src`).
     fn prefix_rows(&self, x: &Self::Tensor, rows: usize) -> Self::Tensor;
     /// `x <- alpha * x`.
@@ -346,6 +359,13 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn mul_sum_rows(&self, a: &Self::Tensor, b: &Self::Tensor) -> (Self::Tensor, Self::Tensor);
     /// Sum of the elementwise product, accumulated in f64 (reads back to the host).
     fn dot(&self, a: &Self::Tensor, b: &Self::Tensor) -> f64;
+    /// `y[0, 0] += dot(a, b)` rounded to f32, for a `1 x 1` `y`: [`Backend::dot`] as f32,
+    /// added as [`Backend::axpy`] with `alpha = 1` adds it, bit for bit, and without reading
+    /// the sum back on a device (GIN's eps gradient). The default reads it back.
+    fn add_dot(&self, a: &Self::Tensor, b: &Self::Tensor, y: &mut Self::Tensor) {
+        let d = self.dot(a, b) as f32;
+        self.axpy(1.0, &self.upload(&Tensor::scalar(d)), y);
+    }
     /// `max(x, 0)`.
     fn relu(&self, x: &Self::Tensor) -> Self::Tensor;
     /// Gradient of [`Backend::relu`] given its output: `grad * (out > 0)`.

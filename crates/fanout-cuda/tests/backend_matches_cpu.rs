@@ -845,6 +845,38 @@ fn loss_and_accuracy_in_one_read() {
     );
 }
 
+/// GIN's eps without a read back: `axpy_prefix_one_plus` is `axpy_prefix` with `1 + s` bit for
+/// bit (and the CPU's), `add_dot` adds `dot` rounded to f32 bit for bit.
+#[test]
+fn gin_eps_stays_on_the_device() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(17);
+    for eps in [0.0f32, 0.37, -1.25, 1e-7] {
+        let s = Tensor::scalar(eps);
+        let x = rand(50, 9, &mut rng);
+        let y = rand(60, 9, &mut rng);
+        let (gs, gx) = (g.upload(&s), g.upload(&x));
+        let mut on_device = g.upload(&y);
+        g.axpy_prefix_one_plus(&gs, &gx, &mut on_device, 30);
+        let mut read = g.upload(&y);
+        g.axpy_prefix(1.0 + eps, &gx, &mut read, 30);
+        let mut cpu = y.clone();
+        CPU.axpy_prefix(1.0 + eps, &x, &mut cpu, 30);
+        assert_eq!(g.download(&on_device), g.download(&read), "eps {eps}");
+        assert_eq!(g.download(&on_device), cpu, "eps {eps}: the CPU's");
+        let (a, b) = (rand(1000, 37, &mut rng), rand(1000, 37, &mut rng));
+        let (ga, gb) = (g.upload(&a), g.upload(&b));
+        let mut acc = g.upload(&s);
+        g.add_dot(&ga, &gb, &mut acc);
+        let want = eps + 1.0 * (g.dot(&ga, &gb) as f32);
+        assert_eq!(
+            g.download(&acc).data()[0].to_bits(),
+            want.to_bits(),
+            "eps {eps}: add_dot"
+        );
+    }
+}
+
 /// `all_finite` finds a NaN, an infinity or a negative infinity in any of several tensors,
 /// wherever it is, as the CPU backend does; finite tensors (huge values, negative zeros,
 /// subnormals) pass.

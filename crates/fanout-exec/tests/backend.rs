@@ -321,6 +321,12 @@ impl Backend for Named {
     ) -> fanout_compute::Result<CrossEntropy<Tensor>> {
         self.0.softmax_cross_entropy(logits, labels)
     }
+    fn add_dot(&self, a: &Tensor, b: &Tensor, y: &mut Tensor) {
+        self.0.add_dot(a, b, y)
+    }
+    fn axpy_prefix_one_plus(&self, s: &Tensor, x: &Tensor, y: &mut Tensor, rows: usize) {
+        self.0.axpy_prefix_one_plus(s, x, y, rows)
+    }
     fn all_finite(&self, tensors: &[&Tensor]) -> bool {
         self.0.all_finite(tensors)
     }

@@ -33,7 +33,6 @@ pub struct GinLayer<B: Backend> {
 #[derive(Debug)]
 struct Cache<B: Backend> {
     block: B::Block,
-    eps: f32,
     h_dst: B::Tensor,
     agg: B::Tensor,
     hid: B::Tensor,
@@ -99,10 +98,9 @@ impl<B: Backend> GinLayer<B> {
         pass: Pass<'_>,
     ) -> B::Tensor {
         let be = &self.be;
-        // The scalar is read back once per forward (a device sync on an accelerator).
-        let eps = be.download(&self.eps.value).data()[0];
+        // eps is read where it lives (no read back to the host on a device).
         let rows = be.shape(&h_dst).0;
-        be.axpy_prefix(1.0 + eps, &h_dst, &mut agg, rows);
+        be.axpy_prefix_one_plus(&self.eps.value, &h_dst, &mut agg, rows);
         let mut hid = be.matmul(&agg, false, &self.w1.value, false);
         // ReLU's backward reads its output (`hid`), so nothing else is kept.
         be.epilogue(&mut hid, Some(&self.b1.value), true, None, false);
@@ -110,7 +108,6 @@ impl<B: Backend> GinLayer<B> {
         let (out, kept) = self.act.finish(be, out, Some(&self.b2.value), pass);
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
-            eps,
             h_dst,
             agg,
             hid,
@@ -174,12 +171,12 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
         acc_bias(be, &ghid, &mut self.b1);
         acc_at_b(be, &c.agg, &ghid, &mut self.w1);
         let gagg = be.matmul(&ghid, false, &self.w1.value, true);
-        let geps = be.dot(&gagg, &c.h_dst) as f32;
-        be.axpy(1.0, &be.upload(&Tensor::scalar(geps)), &mut self.eps.grad);
+        be.add_dot(&gagg, &c.h_dst, &mut self.eps.grad);
         Ok(need.then(|| {
             let mut dx = be.spmm_backward_x(&c.block, None, &gagg);
             let rows = be.shape(&gagg).0;
-            be.axpy_prefix(1.0 + c.eps, &gagg, &mut dx, rows);
+            // eps has not changed since the forward: the optimiser steps after the backward.
+            be.axpy_prefix_one_plus(&self.eps.value, &gagg, &mut dx, rows);
             dx
         }))
     }

@@ -147,6 +147,22 @@ extern "C" __global__ void col_sum_chunks(const float* x, float* out, i64 rows, 
   }
 }
 
+// y[i] += (1 + s[0]) * x[i]: axpy with alpha = 1 + s read on the device (GIN's eps).
+extern "C" __global__ void axpy_one_plus(const float* s, const float* x, float* y, i64 n) {
+  float alpha = 1.0f + s[0];
+  GRID_STRIDE(i, n) { y[i] = y[i] + alpha * x[i]; }
+}
+
+// One thread: y[0] += (float)(the partials summed in order from -0.0), as the host adds
+// dot_partials' sums (Rust's f64 `sum`) and axpy adds the result with alpha = 1.
+extern "C" __global__ void add_partials(const double* partial, int blocks, float* y) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double t = -0.0;
+  for (int k = 0; k < blocks; k++) t += partial[k];
+  float d = (float)t;
+  y[0] = y[0] + 1.0f * d;
+}
+
 // Per-block partial sums of a[i] * b[i] in double; `partial` has gridDim.x entries (blockDim.x
 // must be 256). The host adds the partials in order.
 extern "C" __global__ void dot_partials(const float* a, const float* b, double* partial, i64 n) {
@@ -676,7 +692,23 @@ extern "C" __global__ void step_figures(const double* row_loss, const int* hit, 
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   double total = -0.0;
   long long hits = 0;
-  for (i64 r = 0; r < rows; r++) {
+  i64 r = 0;
+  // Eight loads issued before their adds (which stay in row order).
+  for (; r + 8 <= rows; r += 8) {
+    double v[8];
+    int h[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      v[j] = row_loss[r + j];
+      h[j] = hit[r + j];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      total += v[j];
+      hits += h[j] != 0;
+    }
+  }
+  for (; r < rows; r++) {
     total += row_loss[r];
     hits += hit[r] != 0;
   }

@@ -30,6 +30,8 @@ const NAMES: &[&str] = &[
     "epilogue",
     "col_sum_chunks",
     "dot_partials",
+    "axpy_one_plus",
+    "add_partials",
     "l2_norms",
     "div_rows",
     "l2_backward",

@@ -177,6 +177,30 @@ impl CudaBackend {
         seeds
     }
 
+    /// The [`DOT_BLOCKS`] partial sums of `a . b` in f64 (`dot_partials`), on the device.
+    fn dot_partials(&self, a: &CudaTensor, b: &CudaTensor) -> CudaSlice<f64> {
+        same_shape("dot", a, b);
+        let mut partial = self.alloc::<f64>(DOT_BLOCKS);
+        let n = a.len() as i64;
+        let cfg = LaunchConfig {
+            grid_dim: (DOT_BLOCKS as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let func = self.inner.kernels.get("dot_partials");
+        let mut l = self.stream().launch_builder(func);
+        l.arg(&a.data).arg(&b.data).arg(&mut partial).arg(&n);
+        // SAFETY: dot_partials(const float*, const float*, double*, i64) with DOT_BLOCKS
+        // partials and blocks of THREADS (= 256, the kernel's shared buffer) threads.
+        if let Err(e) = self
+            .inner
+            .timed("dot_partials", || unsafe { l.launch(cfg) })
+        {
+            device_failed("launch dot_partials", e);
+        }
+        partial
+    }
+
     /// Column sums (`1 x cols`) by passes of [`COL_SUM_CHUNK`] rows.
     fn col_sums(&self, x: &CudaTensor) -> CudaTensor {
         let (mut rows, cols) = x.shape();
@@ -393,23 +417,54 @@ impl Backend for CudaBackend {
         (p, s)
     }
     fn dot(&self, a: &CudaTensor, b: &CudaTensor) -> f64 {
-        same_shape("dot", a, b);
-        let mut partial = self.alloc::<f64>(DOT_BLOCKS);
-        let n = a.len() as i64;
-        let cfg = LaunchConfig {
-            grid_dim: (DOT_BLOCKS as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let func = self.inner.kernels.get("dot_partials");
-        let mut l = self.stream().launch_builder(func);
-        l.arg(&a.data).arg(&b.data).arg(&mut partial).arg(&n);
-        // SAFETY: dot_partials(const float*, const float*, double*, i64) with DOT_BLOCKS
-        // partials and blocks of THREADS (= 256, the kernel's shared buffer) threads.
-        if let Err(e) = unsafe { l.launch(cfg) } {
-            device_failed("launch dot_partials", e);
-        }
-        self.to_host(&partial, DOT_BLOCKS).iter().sum()
+        self.to_host(&self.dot_partials(a, b), DOT_BLOCKS)
+            .iter()
+            .sum()
+    }
+    fn add_dot(&self, a: &CudaTensor, b: &CudaTensor, y: &mut CudaTensor) {
+        assert_eq!(
+            y.shape(),
+            (1, 1),
+            "add_dot: y is {:?}, not 1 x 1",
+            y.shape()
+        );
+        let partial = self.dot_partials(a, b);
+        let blocks = DOT_BLOCKS as i32;
+        launch!(
+            self.inner,
+            "add_partials",
+            1,
+            [&partial, &blocks, &mut y.data]
+        );
+    }
+    fn axpy_prefix_one_plus(
+        &self,
+        s: &CudaTensor,
+        x: &CudaTensor,
+        y: &mut CudaTensor,
+        rows: usize,
+    ) {
+        assert_eq!(
+            s.shape(),
+            (1, 1),
+            "axpy_prefix_one_plus: s is {:?}",
+            s.shape()
+        );
+        assert_eq!(x.cols, y.cols, "axpy_prefix_one_plus: column counts differ");
+        assert!(
+            x.rows >= rows && y.rows >= rows,
+            "axpy_prefix_one_plus: {rows} rows asked of {} and {}",
+            x.rows,
+            y.rows
+        );
+        let n = rows * x.cols;
+        let n64 = n as i64;
+        launch!(
+            self.inner,
+            "axpy_one_plus",
+            n,
+            [&s.data, &x.data, &mut y.data, &n64]
+        );
     }
     fn relu(&self, x: &CudaTensor) -> CudaTensor {
         let mut out = self.new_tensor(x.rows, x.cols);
