@@ -662,8 +662,10 @@ fn gradients_to_sources_are_deterministic() {
 /// The Memory-Aware aggregation, the warp row gather and the vectorised attention products
 /// against the plain kernels and the CPU: the same bits, on rows of up to 100 edges (the kernel
 /// stages edges 32 at a time), widths that leave lanes idle or take several passes (1 to 520
-/// columns, 16-byte reads or not), 4 to 40 heads (heads of 3 columns inside one 16-byte read;
-/// more heads than the kernel stages fall back to the plain one), forward and backward;
+/// columns, 16-byte reads or not), 4 to 40 heads (heads of 1, 3, 5 and 6 columns inside or
+/// across 16-byte reads, 32 heads filling 33 KiB of shared memory; more heads than the kernel
+/// stages fall back to the plain one), forward and backward, and more destinations than one
+/// grid covers;
 /// gathered rows of aligned and unaligned widths, and device ids past the table giving zero
 /// rows.
 #[test]
@@ -690,6 +692,10 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             (300, 0),
             (12, 4),
             (256, 4),
+            (48, 8),
+            (40, 8),
+            (32, 32),
+            (96, 32),
             (520, 40),
         ] {
             let what = format!("block {bi} (up to {max_deg} edges), {cols} columns, {heads} heads");
@@ -748,6 +754,29 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             }
         }
     }
+    // More destinations than one grid covers (65,536 blocks x 8 warps): the rows loop.
+    let ob = Owned::random(600_000, 700_000, 3, false, &mut rng);
+    let (cb, gb) = (
+        CPU.prepare_block(&ob.as_ref()).unwrap(),
+        g.prepare_block(&ob.as_ref()).unwrap(),
+    );
+    let (x, coeff) = (
+        rand(700_000, 8, &mut rng),
+        rand(ob.indices.len(), 2, &mut rng),
+    );
+    let (gx, gco) = (g.upload(&x), g.upload(&coeff));
+    let (plain, ma) = both(&|| g.spmm(&gb, Some(&gco), &gx));
+    r.same_bits(
+        "600,000 destinations: spmm memory-aware = plain",
+        &plain,
+        &ma,
+    );
+    r.close(
+        "600,000 destinations: spmm memory-aware",
+        &CPU.spmm(&cb, Some(&coeff), &x),
+        &ma,
+        TOL,
+    );
     for cols in [3usize, 100, 128] {
         let x = rand(5000, cols, &mut rng);
         let gx = g.upload(&x);

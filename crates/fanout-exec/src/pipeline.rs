@@ -286,7 +286,8 @@ impl Pipeline {
     /// This pipeline for a trainer that holds every feature row in host memory its device
     /// reads in place ([`crate::Trainer::with_mapped_rows`]): as
     /// [`Pipeline::with_rows_on_device`], but the rows count as read from the host (they
-    /// cross the bus), none from a cache.
+    /// cross the bus), none from a cache; `row_bytes` is then the bytes of a row as the
+    /// device reads it.
     pub fn with_rows_mapped(mut self, row_bytes: u64) -> Self {
         self.rows_elsewhere = Some(RowsElsewhere {
             row_bytes,

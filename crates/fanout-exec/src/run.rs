@@ -764,7 +764,12 @@ fn map_rows<B: Backend>(
             out.copy_from_slice(&scratch);
         }
     };
-    let mapped = match be.map_host_rows(n, dim, &mut fill) {
+    let mapped = be.map_host_rows(n, dim, &mut fill);
+    // A row that could not be read is the error, whatever became of the mapping.
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let mapped = match mapped {
         None => {
             return Ok(Err(format!(
                 "{} cannot read host memory in place",
@@ -774,9 +779,6 @@ fn map_rows<B: Backend>(
         Some(Err(e)) => return Ok(Err(e.to_string())),
         Some(Ok(m)) => m,
     };
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
     let note = format!(
         "features in page-locked host memory: {n} rows x {dim} ({:.0} MB as f32), each batch's rows gathered by {} over the bus",
         (n * dim * 4) as f64 / 1e6,
@@ -1016,6 +1018,8 @@ pub fn train_worker_with<B: Backend>(
         }
     }
     let mapped = rows_at == RowsAt::Mapped;
+    // The mapped table holds f32 rows, whatever the dataset stores: what crosses the bus.
+    let mapped_row_bytes = 4 * ds.features.as_ref().map_or(0, |f| f.dim as u64);
     let pcfg = PipelineConfig {
         batch_size: plan.batch_size,
         shuffle: true,
@@ -1070,7 +1074,7 @@ pub fn train_worker_with<B: Backend>(
             Box::new(match rows_at {
                 RowsAt::Device => p.with_rows_on_device(row_bytes),
                 RowsAt::DeviceCache => p.with_cache_on_device(),
-                RowsAt::Mapped => p.with_rows_mapped(row_bytes),
+                RowsAt::Mapped => p.with_rows_mapped(mapped_row_bytes),
                 RowsAt::Host => p,
             })
         }
@@ -1081,8 +1085,8 @@ pub fn train_worker_with<B: Backend>(
         test = test.map(|p| p.with_rows_on_device(row_bytes));
     }
     if mapped {
-        valid = valid.map(|p| p.with_rows_mapped(row_bytes));
-        test = test.map(|p| p.with_rows_mapped(row_bytes));
+        valid = valid.map(|p| p.with_rows_mapped(mapped_row_bytes));
+        test = test.map(|p| p.with_rows_mapped(mapped_row_bytes));
     }
 
     let mut described = plan.describe(workers, threads);

@@ -370,7 +370,8 @@ extern "C" __global__ void spmm_t(const u32* tptr, const u32* tdst, const u32* t
 // MA_WARPS rows (X = 8 targets); each warp walks its row's edges in chunks of 32, staging the
 // chunk's neighbour ids and coefficients in shared memory with one coalesced load per warp
 // (instead of every lane reading them from global memory edge by edge), then each lane
-// accumulates up to MA_COLS columns, lane + 32 q (Y = 32 features a pass), over the chunk.
+// accumulates up to MA_COLS columns, lane + 32 q, over the chunk (the paper's Y = 32 features
+// are the warp's 32 lanes; a pass covers 32 x MA_COLS = 256 columns).
 // The partial sums live in registers, a faster tier than the shared memory the paper puts
 // them in. Shared memory: MA_WARPS x 32 x (1 + heads) words (the launch sets it).
 #define MA_WARPS 8
@@ -394,11 +395,13 @@ extern "C" __global__ void spmm_ma(const u32* ptr, const u32* nbr, const u32* ei
         int j = c0 + lane + 32 * q;
         hq[q] = j < cols ? j / f : 0;
       }
-      for (u32 e0 = b; e0 < end; e0 += 32) {
-        u32 n = min(32u, end - e0);
+      // 64-bit chunk starts: a u32 start would wrap past 2^32 - 32 edges.
+      for (i64 e0 = b; e0 < (i64)end; e0 += 32) {
+        i64 left = (i64)end - e0;
+        u32 n = left < 32 ? (u32)left : 32u;
         __syncwarp();
         if ((u32)lane < n) {
-          u32 k = e0 + lane;
+          u32 k = (u32)(e0 + lane);
           s_nbr[lane] = nbr[k];
           if (coeff) {
             i64 id = eid ? (i64)eid[k] : (i64)k;
@@ -455,11 +458,13 @@ extern "C" __global__ void spmm_ma4(const u32* ptr, const u32* nbr, const u32* e
 #pragma unroll
         for (int t = 0; t < 4; t++) hq[q][t] = v < c4 ? (4 * v + t) / f : 0;
       }
-      for (u32 e0 = b; e0 < end; e0 += 32) {
-        u32 n = min(32u, end - e0);
+      // 64-bit chunk starts: a u32 start would wrap past 2^32 - 32 edges.
+      for (i64 e0 = b; e0 < (i64)end; e0 += 32) {
+        i64 left = (i64)end - e0;
+        u32 n = left < 32 ? (u32)left : 32u;
         __syncwarp();
         if ((u32)lane < n) {
-          u32 k = e0 + lane;
+          u32 k = (u32)(e0 + lane);
           s_nbr[lane] = nbr[k];
           if (coeff) {
             i64 id = eid ? (i64)eid[k] : (i64)k;

@@ -18,6 +18,8 @@ struct HostMappedTable {
     addr: u64,
     /// The context that mapped it.
     ctx: Arc<CudaContext>,
+    /// Elements in the table (`rows x cols` of its `MappedRows`, checked at each gather).
+    len: usize,
 }
 
 impl Drop for HostMappedTable {
@@ -58,6 +60,9 @@ impl CudaBackend {
         host.fill(0.0);
         fill(&mut host[..len]);
         let ptr = host.as_mut_ptr();
+        // `fill` may have made another context current on this thread.
+        ctx.bind_to_thread()
+            .map_err(|e| failed("cuCtxSetCurrent", &e))?;
         let mut addr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` starts a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in this
         // context, which the table keeps alive as long as any clone of it lives.
@@ -68,6 +73,7 @@ impl CudaBackend {
             _buf: buf,
             addr,
             ctx,
+            len,
         };
         Ok(MappedRows::new(rows, cols, Arc::new(table)))
     }
@@ -83,7 +89,9 @@ impl CudaBackend {
         let mapped = table
             .table()
             .downcast_ref::<HostMappedTable>()
-            .filter(|t| t.ctx.ordinal() == self.stream().context().ordinal())
+            .filter(|t| {
+                t.ctx.ordinal() == self.stream().context().ordinal() && t.len == rows * cols
+            })
             .unwrap_or_else(|| {
                 panic!("gather_mapped_rows: a {rows} x {cols} table this device did not map")
             });

@@ -46,7 +46,7 @@ const MA_MAX_HEADS: usize = 32;
 
 impl CudaBackend {
     /// Whether aggregations with `heads` coefficient columns use the Memory-Aware kernel: it
-    /// is chosen and its shared memory (32 words per warp and head) stays within the 48 KiB
+    /// is chosen and its shared memory (32 x (1 + heads) words per warp) stays within the 48 KiB
     /// every device allows a block without opting in.
     fn memory_aware(&self, heads: usize) -> bool {
         self.graph_kernels() == GraphKernels::MemoryAware && heads <= MA_MAX_HEADS

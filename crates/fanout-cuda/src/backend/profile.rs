@@ -3,7 +3,9 @@
 //! to standard error when the backend is dropped. It answers "where does the train stage's
 //! time go on the GPU" on machines without Nsight: the summed device time against the span
 //! from the first event to the last shows how much of the span the stream was busy, and so
-//! whether a run is bound by the device or by the host feeding it.
+//! whether a run is bound by the device or by the host feeding it. The busy share is an upper
+//! bound: on an idle stream a span's start event fires at once, so the span also holds the
+//! host's time to launch (and for pageable copies, the driver's copy on the host).
 //!
 //! Events cost a few microseconds per call and one event pair per call is kept until the
 //! report, so this is for measuring, not for production runs.
