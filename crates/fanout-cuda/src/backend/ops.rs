@@ -201,6 +201,58 @@ impl CudaBackend {
         partial
     }
 
+    /// `labels` as the loss kernels read them, on the device: `i32`, anything outside `i32`
+    /// as -1 (unlabelled; the loss checks its labels before).
+    fn labels_to_device(&self, labels: &[i64]) -> CudaSlice<i32> {
+        let lab: Vec<i32> = labels
+            .iter()
+            .map(|&l| i32::try_from(l).unwrap_or(-1))
+            .collect();
+        self.to_device(&lab)
+    }
+
+    /// `softmax_xent`: writes the mean loss's gradient (over `count` labelled rows) into
+    /// `grad` and returns each row's loss (f64, 0 for unlabelled rows), on the device.
+    fn xent_rows(
+        &self,
+        logits: &CudaTensor,
+        lab_d: &CudaSlice<i32>,
+        count: usize,
+        grad: &mut CudaTensor,
+    ) -> CudaSlice<f64> {
+        let mut row_loss = self.alloc::<f64>(logits.rows);
+        let inv = 1.0 / count as f32;
+        let (r64, c32) = (logits.rows as i64, logits.cols as i32);
+        launch!(
+            self.inner,
+            "softmax_xent",
+            logits.rows,
+            [
+                &logits.data,
+                lab_d,
+                &inv,
+                &mut grad.data,
+                &mut row_loss,
+                &r64,
+                &c32
+            ]
+        );
+        row_loss
+    }
+
+    /// `argmax_hits`: 1 for each row whose first arg-max is its label, else 0, on the device.
+    fn hits(&self, logits: &CudaTensor, lab_d: &CudaSlice<i32>) -> CudaSlice<i32> {
+        let mut hit = self.alloc::<i32>(logits.rows);
+        let (r64, c32) = (logits.rows as i64, logits.cols as i32);
+        launch!(
+            self.inner,
+            "argmax_hits",
+            logits.rows,
+            [&logits.data, lab_d, &mut hit, &r64, &c32]
+        );
+        hit
+    }
+
     /// Column sums (`1 x cols`) by passes of [`COL_SUM_CHUNK`] rows.
     fn col_sums(&self, x: &CudaTensor) -> CudaTensor {
         let (mut rows, cols) = x.shape();
@@ -1075,25 +1127,8 @@ impl Backend for CudaBackend {
                 grad,
             });
         }
-        let lab: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-        let lab_d = self.to_device(&lab);
-        let mut row_loss = self.alloc::<f64>(rows);
-        let inv = 1.0 / count as f32;
-        let (r64, c32) = (rows as i64, classes as i32);
-        launch!(
-            self.inner,
-            "softmax_xent",
-            rows,
-            [
-                &logits.data,
-                &lab_d,
-                &inv,
-                &mut grad.data,
-                &mut row_loss,
-                &r64,
-                &c32
-            ]
-        );
+        let lab_d = self.labels_to_device(labels);
+        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
         let total: f64 = self.to_host(&row_loss, rows).iter().sum();
         Ok(CrossEntropy {
             loss: (total / count as f64) as f32,
@@ -1118,33 +1153,11 @@ impl Backend for CudaBackend {
             };
             return Ok((ce, 0));
         }
-        let lab: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-        let lab_d = self.to_device(&lab);
-        let mut row_loss = self.alloc::<f64>(rows);
-        let mut hit = self.alloc::<i32>(rows);
+        let lab_d = self.labels_to_device(labels);
+        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
+        let hit = self.hits(logits, &lab_d);
         let mut figures = self.alloc::<f64>(2);
-        let inv = 1.0 / count as f32;
-        let (r64, c32) = (rows as i64, classes as i32);
-        launch!(
-            self.inner,
-            "softmax_xent",
-            rows,
-            [
-                &logits.data,
-                &lab_d,
-                &inv,
-                &mut grad.data,
-                &mut row_loss,
-                &r64,
-                &c32
-            ]
-        );
-        launch!(
-            self.inner,
-            "argmax_hits",
-            rows,
-            [&logits.data, &lab_d, &mut hit, &r64, &c32]
-        );
+        let r64 = rows as i64;
         launch!(
             self.inner,
             "step_figures",
@@ -1176,19 +1189,7 @@ impl Backend for CudaBackend {
     fn accuracy(&self, logits: &CudaTensor, labels: &[i64]) -> (usize, usize) {
         assert_eq!(labels.len(), logits.rows, "accuracy: label count != rows");
         let labelled = labels.iter().filter(|&&l| l >= 0).count();
-        let lab: Vec<i32> = labels
-            .iter()
-            .map(|&l| i32::try_from(l).unwrap_or(-1))
-            .collect();
-        let lab_d = self.to_device(&lab);
-        let mut hit = self.alloc::<i32>(logits.rows);
-        let (r64, c32) = (logits.rows as i64, logits.cols as i32);
-        launch!(
-            self.inner,
-            "argmax_hits",
-            logits.rows,
-            [&logits.data, &lab_d, &mut hit, &r64, &c32]
-        );
+        let hit = self.hits(logits, &self.labels_to_device(labels));
         let correct = self
             .to_host(&hit, logits.rows)
             .iter()
