@@ -141,7 +141,8 @@ pub struct TrainArgs {
     /// and gathered there (nothing but ids and blocks crosses per step); with them the cached
     /// rows are copied there once, the previous batch's rows stay there for Match, and each
     /// batch uploads only its misses; uva keeps every row in page-locked host memory that the
-    /// GPU reads in place (zero-copy, for features that do not fit on it; no cache or Match);
+    /// GPU reads in place (zero-copy, for features that do not fit on it; with a cache or
+    /// Match, the rows they miss are read there instead of uploaded);
     /// host gathers on the CPU and uploads every row; auto picks, on a GPU without a cache or
     /// Match, device when the rows as f32 take at most half its free memory and a quarter of
     /// the host's available memory, else uva when they take at most a quarter of the host's,
@@ -413,7 +414,8 @@ pub enum PlacementArg {
     Host,
     /// Copied to the GPU once, gathered there.
     Device,
-    /// In page-locked host memory, gathered by the GPU over the bus (zero-copy).
+    /// In page-locked host memory, gathered by the GPU over the bus (zero-copy); with a cache,
+    /// the misses only.
     Uva,
 }
 

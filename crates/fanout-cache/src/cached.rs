@@ -9,14 +9,21 @@ use crate::table::{CacheSize, FeatureCache};
 use fanout_graph::{Dataset, Error, Result};
 use fanout_sample::{LoaderConfig, Sampler};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+
+/// Input rows per parallel task when a batch is split ([`Extractor::extract_split`]) or
+/// remembered for Match: large enough that a task's own lists cost little to join.
+const SPLIT_CHUNK: usize = 1 << 14;
 
 /// The previous batch's rows kept "on the device" for Match.
 struct Previous {
-    /// `stamp[v] == cur` iff `v` was an input node of the previous batch.
-    stamp: Vec<u32>,
-    /// Row of `v` in `rows` when stamped.
-    idx: Vec<u32>,
+    /// Per vertex, its stamp in the high 32 bits and its row in the previous batch in the low
+    /// ones (one read per lookup): the stamp is `cur` iff `v` was an input node of the previous
+    /// batch. Atomic so that a batch's vertices are marked in parallel (a batch's input nodes
+    /// are distinct, so each entry has one writer; were one repeated, either of its positions
+    /// would be a right answer).
+    mark: Vec<AtomicU64>,
     cur: u32,
     /// The previous batch's rows, when [`Extractor::extract`] made it (an
     /// [`Extractor::extract_split`] leaves them on the device and this empty).
@@ -59,8 +66,7 @@ impl CachedExtractor {
         }
         let n = f.num_rows();
         let prev = match_previous.then(|| Previous {
-            stamp: vec![0; n],
-            idx: vec![0; n],
+            mark: (0..n).map(|_| AtomicU64::new(0)).collect(),
             cur: 0,
             rows: Vec::new(),
             rows_kept: false,
@@ -89,10 +95,15 @@ impl CachedExtractor {
         self.prev.as_ref()?;
         self.forget_previous();
         let p = self.prev.as_mut()?;
-        for (i, &v) in input_nodes.iter().enumerate() {
-            p.stamp[v as usize] = p.cur;
-            p.idx[v as usize] = i as u32;
-        }
+        let (mark, cur) = (&p.mark, u64::from(p.cur) << 32);
+        input_nodes
+            .par_chunks(SPLIT_CHUNK)
+            .enumerate()
+            .for_each(|(k, ids)| {
+                for (j, &v) in ids.iter().enumerate() {
+                    mark[v as usize].store(cur | (k * SPLIT_CHUNK + j) as u64, Relaxed);
+                }
+            });
         Some(p)
     }
 
@@ -102,7 +113,7 @@ impl CachedExtractor {
         if let Some(p) = &mut self.prev {
             p.cur = p.cur.wrapping_add(1);
             if p.cur == 0 {
-                p.stamp.fill(0);
+                p.mark.iter_mut().for_each(|m| *m.get_mut() = 0);
                 p.cur = 1;
             }
             p.rows.clear();
@@ -157,7 +168,7 @@ impl Extractor for CachedExtractor {
         &mut self,
         input_nodes: &[u32],
         split: &mut CacheSplit,
-        misses: &mut Vec<f32>,
+        misses: Option<&mut Vec<f32>>,
     ) -> Option<Result<ExtractStats>> {
         if self.cache.is_none() && self.prev.is_none() {
             return None;
@@ -181,7 +192,7 @@ impl CachedExtractor {
         &mut self,
         input_nodes: &[u32],
         split: &mut CacheSplit,
-        misses: &mut Vec<f32>,
+        misses: Option<&mut Vec<f32>>,
     ) -> Result<ExtractStats> {
         crate::extract::check_input_nodes(&self.ds, input_nodes)?;
         let ds = self.ds.clone();
@@ -192,28 +203,45 @@ impl CachedExtractor {
         let prev = self.prev.as_ref().filter(|p| p.cur != 0);
         split.seq = self.splits;
         split.keep = self.prev.is_some();
-        for v in [&mut split.slots, &mut split.miss_positions] {
-            v.clear();
-        }
+        // In parallel over chunks of positions: each row's slot, and the chunk's reused and
+        // missed positions (ascending), joined in chunk order below.
+        split.slots.resize(input_nodes.len(), 0);
+        let lists: Vec<[Vec<u32>; 3]> = split
+            .slots
+            .par_chunks_mut(SPLIT_CHUNK)
+            .zip(input_nodes.par_chunks(SPLIT_CHUNK))
+            .enumerate()
+            .map(|(k, (slots, ids))| {
+                let base = (k * SPLIT_CHUNK) as u32;
+                let [mut reused, mut from, mut host] = [Vec::new(), Vec::new(), Vec::new()];
+                for (j, (slot, &v)) in slots.iter_mut().zip(ids).enumerate() {
+                    let i = base + j as u32;
+                    *slot = match source(cache, prev, v) {
+                        Source::Cache(s) => s,
+                        Source::Previous(p) => {
+                            reused.push(i);
+                            from.push(p);
+                            miss
+                        }
+                        Source::Host => {
+                            host.push(i);
+                            miss
+                        }
+                    };
+                }
+                [reused, from, host]
+            })
+            .collect();
         split.reused_positions.clear();
         split.reused_from.clear();
-        for (i, &v) in input_nodes.iter().enumerate() {
-            let source = source(cache, prev, v);
-            split.slots.push(match source {
-                Source::Cache(s) => s,
-                _ => miss,
-            });
-            match source {
-                Source::Cache(_) => {}
-                Source::Previous(j) => {
-                    split.reused_positions.push(i as u32);
-                    split.reused_from.push(j);
-                }
-                Source::Host => split.miss_positions.push(i as u32),
-            }
+        split.miss_positions.clear();
+        for [reused, from, host] in &lists {
+            split.reused_positions.extend_from_slice(reused);
+            split.reused_from.extend_from_slice(from);
+            split.miss_positions.extend_from_slice(host);
         }
-        misses.resize(split.miss_positions.len() * d, 0.0);
-        if d > 0 {
+        if let Some(misses) = misses.filter(|_| d > 0) {
+            misses.resize(split.miss_positions.len() * d, 0.0);
             misses
                 .par_chunks_mut(d)
                 .zip(split.miss_positions.par_iter())
@@ -249,8 +277,15 @@ fn source(cache: Option<&FeatureCache>, prev: Option<&Previous>, v: u32) -> Sour
         return Source::Cache(s);
     }
     match prev {
-        Some(p) if p.stamp[v as usize] == p.cur => Source::Previous(p.idx[v as usize]),
-        _ => Source::Host,
+        Some(p) => {
+            let m = p.mark[v as usize].load(Relaxed);
+            if (m >> 32) as u32 == p.cur {
+                Source::Previous(m as u32)
+            } else {
+                Source::Host
+            }
+        }
+        None => Source::Host,
     }
 }
 

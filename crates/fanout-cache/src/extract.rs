@@ -102,17 +102,19 @@ pub trait Extractor: Send {
     }
 
     /// For a trainer that keeps this extractor's cache (and, with Match, the previous batch's
-    /// rows) on its device: fills `split` (see [`CacheSplit`]) and `misses` with the rows of
-    /// `miss_positions`, in order, each exactly as [`Extractor::extract`] would write it. The
+    /// rows) on its device: fills `split` (see [`CacheSplit`]) and, when `misses` is given,
+    /// `misses` with the rows of `miss_positions`, in order, each exactly as
+    /// [`Extractor::extract`] would write it. With `misses` `None` no row is read: the device
+    /// reads the missed rows itself (in place from host memory); the split is the same. The
     /// stats count cache, reused and host bytes as [`Extractor::extract`] does for the same
-    /// sequence of batches. `None` where the extractor has neither a cache nor Match (the
-    /// default). Errors as [`Extractor::extract`]. Splits of one extractor must be assembled
-    /// in the order they were made (each may reuse the one before).
+    /// sequence of batches, either way. `None` where the extractor has neither a cache nor
+    /// Match (the default). Errors as [`Extractor::extract`]. Splits of one extractor must be
+    /// assembled in the order they were made (each may reuse the one before).
     fn extract_split(
         &mut self,
         _input_nodes: &[u32],
         _split: &mut CacheSplit,
-        _misses: &mut Vec<f32>,
+        _misses: Option<&mut Vec<f32>>,
     ) -> Option<Result<ExtractStats>> {
         None
     }

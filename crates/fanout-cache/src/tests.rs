@@ -201,8 +201,10 @@ fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
                     (alpha > 0.0).then(|| FeatureCache::build(f, &ranking[..rows]).unwrap());
                 CachedExtractor::new(ds.clone(), cache, match_previous).unwrap()
             };
-            // The same batches through the host path and through splits.
-            let (mut host, mut ex) = (build(), build());
+            // The same batches through the host path and through splits, the misses gathered
+            // on the host (`ex`) or left to the device (`lazy`).
+            let (mut host, mut ex, mut lazy) = (build(), build(), build());
+            let mut lazy_split = CacheSplit::default();
             let table = ex.cache_rows().expect("a cache or Match");
             let (mut a, mut b, mut misses) = (Vec::new(), Vec::new(), vec![7.0; 5]);
             let mut split = CacheSplit {
@@ -215,10 +217,22 @@ fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
                 let sp = plain.extract(batch, &mut a).unwrap();
                 let sh = host.extract(batch, &mut b).unwrap();
                 let ss = ex
-                    .extract_split(batch, &mut split, &mut misses)
+                    .extract_split(batch, &mut split, Some(&mut misses))
                     .unwrap()
                     .unwrap();
                 assert_eq!(ss, sh, "{what}: the accounting of the host path");
+                let sl = lazy
+                    .extract_split(batch, &mut lazy_split, None)
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    sl, ss,
+                    "{what}: the same accounting without the misses' rows"
+                );
+                assert_eq!(
+                    lazy_split, split,
+                    "{what}: the same split without the misses' rows"
+                );
                 assert_eq!((split.seq, split.keep), (k as u64, match_previous));
                 assert_eq!(misses.len(), split.miss_positions.len() * d);
                 let x = assemble(&table, d, &split, &misses, previous.as_ref());
@@ -234,17 +248,19 @@ fn a_split_for_a_device_cache_reassembles_the_plain_rows_byte_for_byte() {
         // No split without a cache or Match.
         let mut none = CachedExtractor::new(ds.clone(), None, false).unwrap();
         assert!(none
-            .extract_split(&[0], &mut CacheSplit::default(), &mut Vec::new())
+            .extract_split(&[0], &mut CacheSplit::default(), Some(&mut Vec::new()))
             .is_none());
         assert!(none.cache_rows().is_none());
         // Out-of-range ids are errors, as for extract.
         let cache = FeatureCache::build(f, &[0, 1]).unwrap();
         let mut ex = CachedExtractor::new(ds.clone(), Some(cache), false).unwrap();
         let bad = [0, n as u32];
-        assert!(ex
-            .extract_split(&bad, &mut CacheSplit::default(), &mut Vec::new())
-            .unwrap()
-            .is_err());
+        for misses in [Some(&mut Vec::new()), None] {
+            assert!(ex
+                .extract_split(&bad, &mut CacheSplit::default(), misses)
+                .unwrap()
+                .is_err());
+        }
     }
 }
 
@@ -504,5 +520,69 @@ fn gather_into_writes_exactly_the_stored_rows_over_old_contents() {
         assert_eq!(out.len(), 10 * f.dim);
         f.gather_into(&[], &mut out);
         assert!(out.is_empty());
+    }
+}
+
+/// Batches of several parallel chunks (more input rows than `SPLIT_CHUNK`) split as the
+/// one-row-at-a-time rule says: a cached row names its slot, else a row of the batch before
+/// (Match) is reused from its position there, else it is missed; every list ascending, the
+/// chunks joined in order. Checked against that rule written out sequentially.
+#[test]
+fn splits_of_large_batches_follow_the_sequential_rule() {
+    let cfg = Preset::Tiny.config(Some(60_000));
+    let opts = GenOptions {
+        seed: 9,
+        ..Default::default()
+    };
+    let ds = Arc::new(generate(&cfg, &opts, None, &NoProgress).unwrap().0);
+    let n = ds.num_nodes() as u32;
+    let f = ds.features.as_ref().unwrap();
+    let ranking = degree_ranking(&ds.topology);
+    let cached = &ranking[..n as usize / 4];
+    let cache = FeatureCache::build(f, cached).unwrap();
+    let slots: Vec<Option<u32>> = (0..n).map(|v| cache.slot(v)).collect();
+    let extra = cache.len() as u32;
+    let mut ex = CachedExtractor::new(ds.clone(), Some(cache), true).unwrap();
+    // Distinct ids in a scrambled order, overlapping from one batch to the next.
+    let batch = |start: u32, len: u32| -> Vec<u32> {
+        (0..len)
+            .map(|i| ((start + i) as u64 * 48_271 % n as u64) as u32)
+            .collect()
+    };
+    let batches = [batch(0, 40_000), batch(20_000, 37_000), batch(50_000, 5)];
+    let mut previous = std::collections::HashMap::new();
+    let mut split = CacheSplit::default();
+    for (k, ids) in batches.iter().enumerate() {
+        ex.extract_split(ids, &mut split, None).unwrap().unwrap();
+        let mut want = CacheSplit {
+            seq: k as u64,
+            keep: true,
+            ..CacheSplit::default()
+        };
+        for (i, &v) in ids.iter().enumerate() {
+            let i = i as u32;
+            match (slots[v as usize], previous.get(&v)) {
+                (Some(s), _) => want.slots.push(s),
+                (None, Some(&j)) => {
+                    want.slots.push(extra);
+                    want.reused_positions.push(i);
+                    want.reused_from.push(j);
+                }
+                (None, None) => {
+                    want.slots.push(extra);
+                    want.miss_positions.push(i);
+                }
+            }
+        }
+        assert!(
+            want.reused_positions.len() > 1000 || k != 1,
+            "the test reuses rows"
+        );
+        assert_eq!(split, want, "batch {k}");
+        previous = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, i as u32))
+            .collect();
     }
 }

@@ -156,7 +156,9 @@ pub enum FeaturePlacement {
     /// The rows live in page-locked host memory that the GPU reads in place over its bus
     /// (zero-copy; PyG's and MorphGL's UVA feature fetch), for features that do not fit in
     /// device memory: the extract stage gathers nothing and the trainer's device gathers each
-    /// batch's rows from host memory. Needs a GPU backend; no feature cache or Match-Reorder.
+    /// batch's rows from host memory. With a feature cache or Match-Reorder, the cached rows
+    /// (and the previous batch's) are on the device as for `Device`, and only the rows they
+    /// miss are read in place, none gathered or uploaded by the host. Needs a GPU backend.
     Uva,
 }
 

@@ -202,6 +202,8 @@ pub struct Pipeline {
     input_plan: Option<InputPlan>,
     rows_elsewhere: Option<RowsElsewhere>,
     cache_on_device: bool,
+    /// With `cache_on_device`: the trainer reads the missed rows in place (none gathered here).
+    misses_mapped: bool,
 }
 
 /// Rows the trainer gathers itself, from every vertex's row on the device or mapped from host
@@ -257,6 +259,7 @@ impl Pipeline {
             input_plan: cfg.input_plan,
             rows_elsewhere: None,
             cache_on_device: false,
+            misses_mapped: false,
         })
     }
 
@@ -268,6 +271,17 @@ impl Pipeline {
     /// cache nor Match.
     pub fn with_cache_on_device(mut self) -> Self {
         self.cache_on_device = true;
+        self
+    }
+
+    /// As [`Pipeline::with_cache_on_device`], for a trainer that also holds every feature row
+    /// in host memory its device reads in place ([`crate::Trainer::with_mapped_rows`]): the
+    /// extract stage reads no row (`extract_split` without misses), each [`Prepared`] carries
+    /// its [`CacheSplit`] and empty `features`, and the trainer's device reads the missed rows
+    /// over the bus. The [`ExtractStats`] are those of [`Pipeline::with_cache_on_device`].
+    pub fn with_cache_on_device_misses_mapped(mut self) -> Self {
+        self.cache_on_device = true;
+        self.misses_mapped = true;
         self
     }
 
@@ -336,7 +350,7 @@ impl Pipeline {
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
         let (input_plan, rows_elsewhere) = (self.input_plan, self.rows_elsewhere);
-        let cache_on_device = self.cache_on_device;
+        let (cache_on_device, misses_mapped) = (self.cache_on_device, self.misses_mapped);
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
             // ended with the panic's message, and the extractor's state is not trusted again.
@@ -357,8 +371,10 @@ impl Pipeline {
                 let mut gather = || {
                     if cache_on_device {
                         let mut split = CacheSplit::default();
+                        features.clear();
+                        let misses = (!misses_mapped).then_some(&mut features);
                         let stats = exr
-                            .extract_split(&batch.input_nodes, &mut split, &mut features)
+                            .extract_split(&batch.input_nodes, &mut split, misses)
                             .ok_or_else(|| {
                                 fanout_graph::Error::Invalid(
                                     "the cache on the device needs an extractor with a cache \

@@ -669,6 +669,20 @@ enum RowsAt {
     DeviceCache,
     /// All of them in host memory the compute device reads in place, gathered by it.
     Mapped,
+    /// The feature cache (and with Match the previous batch's rows) on the compute device as
+    /// for `DeviceCache`, the misses read in place from host memory as for `Mapped`.
+    DeviceCacheMapped,
+}
+
+impl RowsAt {
+    /// Whether every row is also kept in host memory the device reads in place.
+    fn mapped(self) -> bool {
+        matches!(self, RowsAt::Mapped | RowsAt::DeviceCacheMapped)
+    }
+    /// Whether a feature cache (or Match's reuse) lives on the device.
+    fn cache_on_device(self) -> bool {
+        matches!(self, RowsAt::DeviceCache | RowsAt::DeviceCacheMapped)
+    }
 }
 
 /// Where this run keeps its feature rows (see [`FeaturePlacement`]); `Err` when `device` is
@@ -706,13 +720,8 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
              already where the model computes"
                 .into(),
         ),
-        FeaturePlacement::Uva if cache => bad(
-            "--feature-placement uva reads every row from host memory in place: it takes no \
-             feature cache or Match-Reorder (use --feature-placement device for a cache on the \
-             GPU)"
-                .into(),
-        ),
         FeaturePlacement::Uva if dim == 0 => Ok(RowsAt::Host),
+        FeaturePlacement::Uva if cache => Ok(RowsAt::DeviceCacheMapped),
         FeaturePlacement::Uva => Ok(RowsAt::Mapped),
         FeaturePlacement::Device if be.name() == "cpu" => bad(
             "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
@@ -999,7 +1008,7 @@ pub fn train_worker_with<B: Backend>(
             (n * dim * 4) as f64 / 1e6
         ));
     }
-    if rows_at == RowsAt::Mapped {
+    if rows_at.mapped() {
         match map_rows(&be, &ds)? {
             Ok((mapped, note)) => {
                 trainer = trainer.with_mapped_rows(mapped);
@@ -1017,7 +1026,7 @@ pub fn train_worker_with<B: Backend>(
             }
         }
     }
-    let mapped = rows_at == RowsAt::Mapped;
+    let mapped = rows_at.mapped();
     // The mapped table holds f32 rows, whatever the dataset stores: what crosses the bus.
     let mapped_row_bytes = 4 * ds.features.as_ref().map_or(0, |f| f.dim as u64);
     let pcfg = PipelineConfig {
@@ -1044,8 +1053,7 @@ pub fn train_worker_with<B: Backend>(
     if let Some(line) = cache_line {
         obs.note(&line);
     }
-    let cache_on_device = rows_at == RowsAt::DeviceCache;
-    if cache_on_device {
+    if rows_at.cache_on_device() {
         let (table, cached, dim) = device_cache_table(&be, extractor.as_ref())?;
         trainer = trainer.with_device_cache(table);
         let reuse = if cfg.cache.match_reorder {
@@ -1053,8 +1061,13 @@ pub fn train_worker_with<B: Backend>(
         } else {
             ""
         };
+        let misses = if rows_at.mapped() {
+            "the device reads the rows it misses in place from host memory"
+        } else {
+            "each batch uploads only the rows it misses"
+        };
         obs.note(&format!(
-            "feature cache on the device: {cached} rows x {dim} ({:.0} MB as f32); each batch uploads only the rows it misses{reuse}",
+            "feature cache on the device: {cached} rows x {dim} ({:.0} MB as f32); {misses}{reuse}",
             (cached * dim * 4) as f64 / 1e6
         ));
     }
@@ -1074,6 +1087,7 @@ pub fn train_worker_with<B: Backend>(
             Box::new(match rows_at {
                 RowsAt::Device => p.with_rows_on_device(row_bytes),
                 RowsAt::DeviceCache => p.with_cache_on_device(),
+                RowsAt::DeviceCacheMapped => p.with_cache_on_device_misses_mapped(),
                 RowsAt::Mapped => p.with_rows_mapped(mapped_row_bytes),
                 RowsAt::Host => p,
             })

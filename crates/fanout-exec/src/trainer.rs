@@ -103,7 +103,10 @@ impl<B: Backend> Trainer<B> {
     /// device) and its uploaded misses added at their positions: `-0.0 + m` is `m` for every
     /// float but a NaN (both zeros included), so finite rows are exactly the stored ones (a
     /// NaN stays a NaN, its payload up to the device). A batch that
-    /// reuses rows of a batch this trainer did not assemble just before is an error.
+    /// reuses rows of a batch this trainer did not assemble just before is an error. With
+    /// [`Trainer::with_mapped_rows`] too, a batch that brings no missed rows (from a pipeline
+    /// [`crate::Pipeline::with_cache_on_device_misses_mapped`]) has them read by the device
+    /// from the mapped rows instead of uploaded.
     pub fn with_device_cache(mut self, table: B::Tensor) -> Self {
         self.device_cache = Some(table);
         self
@@ -209,7 +212,27 @@ impl<B: Backend> Trainer<B> {
             }
             if !split.miss_positions.is_empty() {
                 let m = split.miss_positions.len();
-                let misses = be.upload_owned(Tensor::new(m, p.dim, p.features));
+                let misses = match &self.mapped_rows {
+                    // Read by the device in place (Pipeline::with_cache_on_device_misses_mapped).
+                    Some(all) if p.features.is_empty() && p.dim > 0 => {
+                        let ids: Vec<u32> = split
+                            .miss_positions
+                            .iter()
+                            .map(|&i| p.batch.input_nodes[i as usize])
+                            .collect();
+                        be.gather_mapped_rows(all, &ids, None)
+                    }
+                    _ if p.features.len() != m * p.dim => {
+                        return Err(ExecError::Invalid(format!(
+                            "batch {} misses {m} rows of the device cache but brings {} values \
+                             for them (rows of {}), and the trainer reads no rows in place",
+                            split.seq,
+                            p.features.len(),
+                            p.dim
+                        )))
+                    }
+                    _ => be.upload_owned(Tensor::new(m, p.dim, p.features)),
+                };
                 be.scatter_add_rows(&mut x, &split.miss_positions, &misses);
             }
             // Match: the next batch may reuse these rows.

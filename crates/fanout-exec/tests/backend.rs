@@ -22,16 +22,18 @@ use common::saved_tiny;
 /// A backend that is the CPU backend under another name: every method, provided ones
 /// included, delegates to the inner [`CpuBackend`]. With a countdown, its matrix product fails
 /// like a GPU out of memory ([`device_failed`]) when the countdown reaches zero.
-/// With a counter, it also counts its `gather_rows` calls there.
+/// With a counter, it also counts its `gather_rows` calls there; with a second one, its
+/// `gather_mapped_rows` calls.
 #[derive(Clone, Copy, Debug)]
 struct Named(
     CpuBackend,
     Option<&'static AtomicUsize>,
     Option<&'static AtomicUsize>,
+    Option<&'static AtomicUsize>,
 );
 
 /// [`Named`] that never fails.
-const NAMED: Named = Named(CpuBackend, None, None);
+const NAMED: Named = Named(CpuBackend, None, None, None);
 
 impl Named {
     /// Counts a matrix product down, failing the device on the last one.
@@ -298,6 +300,9 @@ impl Backend for Named {
         _resident: Option<&(dyn std::any::Any + Send + Sync)>,
     ) -> Tensor {
         MAPPED_GATHERS.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.3 {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         let t = table
             .table()
             .downcast_ref::<Tensor>()
@@ -591,7 +596,7 @@ fn a_device_failing_mid_run_ends_it_with_an_error_not_a_panic() {
     // pipeline's sampling and extraction threads running.
     for (at, saved) in [(10, false), (20, true)] {
         PRODUCTS_LEFT.store(at, Ordering::SeqCst);
-        let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT), None);
+        let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT), None, None);
         let Err(e) = train_with_backend(failing, &cfg, &env, &mut ()) else {
             panic!("the run ended without the device failure")
         };
@@ -755,7 +760,7 @@ fn rows_gathered_on_the_device_train_the_host_gathered_model() {
 /// `--feature-placement uva`: every row in host memory the backend reads in place, each batch
 /// gathered by the backend from there, trains the CPU's host-gathered model bit for bit (the
 /// fused first layer there or not), with every byte counted as read from the host and none
-/// from a cache; on the CPU and with a cache it is refused.
+/// from a cache; on the CPU it is refused, with a cache or without.
 #[test]
 fn rows_mapped_from_host_memory_train_the_host_gathered_model() {
     let (_dir, ds) = saved_tiny(800);
@@ -815,14 +820,16 @@ fn rows_mapped_from_host_memory_train_the_host_gathered_model() {
         },
         ..uva
     };
-    let e = refused(&cached, false);
-    assert!(e.contains("takes no feature cache"), "{e}");
+    let e = refused(&cached, true);
+    assert!(e.contains("--feature-placement uva needs a GPU"), "{e}");
 }
 
 /// `--feature-placement device` with a feature cache and/or Match-Reorder: the cached rows
 /// copied to the backend once, the previous batch's rows kept there, each batch uploading only
 /// its misses, trains the model of the same cache and Match on the host bit for bit, with the
-/// same bytes from cache, reuse and host; the rows are assembled on the backend.
+/// same bytes from cache, reuse and host; the rows are assembled on the backend. So does
+/// `--feature-placement uva` with the same cache, the backend reading the misses in place
+/// from mapped host memory (nothing uploaded).
 #[test]
 fn a_cache_on_the_device_trains_the_host_cached_model() {
     let (_dir, ds) = saved_tiny(800);
@@ -852,8 +859,9 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
         let cpu = train(&host, &env, &mut ()).unwrap();
         // This test's own count: other tests gather on NAMED at the same time.
         static GATHERS: AtomicUsize = AtomicUsize::new(0);
+        static MAPPED: AtomicUsize = AtomicUsize::new(0);
         GATHERS.store(0, Ordering::SeqCst);
-        let counted = Named(CpuBackend, None, Some(&GATHERS));
+        let counted = Named(CpuBackend, None, Some(&GATHERS), Some(&MAPPED));
         let named = train_with_backend(counted, &device, &env, &mut ()).unwrap();
         let gathers = GATHERS.load(Ordering::SeqCst);
         let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
@@ -866,6 +874,50 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
             );
             assert!(n.hit_rate > 0.0, "{what}");
             assert_eq!(n.extract.bytes_reused > 0, match_reorder, "{what}");
+        }
+        // uva: the same cache on the backend, the misses read in place. Its evaluation reads
+        // every row in place, as a uva run without a cache does for training too; so the
+        // training steps' reads in place are its count less the evaluation's.
+        let uva = TrainConfig {
+            feature_placement: FeaturePlacement::Uva,
+            ..host.clone()
+        };
+        let uva_alone = TrainConfig {
+            cache: CacheSpec::default(),
+            ..uva.clone()
+        };
+        MAPPED.store(0, Ordering::SeqCst);
+        train_with_backend(counted, &uva_alone, &env, &mut ()).unwrap();
+        let eval_reads = MAPPED.load(Ordering::SeqCst) as u64 - batches;
+        GATHERS.store(0, Ordering::SeqCst);
+        MAPPED.store(0, Ordering::SeqCst);
+        let mapped = train_with_backend(counted, &uva, &env, &mut ()).unwrap();
+        let step_reads = MAPPED.load(Ordering::SeqCst) as u64 - eval_reads;
+        assert!(
+            GATHERS.load(Ordering::SeqCst) as u64 >= batches,
+            "{what} uva"
+        );
+        assert_identical(&mapped, &cpu, &format!("{what} uva"));
+        let misses: u64 = cpu
+            .metrics
+            .epochs
+            .iter()
+            .map(|e| e.extract.bytes_from_host)
+            .sum();
+        if misses == 0 {
+            assert_eq!(
+                step_reads, 0,
+                "{what} uva: nothing missed, nothing read in place"
+            );
+        } else {
+            // Every step with a miss reads it in place; none uploads it.
+            assert!(
+                (1..=batches).contains(&step_reads),
+                "{what} uva: {step_reads} reads"
+            );
+        }
+        for (n, c) in mapped.metrics.epochs.iter().zip(&cpu.metrics.epochs) {
+            assert_eq!(n.extract, c.extract, "{what} uva: the same bytes");
         }
         // The host-cached run on the same backend uploads every row: the same model, and
         // no gather.
