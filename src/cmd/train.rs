@@ -154,8 +154,8 @@ pub struct TrainArgs {
     /// for bit); uva does the same with the arcs read from pinned host memory (graphs whose
     /// arcs do not fit on the GPU); host samples on the CPU threads; auto picks device on a
     /// GPU for k-hop sampling when the topology takes at most a quarter of its free memory,
-    /// else uva when the arcs take at most a quarter of the host's available memory
-    /// [default: auto].
+    /// else uva when the arcs take at most a quarter of the host's available memory; device
+    /// and uva may take at most three quarters of the GPU's free memory [default: auto].
     #[arg(long, value_enum)]
     pub sampling_placement: Option<SamplingArg>,
     /// Data-parallel workers in this process (threads, each with its own share of --threads).

@@ -89,8 +89,9 @@ fn cuda_backend(device: fanout_cuda::Device) -> std::result::Result<Compute, Str
 
 /// The sampler this run draws its batches with on the device (see [`SamplingPlacement`]):
 /// `Ok(Some((sampler, note)))` to use instead of the host's, `Ok(None)` to sample on the host,
-/// `Err` when `device` is asked for where it cannot be (no GPU backend, a sampler other than
-/// k-hop, a topology larger than the device's free memory).
+/// `Err` when `device` or `uva` is asked for where it cannot be (no GPU backend, a sampler
+/// other than k-hop, a device whose free memory cannot be read, what it would copy there
+/// taking more than [`TOPOLOGY_SHARE`] of the device's free memory).
 pub(crate) fn device_sampler<B: Backend>(
     be: &B,
     cfg: &TrainConfig,
@@ -109,42 +110,15 @@ pub(crate) fn device_sampler<B: Backend>(
     // Always on the device: the offsets (8 bytes a vertex) and the remap words and vertex list
     // (8 more); the arcs (4 bytes each) where the placement says.
     let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * 4);
-    let free = be.free_memory().unwrap_or(0);
     let mb = |b: u64| b as f64 / 1e6;
-    let bad = |m: String| Err(ExecError::Invalid(m));
-    let on_device = match asked {
-        SamplingPlacement::Host => return Ok(None),
-        SamplingPlacement::Auto if fixed + arcs <= free / 4 => true,
-        // Arcs that do not fit are read from pinned host memory: on an H200 with 16 cores that
-        // sampled 1.4-2.4x as fast as the host's sampler (docs/cuda.md). Pinned memory cannot
-        // be paged out, so auto takes at most a quarter of what the host has available.
-        SamplingPlacement::Auto
-            if fixed <= free / 4 && arcs <= fanout_graph::available_memory() / 4 =>
-        {
-            false
-        }
-        SamplingPlacement::Auto => return Ok(None),
-        SamplingPlacement::Device if fixed + arcs > free => {
-            return bad(format!(
-                "--sampling-placement device: the topology takes {:.0} MB on the device but {} \
-                 has {:.0} MB free; use --sampling-placement uva (the arcs read from pinned host \
-                 memory) or host",
-                mb(fixed + arcs),
-                be.name(),
-                mb(free)
-            ))
-        }
-        SamplingPlacement::Device => true,
-        SamplingPlacement::Uva if fixed > free => {
-            return bad(format!(
-                "--sampling-placement uva: the offsets and remap table take {:.0} MB on the \
-                 device but {} has {:.0} MB free; use --sampling-placement host",
-                mb(fixed),
-                be.name(),
-                mb(free)
-            ))
-        }
-        SamplingPlacement::Uva => false,
+    let memory = TopologyMemory {
+        fixed,
+        arcs,
+        free: be.free_memory(),
+        host_available: fanout_graph::available_memory(),
+    };
+    let Some(on_device) = topology_on_device(asked, memory, be.name())? else {
+        return Ok(None);
     };
     let khop = KHopConfig {
         fanouts: fanouts.to_vec(),
@@ -166,6 +140,85 @@ pub(crate) fn device_sampler<B: Backend>(
         )
     };
     Ok(Some((sampler, note)))
+}
+
+/// The most of a device's free memory that `--sampling-placement device` (the topology) or
+/// `uva` (offsets and remap table) may take; `auto` takes at most a quarter.
+pub(crate) const TOPOLOGY_SHARE: f64 = 0.75;
+
+/// Bytes a GPU sampler needs, and what the machine has for them.
+#[derive(Clone, Copy, Debug)]
+struct TopologyMemory {
+    /// Always on the device: offsets, remap words and vertex list.
+    fixed: u64,
+    /// The arcs, on the device or in pinned host memory.
+    arcs: u64,
+    /// The device's free memory, `None` when it could not be read.
+    free: Option<u64>,
+    /// The host's available memory.
+    host_available: u64,
+}
+
+/// Where [`device_sampler`] keeps the topology for placement `asked`: `Some(true)` all on the
+/// device, `Some(false)` the arcs in pinned host memory, `None` sampling on the host; `Err`
+/// when `device` or `uva` is asked for and the device's free memory is unknown or what they
+/// copy there would take more than [`TOPOLOGY_SHARE`] of it. `auto` takes the device when
+/// everything fits in a quarter of its free memory, else pinned arcs when the rest fits in a
+/// quarter of it and the arcs in a quarter of the host's available memory, else the host.
+fn topology_on_device(
+    asked: SamplingPlacement,
+    m: TopologyMemory,
+    device: &str,
+) -> Result<Option<bool>> {
+    let mb = |b: u64| b as f64 / 1e6;
+    let bad = |m: String| Err(ExecError::Invalid(m));
+    let Some(free) = m.free else {
+        // A GPU that cannot say how much memory it has left: auto samples on the host.
+        if matches!(asked, SamplingPlacement::Auto | SamplingPlacement::Host) {
+            return Ok(None);
+        }
+        return bad(format!(
+            "--sampling-placement {}: {device} could not report its free memory; use \
+             --sampling-placement host",
+            asked.name()
+        ));
+    };
+    // What an explicit placement may take: the rest is left to the step's tensors and the
+    // features or their cache.
+    let room = (free as f64 * TOPOLOGY_SHARE) as u64;
+    let (fixed, arcs) = (m.fixed, m.arcs);
+    Ok(Some(match asked {
+        SamplingPlacement::Host => return Ok(None),
+        SamplingPlacement::Auto if fixed + arcs <= free / 4 => true,
+        // Arcs that do not fit are read from pinned host memory: on an H200 with 16 cores that
+        // sampled 1.4-2.4x as fast as the host's sampler (docs/cuda.md). Pinned memory cannot
+        // be paged out, so auto takes at most a quarter of what the host has available.
+        SamplingPlacement::Auto if fixed <= free / 4 && arcs <= m.host_available / 4 => false,
+        SamplingPlacement::Auto => return Ok(None),
+        SamplingPlacement::Device if fixed + arcs > room => {
+            return bad(format!(
+                "--sampling-placement device: the topology takes {:.0} MB on the device but \
+                 {device} has {:.0} MB free (it may take {:.0}%, leaving the rest for \
+                 training); use --sampling-placement uva (the arcs read from pinned host \
+                 memory) or host",
+                mb(fixed + arcs),
+                mb(free),
+                TOPOLOGY_SHARE * 100.0
+            ))
+        }
+        SamplingPlacement::Device => true,
+        SamplingPlacement::Uva if fixed > room => {
+            return bad(format!(
+                "--sampling-placement uva: the offsets and remap table take {:.0} MB on the \
+                 device but {device} has {:.0} MB free (they may take {:.0}%, leaving the rest \
+                 for training); use --sampling-placement host",
+                mb(fixed),
+                mb(free),
+                TOPOLOGY_SHARE * 100.0
+            ))
+        }
+        SamplingPlacement::Uva => false,
+    }))
 }
 
 /// Refuses `--sampling-placement device` or `uva` where it cannot be: a backend other than
@@ -238,6 +291,48 @@ fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: KHopConfig, _: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Auto, device and uva against the device's free memory: the quarter auto takes, the
+    /// share an explicit placement may take, an unknown free memory.
+    #[test]
+    fn the_topology_goes_where_the_memory_allows() {
+        use SamplingPlacement::{Auto, Device, Host, Uva};
+        let gb = 1u64 << 30;
+        let m = |fixed: u64, arcs: u64, free: Option<u64>| TopologyMemory {
+            fixed,
+            arcs,
+            free,
+            host_available: 256 * gb,
+        };
+        let at = |asked, mem| topology_on_device(asked, mem, "cuda").map_err(|e| e.to_string());
+        // 100 GB free: 10 GB all fits in auto's quarter.
+        assert_eq!(at(Auto, m(2 * gb, 8 * gb, Some(100 * gb))), Ok(Some(true)));
+        // 50 GB on a 100 GB device: auto pins the arcs; device takes it (under 75%).
+        assert_eq!(
+            at(Auto, m(2 * gb, 48 * gb, Some(100 * gb))),
+            Ok(Some(false))
+        );
+        assert_eq!(
+            at(Device, m(2 * gb, 48 * gb, Some(100 * gb))),
+            Ok(Some(true))
+        );
+        // Arcs beyond a quarter of the host's memory: auto samples on the host.
+        assert_eq!(at(Auto, m(2 * gb, 80 * gb, Some(40 * gb))), Ok(None));
+        // 90 of 100 GB: device is refused (it would leave 10% for training), uva is not.
+        let e = at(Device, m(2 * gb, 88 * gb, Some(100 * gb))).unwrap_err();
+        assert!(e.contains("may take 75%") && e.contains("uva"), "{e}");
+        assert_eq!(at(Uva, m(2 * gb, 88 * gb, Some(100 * gb))), Ok(Some(false)));
+        let e = at(Uva, m(80 * gb, 8 * gb, Some(100 * gb))).unwrap_err();
+        assert!(e.contains("offsets and remap table take"), "{e}");
+        // Free memory unknown: auto and host sample on the host; device and uva say why.
+        assert_eq!(at(Auto, m(gb, gb, None)), Ok(None));
+        assert_eq!(at(Host, m(gb, gb, Some(100 * gb))), Ok(None));
+        for asked in [Device, Uva] {
+            let e = at(asked, m(gb, gb, None)).unwrap_err();
+            assert!(e.contains("could not report its free memory"), "{e}");
+            assert!(!e.contains("0 MB"), "{e}");
+        }
+    }
 
     #[test]
     fn cpu_opens_and_a_gpu_is_never_quietly_the_cpu() {
