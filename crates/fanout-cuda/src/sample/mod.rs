@@ -103,15 +103,25 @@ pub(crate) struct DeviceBlocks {
     pub(crate) num_inputs: usize,
 }
 
-/// Collects the topology as the device layout: `u64` offsets and `u32` ids.
-struct Topology;
-impl CsrVisitor for Topology {
+/// Collects the topology as the device layout: `u64` offsets and `u32` ids, the ids into
+/// `into` when given (a pinned buffer of the arcs' length: no host copy in between), else
+/// into a new vector returned with the offsets.
+struct Topology<'a> {
+    into: Option<&'a mut [u32]>,
+}
+impl CsrVisitor for Topology<'_> {
     type Output = (Vec<u64>, Vec<u32>);
     fn visit<O: Offset, I: VertexId>(self, indptr: &[O], indices: &[I]) -> Self::Output {
-        (
-            indptr.iter().map(|&o| o.into()).collect(),
-            indices.iter().map(|&i| i.idx() as u32).collect(),
-        )
+        let offsets = indptr.iter().map(|&o| o.into()).collect();
+        match self.into {
+            Some(dst) => {
+                for (d, &i) in dst.iter_mut().zip(indices) {
+                    *d = i.idx() as u32;
+                }
+                (offsets, Vec::new())
+            }
+            None => (offsets, indices.iter().map(|&i| i.idx() as u32).collect()),
+        }
     }
 }
 
@@ -159,7 +169,22 @@ impl CudaKHopSampler {
         let fail = |call: &str, e: &dyn Display| gpu_error(gpu.index(), call, e);
         let kernels = kernels_for(ctx).map_err(|e| fail("kernel compilation", &e))?;
         let stream = ctx.new_stream().map_err(|e| fail("cuStreamCreate", &e))?;
-        let (p, i) = ds.topology.visit(Topology);
+        // Pinned arcs are written straight into their page-locked buffer.
+        let mut pinned = match arcs {
+            ArcsAt::Device => None,
+            ArcsAt::PinnedHost => Some(
+                pinned_arcs(ctx, ds.topology.num_arcs() as usize)
+                    .map_err(|(call, e)| fail(call, &e))?,
+            ),
+        };
+        let into = match &mut pinned {
+            Some(buf) => Some(
+                buf.as_mut_slice()
+                    .map_err(|e| fail("cuEventSynchronize", &e))?,
+            ),
+            None => None,
+        };
+        let (p, i) = ds.topology.visit(Topology { into });
         if let Some(v) = p.windows(2).position(|w| w[1] - w[0] > u32::MAX as u64) {
             return Err(Error::Invalid(format!(
                 "GPU sampling takes rows of fewer than 2^32 arcs; vertex {v} has {}",
@@ -169,8 +194,8 @@ impl CudaKHopSampler {
         let indptr = stream
             .clone_htod(&p)
             .map_err(|e| fail("cuMemcpyHtoD (offsets)", &e))?;
-        let indices = match arcs {
-            ArcsAt::Device => Arcs::Device(
+        let indices = match pinned {
+            None => Arcs::Device(
                 if i.is_empty() {
                     stream.alloc_zeros(1)
                 } else {
@@ -178,7 +203,7 @@ impl CudaKHopSampler {
                 }
                 .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?,
             ),
-            ArcsAt::PinnedHost => pinned_copy(ctx, &i).map_err(|(call, e)| fail(call, &e))?,
+            Some(buf) => pinned_address(buf).map_err(|(call, e)| fail(call, &e))?,
         };
         drop((p, i));
         let work = Work {
@@ -427,18 +452,27 @@ impl CudaKHopSampler {
 }
 
 /// A page-locked, device-mapped copy of `host` and the address the kernels read it at.
-fn pinned_copy(
+/// Page-locked host memory for `len` arcs (at least one element), mapped into the device's
+/// address space ([`pinned_address`]); its contents are whatever the caller writes.
+fn pinned_arcs(
     ctx: &Arc<CudaContext>,
-    host: &[u32],
+    len: usize,
+) -> std::result::Result<PinnedHostSlice<u32>, (&'static str, DriverError)> {
+    // SAFETY: every arc is written (the topology visitor fills the whole slice of `len`) before
+    // a kernel reads it; the extra element of an empty graph is never read.
+    unsafe { ctx.alloc_pinned_with_flags::<u32>(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        .map_err(|e| ("cuMemHostAlloc (arcs)", e))
+}
+
+/// The arcs in `buf` (from [`pinned_arcs`]) as the kernels read them: the buffer, kept
+/// alive, and its device address.
+fn pinned_address(
+    mut buf: PinnedHostSlice<u32>,
 ) -> std::result::Result<Arcs, (&'static str, DriverError)> {
-    // SAFETY: the buffer is written whole below before anything reads it.
-    let mut buf = unsafe {
-        ctx.alloc_pinned_with_flags::<u32>(host.len().max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
-    }
-    .map_err(|e| ("cuMemHostAlloc (arcs)", e))?;
-    let dst = buf.as_mut_slice().map_err(|e| ("cuEventSynchronize", e))?;
-    dst[..host.len()].copy_from_slice(host);
-    let ptr = dst.as_mut_ptr();
+    let ptr = buf
+        .as_mut_slice()
+        .map_err(|e| ("cuEventSynchronize", e))?
+        .as_mut_ptr();
     let mut addr: sys::CUdeviceptr = 0;
     // SAFETY: `ptr` is the start of a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in
     // this context, which the buffer keeps alive as long as the sampler holds it.
