@@ -4,9 +4,10 @@
 #
 #   cargo build --release --features cuda
 #   cargo build --release --features cuda -p fanout-cuda --example cuda_sampling --example cuda_kernels
+#   cargo build --release -p fanout-cache --example split_speed
 #   cargo test --release --features cuda -p fanout-cuda --no-run   # then copy the two test binaries
 #   (cd python && maturin build --release --features cuda -o ../.gpu)
-#   mkdir -p .gpu; cp target/release/fanout target/release/examples/cuda_{sampling,kernels} .gpu/
+#   mkdir -p .gpu; cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} .gpu/
 #
 # with the test binaries copied as .gpu/sampler_matches_cpu and .gpu/backend_matches_cpu.
 # Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
@@ -28,6 +29,8 @@ time timeout 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /
 step "4 sampling bench"
 timeout 60 $G/cuda_sampling $D 8000 15,10,5 20
 timeout 60 $G/cuda_sampling $D 8000 10,25 20
+# The extract stage of a cache on the GPU against the plain gather, on every core.
+[ -x $G/split_speed ] && timeout 60 $G/split_speed $D 8000 0.2
 run() { # name, args...
   local n=$1; shift
   step "train $n"
@@ -40,6 +43,7 @@ run sage-shost --model sage --fanouts 10,25 --sampling-placement host
 run gat-sdev --model gat --fanouts 10,25 --sampling-placement device
 run gat-shost --model gat --fanouts 10,25 --sampling-placement host
 run sage-cache-dev --model sage --fanouts 10,25 --sampling-placement host --feature-placement device --cache-policy degree --cache-ratio 0.2 --match-reorder
+run sage-cache-uva --model sage --fanouts 10,25 --sampling-placement host --feature-placement uva --cache-policy degree --cache-ratio 0.2 --match-reorder
 run sage-cache-host --model sage --fanouts 10,25 --sampling-placement host --feature-placement host --cache-policy degree --cache-ratio 0.2 --match-reorder
 run sage-upload --model sage --fanouts 10,25 --sampling-placement host --feature-placement host
 step "compare losses"
@@ -52,7 +56,7 @@ for k, v in m.items():
     print(f"{k:16s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
           + f"  sample {e[-1]['sample_s']:.3f} extract {e[-1]['extract_s']:.3f} train {e[-1]['train_s']:.3f}"
           + f"  loss {[x['loss'] for x in e]}  test {v['test_acc']}  hit {e[-1]['hit_rate']}")
-for a, b in [('gcn-sdev','gcn-shost'),('sage-sdev','sage-shost'),('gat-sdev','gat-shost'),('sage-cache-dev','sage-cache-host')]:
+for a, b in [('gcn-sdev','gcn-shost'),('sage-sdev','sage-shost'),('gat-sdev','gat-shost'),('sage-cache-dev','sage-cache-host'),('sage-cache-uva','sage-cache-host')]:
     if a in m and b in m:
         la = [x['loss'] for x in m[a]['epochs']]; lb = [x['loss'] for x in m[b]['epochs']]
         print(a, 'vs', b, 'losses equal:', la == lb, 'test equal:', m[a]['test_acc'] == m[b]['test_acc'])
