@@ -240,12 +240,14 @@ impl CachedExtractor {
             split.reused_from.extend_from_slice(from);
             split.miss_positions.extend_from_slice(host);
         }
-        if let Some(misses) = misses.filter(|_| d > 0) {
+        if let Some(misses) = misses {
             misses.resize(split.miss_positions.len() * d, 0.0);
-            misses
-                .par_chunks_mut(d)
-                .zip(split.miss_positions.par_iter())
-                .for_each(|(o, &i)| f.copy_row(input_nodes[i as usize] as usize, o));
+            if d > 0 {
+                misses
+                    .par_chunks_mut(d)
+                    .zip(split.miss_positions.par_iter())
+                    .for_each(|(o, &i)| f.copy_row(input_nodes[i as usize] as usize, o));
+            }
         }
         if let Some(p) = self.remember(input_nodes) {
             // The rows stay on the device.

@@ -47,14 +47,16 @@ impl ExtractStats {
 /// device assembles the batch's feature matrix by gathering row `slots[i]` of its cache table
 /// for every input row `i` (a row the cache does not hold names the table's extra row after
 /// the cached ones), then placing the previous batch's rows `reused_from` at
-/// `reused_positions` and the uploaded misses at `miss_positions`. Every position is in
-/// exactly one of: a cache slot, `reused_positions`, `miss_positions`.
+/// `reused_positions` and the misses (uploaded, or read by the device in place from host
+/// memory) at `miss_positions`. Every position is in exactly one of: a cache slot,
+/// `reused_positions`, `miss_positions`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheSplit {
     /// Per input row, in input order: its cache slot, or the cache's length when the cache
     /// does not hold it.
     pub slots: Vec<u32>,
-    /// Positions (in input order, ascending) of the rows gathered on the host and uploaded.
+    /// Positions (in input order, ascending) of the rows the device holds neither in its cache
+    /// nor from the previous batch: gathered on the host and uploaded, or read in place.
     pub miss_positions: Vec<u32>,
     /// Positions (ascending) of the rows reused from the previous split's batch (Match).
     pub reused_positions: Vec<u32>,

@@ -139,7 +139,7 @@ pub enum FeaturePlacement {
     /// `device` when the rows as f32 take at most half the device's free memory and a quarter
     /// of the host's available memory, else `uva` when they take at most a quarter of the
     /// host's available memory (page-locked memory cannot be paged out); `host` otherwise,
-    /// and on the CPU (a cache or Match on the GPU is asked for with `device`).
+    /// and on the CPU (a cache or Match on the GPU is asked for with `device` or `uva`).
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the

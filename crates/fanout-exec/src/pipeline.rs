@@ -178,8 +178,9 @@ pub struct Prepared {
     pub input_agg: Option<Vec<f32>>,
     /// `Some`: the batch's rows are split between a cache on the trainer's device and the
     /// host ([`Pipeline::with_cache_on_device`]): `features` then holds only the misses, in
-    /// input order, and the trainer assembles the rest from its copy of the cache
-    /// ([`crate::Trainer::with_device_cache`]).
+    /// input order (nothing with [`Pipeline::with_cache_on_device_misses_mapped`]: the
+    /// trainer's device reads them in place), and the trainer assembles the rest from its copy
+    /// of the cache ([`crate::Trainer::with_device_cache`]).
     pub cache_split: Option<CacheSplit>,
 }
 
@@ -278,7 +279,9 @@ impl Pipeline {
     /// in host memory its device reads in place ([`crate::Trainer::with_mapped_rows`]): the
     /// extract stage reads no row (`extract_split` without misses), each [`Prepared`] carries
     /// its [`CacheSplit`] and empty `features`, and the trainer's device reads the missed rows
-    /// over the bus. The [`ExtractStats`] are those of [`Pipeline::with_cache_on_device`].
+    /// over the bus. The [`ExtractStats`] are those of [`Pipeline::with_cache_on_device`]
+    /// (rows counted at their stored size, as the host path counts them, where
+    /// [`Pipeline::with_rows_mapped`] counts the f32 rows that cross the bus).
     pub fn with_cache_on_device_misses_mapped(mut self) -> Self {
         self.cache_on_device = true;
         self.misses_mapped = true;

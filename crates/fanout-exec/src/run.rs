@@ -752,6 +752,7 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
 fn map_rows<B: Backend>(
     be: &B,
     ds: &Arc<Dataset>,
+    misses_only: bool,
 ) -> Result<std::result::Result<(fanout_compute::MappedRows, String), String>> {
     let n = ds.num_nodes() as usize;
     let mut plain = PlainExtractor::new(ds.clone())?;
@@ -788,8 +789,13 @@ fn map_rows<B: Backend>(
         Some(Err(e)) => return Ok(Err(e.to_string())),
         Some(Ok(m)) => m,
     };
+    let which = if misses_only {
+        "the rows each batch's cache misses"
+    } else {
+        "each batch's rows"
+    };
     let note = format!(
-        "features in page-locked host memory: {n} rows x {dim} ({:.0} MB as f32), each batch's rows gathered by {} over the bus",
+        "features in page-locked host memory: {n} rows x {dim} ({:.0} MB as f32), {which} gathered by {} over the bus",
         (n * dim * 4) as f64 / 1e6,
         be.name()
     );
@@ -805,20 +811,27 @@ const MAP_CHUNK_ROWS: usize = 1 << 16;
 fn device_cache_table<B: Backend>(
     be: &B,
     extractor: &dyn Extractor,
+    placement: FeaturePlacement,
 ) -> Result<(B::Tensor, usize, usize)> {
     let dim = extractor.dim();
+    let flag = format!("--feature-placement {}", placement.name());
     let mut rows = extractor.cache_rows().ok_or_else(|| {
-        ExecError::Invalid(
-            "--feature-placement device: the extractor has neither a cache nor Match".into(),
-        )
+        ExecError::Invalid(format!(
+            "{flag}: the extractor has neither a cache nor Match"
+        ))
     })?;
     let cached = rows.len() / dim.max(1);
     rows.extend(std::iter::repeat_n(-0.0f32, dim));
     let bytes = (rows.len() * 4) as u64;
     if let Some(free) = be.free_memory().filter(|&free| bytes > free / 2) {
+        let without = if placement == FeaturePlacement::Uva {
+            ", --feature-placement uva without a cache (every row read in place)"
+        } else {
+            ""
+        };
         return Err(ExecError::Invalid(format!(
-            "--feature-placement device: the cache takes {:.0} MB as f32 but {} has {:.0} MB \
-             free (it may take half); a smaller cache (--cache-ratio, --cache-bytes) or \
+            "{flag}: the cache takes {:.0} MB as f32 but {} has {:.0} MB free (it may take \
+             half); a smaller cache (--cache-ratio, --cache-bytes){without} or \
              --feature-placement host",
             bytes as f64 / 1e6,
             be.name(),
@@ -1009,7 +1022,7 @@ pub fn train_worker_with<B: Backend>(
         ));
     }
     if rows_at.mapped() {
-        match map_rows(&be, &ds)? {
+        match map_rows(&be, &ds, rows_at.cache_on_device())? {
             Ok((mapped, note)) => {
                 trainer = trainer.with_mapped_rows(mapped);
                 obs.note(&note);
@@ -1020,9 +1033,15 @@ pub fn train_worker_with<B: Backend>(
                 rows_at = RowsAt::Host;
             }
             Err(why) => {
+                let instead = if rows_at.cache_on_device() {
+                    " (--feature-placement device keeps the cache on the GPU and uploads the \
+                     misses)"
+                } else {
+                    ""
+                };
                 return Err(ExecError::Invalid(format!(
-                    "--feature-placement uva: {why}"
-                )))
+                    "--feature-placement uva: {why}{instead}"
+                )));
             }
         }
     }
@@ -1054,7 +1073,8 @@ pub fn train_worker_with<B: Backend>(
         obs.note(&line);
     }
     if rows_at.cache_on_device() {
-        let (table, cached, dim) = device_cache_table(&be, extractor.as_ref())?;
+        let (table, cached, dim) =
+            device_cache_table(&be, extractor.as_ref(), cfg.feature_placement)?;
         trainer = trainer.with_device_cache(table);
         let reuse = if cfg.cache.match_reorder {
             ", and the rows it shares with the batch before it (Match) are reused there"

@@ -225,10 +225,15 @@ impl<B: Backend> Trainer<B> {
                     _ if p.features.len() != m * p.dim => {
                         return Err(ExecError::Invalid(format!(
                             "batch {} misses {m} rows of the device cache but brings {} values \
-                             for them (rows of {}), and the trainer reads no rows in place",
+                             for them (rows of {}){}",
                             split.seq,
                             p.features.len(),
-                            p.dim
+                            p.dim,
+                            if self.mapped_rows.is_none() {
+                                ", and the trainer reads no rows in place"
+                            } else {
+                                ""
+                            }
                         )))
                     }
                     _ => be.upload_owned(Tensor::new(m, p.dim, p.features)),

@@ -888,11 +888,15 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
         };
         MAPPED.store(0, Ordering::SeqCst);
         train_with_backend(counted, &uva_alone, &env, &mut ()).unwrap();
-        let eval_reads = MAPPED.load(Ordering::SeqCst) as u64 - batches;
+        let eval_reads = (MAPPED.load(Ordering::SeqCst) as u64)
+            .checked_sub(batches)
+            .expect("uva without a cache reads every training batch in place");
         GATHERS.store(0, Ordering::SeqCst);
         MAPPED.store(0, Ordering::SeqCst);
         let mapped = train_with_backend(counted, &uva, &env, &mut ()).unwrap();
-        let step_reads = MAPPED.load(Ordering::SeqCst) as u64 - eval_reads;
+        let step_reads = (MAPPED.load(Ordering::SeqCst) as u64)
+            .checked_sub(eval_reads)
+            .expect("evaluation reads every row in place with a cache too");
         assert!(
             GATHERS.load(Ordering::SeqCst) as u64 >= batches,
             "{what} uva"

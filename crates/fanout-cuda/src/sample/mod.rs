@@ -115,6 +115,13 @@ impl CsrVisitor for Topology<'_> {
         let offsets = indptr.iter().map(|&o| o.into()).collect();
         match self.into {
             Some(dst) => {
+                // Every arc is written (`pinned_arcs`' contract); an empty graph's one
+                // element is never read.
+                assert_eq!(
+                    dst.len(),
+                    indices.len().max(1),
+                    "the pinned buffer fits the arcs"
+                );
                 for (d, &i) in dst.iter_mut().zip(indices) {
                     *d = i.idx() as u32;
                 }
@@ -451,7 +458,6 @@ impl CudaKHopSampler {
     }
 }
 
-/// A page-locked, device-mapped copy of `host` and the address the kernels read it at.
 /// Page-locked host memory for `len` arcs (at least one element), mapped into the device's
 /// address space ([`pinned_address`]); its contents are whatever the caller writes.
 fn pinned_arcs(
