@@ -236,6 +236,37 @@ impl Stream {
     }
 }
 
+/// Page-locked host memory of `len` elements (at least one) mapped into `ctx`'s device address
+/// space, zeroed, its first `len` elements handed to `fill`, and the address kernels read it at:
+/// the zero-copy buffers of `uva` features and `uva` sampling. `Err` names the failed call.
+/// Kernels read the buffer by address, which cudarc's event tracking does not see: whoever
+/// holds it must wait for their work before dropping it.
+pub(crate) fn mapped_pinned<T: DeviceRepr + ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    len: usize,
+    fill: impl FnOnce(&mut [T]),
+) -> Result<(PinnedHostSlice<T>, u64), (&'static str, DriverError)> {
+    // SAFETY: the whole buffer is zeroed (a valid `T`: `ValidAsZeroBits`) before anything
+    // reads it.
+    let mut buf =
+        unsafe { ctx.alloc_pinned_with_flags::<T>(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            .map_err(|e| ("cuMemHostAlloc", e))?;
+    let host = buf.as_mut_slice().map_err(|e| ("cuEventSynchronize", e))?;
+    // SAFETY: `host` is `host.len()` writable elements, and all-zero bytes are a valid `T`.
+    unsafe { std::ptr::write_bytes(host.as_mut_ptr(), 0, host.len()) };
+    fill(&mut host[..len]);
+    let ptr = host.as_mut_ptr();
+    // `fill` may have made another context current on this thread.
+    ctx.bind_to_thread().map_err(|e| ("cuCtxSetCurrent", e))?;
+    let mut addr: sys::CUdeviceptr = 0;
+    // SAFETY: `ptr` starts a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in this
+    // context, which `buf` keeps alive; the caller holds `buf` as long as kernels read `addr`.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut addr, ptr.cast(), 0) }
+        .result()
+        .map_err(|e| ("cuMemHostGetDevicePointer", e))?;
+    Ok((buf, addr))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -715,20 +715,16 @@ fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt
                 },
             )
         }
-        FeaturePlacement::Uva if be.name() == "cpu" => bad(
-            "--feature-placement uva needs a GPU (--device cuda); on the CPU the rows are \
-             already where the model computes"
-                .into(),
-        ),
-        FeaturePlacement::Uva if dim == 0 => Ok(RowsAt::Host),
+        p @ (FeaturePlacement::Uva | FeaturePlacement::Device) if be.name() == "cpu" => {
+            bad(format!(
+                "--feature-placement {} needs a GPU (--device cuda); on the CPU the rows are \
+                 already where the model computes",
+                p.name()
+            ))
+        }
+        FeaturePlacement::Uva | FeaturePlacement::Device if dim == 0 => Ok(RowsAt::Host),
         FeaturePlacement::Uva if cache => Ok(RowsAt::DeviceCacheMapped),
         FeaturePlacement::Uva => Ok(RowsAt::Mapped),
-        FeaturePlacement::Device if be.name() == "cpu" => bad(
-            "--feature-placement device needs a GPU (--device cuda); on the CPU the rows are \
-             already where the model computes"
-                .into(),
-        ),
-        FeaturePlacement::Device if dim == 0 => Ok(RowsAt::Host),
         FeaturePlacement::Device if cache => Ok(RowsAt::DeviceCache),
         FeaturePlacement::Device => match be.free_memory() {
             Some(free) if bytes > free => bad(format!(

@@ -6,7 +6,7 @@
 
 use super::kernels::launch;
 use super::{CudaBackend, CudaTensor};
-use cudarc::driver::{sys, CudaContext, PinnedHostSlice};
+use cudarc::driver::{CudaContext, PinnedHostSlice};
 use fanout_compute::{ComputeError, MappedRows, Result};
 use std::sync::Arc;
 
@@ -49,26 +49,10 @@ impl CudaBackend {
                 (len * 4) as f64 / 1e6
             ))
         };
-        // SAFETY: the whole buffer is zeroed below before `fill` or any kernel reads it.
-        let mut buf = unsafe {
-            ctx.alloc_pinned_with_flags::<f32>(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
-        }
-        .map_err(|e| failed("cuMemHostAlloc", &e))?;
-        let host = buf
-            .as_mut_slice()
-            .map_err(|e| failed("cuEventSynchronize", &e))?;
-        host.fill(0.0);
-        fill(&mut host[..len]);
-        let ptr = host.as_mut_ptr();
-        // `fill` may have made another context current on this thread.
-        ctx.bind_to_thread()
-            .map_err(|e| failed("cuCtxSetCurrent", &e))?;
-        let mut addr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` starts a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in this
-        // context, which the table keeps alive as long as any clone of it lives.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut addr, ptr.cast(), 0) }
-            .result()
-            .map_err(|e| failed("cuMemHostGetDevicePointer", &e))?;
+        // The table keeps the buffer alive as long as any clone of it lives, and its drop
+        // waits for the kernels that read it.
+        let (buf, addr) =
+            crate::cuda::mapped_pinned(&ctx, len, fill).map_err(|(call, e)| failed(call, &e))?;
         let table = HostMappedTable {
             _buf: buf,
             addr,

@@ -88,41 +88,31 @@ impl CudaBackend {
             block_dim: (32 * MA_WARPS as u32, 1, 1),
             shared_mem_bytes: (MA_WARPS * 32 * (1 + heads) * 4) as u32,
         };
-        let args = (&eid, &coeff, &h32);
+        // The two kernels take the same arguments; `launch_with!` names its kernel by literal.
+        macro_rules! launch_ma {
+            ($name:literal) => {
+                launch_with!(
+                    self.inner,
+                    $name,
+                    cfg,
+                    [
+                        ptr,
+                        nbr,
+                        &eid,
+                        &coeff,
+                        &h32,
+                        &x.data,
+                        &mut out.data,
+                        &rows,
+                        &cols
+                    ]
+                )
+            };
+        }
         if self.vec4(out.cols, &[&x.data, &out.data]) == 1 {
-            launch_with!(
-                self.inner,
-                "spmm_ma4",
-                cfg,
-                [
-                    ptr,
-                    nbr,
-                    args.0,
-                    args.1,
-                    args.2,
-                    &x.data,
-                    &mut out.data,
-                    &rows,
-                    &cols
-                ]
-            );
+            launch_ma!("spmm_ma4");
         } else {
-            launch_with!(
-                self.inner,
-                "spmm_ma",
-                cfg,
-                [
-                    ptr,
-                    nbr,
-                    args.0,
-                    args.1,
-                    args.2,
-                    &x.data,
-                    &mut out.data,
-                    &rows,
-                    &cols
-                ]
-            );
+            launch_ma!("spmm_ma");
         }
     }
 

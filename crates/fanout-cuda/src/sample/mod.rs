@@ -10,11 +10,11 @@
 //! end the input vertices. The arcs may instead sit in pinned host memory ([`ArcsAt`]).
 
 use crate::backend::kernels::{grid, kernels_for, Kernels};
+use crate::cuda::mapped_pinned;
 use crate::sort::DeviceSort;
 use crate::CudaBackend;
 use cudarc::driver::{
-    sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, PinnedHostSlice,
-    ValidAsZeroBits,
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
 };
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
@@ -115,13 +115,7 @@ impl CsrVisitor for Topology<'_> {
         let offsets = indptr.iter().map(|&o| o.into()).collect();
         match self.into {
             Some(dst) => {
-                // Every arc is written (`pinned_arcs`' contract); an empty graph's one
-                // element is never read.
-                assert_eq!(
-                    dst.len(),
-                    indices.len().max(1),
-                    "the pinned buffer fits the arcs"
-                );
+                assert_eq!(dst.len(), indices.len(), "the buffer fits the arcs");
                 for (d, &i) in dst.iter_mut().zip(indices) {
                     *d = i.idx() as u32;
                 }
@@ -176,22 +170,29 @@ impl CudaKHopSampler {
         let fail = |call: &str, e: &dyn Display| gpu_error(gpu.index(), call, e);
         let kernels = kernels_for(ctx).map_err(|e| fail("kernel compilation", &e))?;
         let stream = ctx.new_stream().map_err(|e| fail("cuStreamCreate", &e))?;
-        // Pinned arcs are written straight into their page-locked buffer.
-        let mut pinned = match arcs {
-            ArcsAt::Device => None,
-            ArcsAt::PinnedHost => Some(
-                pinned_arcs(ctx, ds.topology.num_arcs() as usize)
-                    .map_err(|(call, e)| fail(call, &e))?,
-            ),
+        // Pinned arcs are written straight into their page-locked buffer; device arcs are
+        // collected, then uploaded.
+        let (p, indices) = match arcs {
+            ArcsAt::PinnedHost => {
+                let mut p = Vec::new();
+                let m = ds.topology.num_arcs() as usize;
+                let (buf, addr) = mapped_pinned(ctx, m, |dst| {
+                    p = ds.topology.visit(Topology { into: Some(dst) }).0;
+                })
+                .map_err(|(call, e)| fail(call, &e))?;
+                (p, Arcs::Pinned { _buf: buf, addr })
+            }
+            ArcsAt::Device => {
+                let (p, i) = ds.topology.visit(Topology { into: None });
+                let arcs = if i.is_empty() {
+                    stream.alloc_zeros(1)
+                } else {
+                    stream.clone_htod(&i)
+                }
+                .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?;
+                (p, Arcs::Device(arcs))
+            }
         };
-        let into = match &mut pinned {
-            Some(buf) => Some(
-                buf.as_mut_slice()
-                    .map_err(|e| fail("cuEventSynchronize", &e))?,
-            ),
-            None => None,
-        };
-        let (p, i) = ds.topology.visit(Topology { into });
         if let Some(v) = p.windows(2).position(|w| w[1] - w[0] > u32::MAX as u64) {
             return Err(Error::Invalid(format!(
                 "GPU sampling takes rows of fewer than 2^32 arcs; vertex {v} has {}",
@@ -201,18 +202,7 @@ impl CudaKHopSampler {
         let indptr = stream
             .clone_htod(&p)
             .map_err(|e| fail("cuMemcpyHtoD (offsets)", &e))?;
-        let indices = match pinned {
-            None => Arcs::Device(
-                if i.is_empty() {
-                    stream.alloc_zeros(1)
-                } else {
-                    stream.clone_htod(&i)
-                }
-                .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?,
-            ),
-            Some(buf) => pinned_address(buf).map_err(|(call, e)| fail(call, &e))?,
-        };
-        drop((p, i));
+        drop(p);
         let work = Work {
             map: stream
                 .alloc_zeros(n.max(1))
@@ -456,36 +446,6 @@ impl CudaKHopSampler {
             labels,
         })
     }
-}
-
-/// Page-locked host memory for `len` arcs (at least one element), mapped into the device's
-/// address space ([`pinned_address`]); its contents are whatever the caller writes.
-fn pinned_arcs(
-    ctx: &Arc<CudaContext>,
-    len: usize,
-) -> std::result::Result<PinnedHostSlice<u32>, (&'static str, DriverError)> {
-    // SAFETY: every arc is written (the topology visitor fills the whole slice of `len`) before
-    // a kernel reads it; the extra element of an empty graph is never read.
-    unsafe { ctx.alloc_pinned_with_flags::<u32>(len.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-        .map_err(|e| ("cuMemHostAlloc (arcs)", e))
-}
-
-/// The arcs in `buf` (from [`pinned_arcs`]) as the kernels read them: the buffer, kept
-/// alive, and its device address.
-fn pinned_address(
-    mut buf: PinnedHostSlice<u32>,
-) -> std::result::Result<Arcs, (&'static str, DriverError)> {
-    let ptr = buf
-        .as_mut_slice()
-        .map_err(|e| ("cuEventSynchronize", e))?
-        .as_mut_ptr();
-    let mut addr: sys::CUdeviceptr = 0;
-    // SAFETY: `ptr` is the start of a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP in
-    // this context, which the buffer keeps alive as long as the sampler holds it.
-    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut addr, ptr.cast(), 0) }
-        .result()
-        .map_err(|e| ("cuMemHostGetDevicePointer", e))?;
-    Ok(Arcs::Pinned { _buf: buf, addr })
 }
 
 /// The CPU remapper's error for seeds with a repeat (the smallest repeated one).
