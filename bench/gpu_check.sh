@@ -5,11 +5,12 @@
 #   cargo build --release --features cuda
 #   cargo build --release --features cuda -p fanout-cuda --example cuda_sampling --example cuda_kernels
 #   cargo build --release -p fanout-cache --example split_speed
-#   cargo test --release --features cuda -p fanout-cuda --no-run   # then copy the two test binaries
+#   cargo test --release --features cuda -p fanout-cuda --no-run   # then copy the three test binaries
 #   (cd python && maturin build --release --features cuda -o ../.gpu)
 #   mkdir -p .gpu; cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} .gpu/
 #
-# with the test binaries copied as .gpu/sampler_matches_cpu and .gpu/backend_matches_cpu.
+# with the test binaries copied as .gpu/sampler_matches_cpu, .gpu/backend_matches_cpu and
+# .gpu/cuda_lib_tests (the crate's unit tests).
 # Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
@@ -23,6 +24,7 @@ step "1 sampler tests"
 timeout 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15
 step "2 backend tests"
 timeout 120 $G/backend_matches_cpu 2>&1 | tail -4
+[ -x $G/cuda_lib_tests ] && timeout 60 $G/cuda_lib_tests 2>&1 | tail -3
 step "3 products dataset (2449029)"
 D=/tmp/products
 time timeout 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null

@@ -941,9 +941,10 @@ fn all_finite_finds_every_non_finite_value() {
     assert!(g.all_finite(&[]), "no tensor");
 }
 
-/// Uploads of every size around the page-locked staging ring's bounds (64 KiB to 32 MiB go
-/// through it), more of them than the ring has buffers and all queued before any is read back,
-/// arrive whole and in order: a buffer reused before its copy finished would show.
+/// Uploads of every size around the page-locked staging ring's bounds (64 KiB and more go
+/// through it, above 32 MiB in 32 MiB chunks that take several of its buffers, more than it
+/// has for the largest), more of them than the ring has buffers and all queued before any is
+/// read back, arrive whole and in order: a buffer reused before its copy finished would show.
 #[test]
 fn uploads_through_the_staging_ring_arrive_whole() {
     let Some(g) = gpu() else { return };
@@ -960,7 +961,10 @@ fn uploads_through_the_staging_ring_arrive_whole() {
         floats(5 << 20),
         floats(64 << 10) + 5,
         floats(9 << 20),
+        floats(150 << 20) + 3,
         floats(1 << 20),
+        floats(64 << 20),
+        floats(70 << 20) + 1,
     ];
     let hosts: Vec<Tensor> = sizes
         .iter()

@@ -138,8 +138,11 @@ pub enum FeaturePlacement {
     /// On a GPU (a backend with its own memory) without a feature cache or Match-Reorder:
     /// `device` when the rows as f32 take at most half the device's free memory and a quarter
     /// of the host's available memory, else `uva` when they take at most a quarter of the
-    /// host's available memory (page-locked memory cannot be paged out); `host` otherwise,
-    /// and on the CPU (a cache or Match on the GPU is asked for with `device` or `uva`).
+    /// host's available memory (page-locked memory cannot be paged out); `host` otherwise.
+    /// With a cache or Match on a GPU: the cache on the device, as `uva` when the rows take at
+    /// most a quarter of the host's available memory, else as `device`; a cache too large for
+    /// the device stays where it was built (every row read in place, or on the host). `host`
+    /// on the CPU.
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the

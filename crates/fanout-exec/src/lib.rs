@@ -47,6 +47,7 @@ pub mod hybrid;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
+mod placement;
 pub mod run;
 pub mod split;
 pub mod strategy;

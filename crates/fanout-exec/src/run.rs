@@ -21,6 +21,7 @@ use crate::error::{ExecError, Result};
 use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
+use crate::placement::{device_cache_table, map_rows, rows_at, wants_cache, RowsAt};
 use crate::strategy::WorkerPlan;
 use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, FitState, Trainer};
 use fanout_cache::{
@@ -657,195 +658,6 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     }
 }
 
-/// Where a run's batches find their feature rows ([`FeaturePlacement`] resolved).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RowsAt {
-    /// Gathered on the host, uploaded every step.
-    Host,
-    /// All of them on the compute device, gathered there.
-    Device,
-    /// The feature cache (and with Match the previous batch's rows) on the compute device,
-    /// the misses uploaded every step.
-    DeviceCache,
-    /// All of them in host memory the compute device reads in place, gathered by it.
-    Mapped,
-    /// The feature cache (and with Match the previous batch's rows) on the compute device as
-    /// for `DeviceCache`, the misses read in place from host memory as for `Mapped`.
-    DeviceCacheMapped,
-}
-
-impl RowsAt {
-    /// Whether every row is also kept in host memory the device reads in place.
-    fn mapped(self) -> bool {
-        matches!(self, RowsAt::Mapped | RowsAt::DeviceCacheMapped)
-    }
-    /// Whether a feature cache (or Match's reuse) lives on the device.
-    fn cache_on_device(self) -> bool {
-        matches!(self, RowsAt::DeviceCache | RowsAt::DeviceCacheMapped)
-    }
-}
-
-/// Where this run keeps its feature rows (see [`FeaturePlacement`]); `Err` when `device` is
-/// asked for where it cannot be (the CPU backend, rows that do not fit in the device's free
-/// memory; a cache's own size is checked once it is built).
-fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Result<RowsAt> {
-    // A feature cache, or Match-Reorder's reuse of the previous batch: both live on the
-    // device with it.
-    let cache = wants_cache(cfg) || cfg.cache.match_reorder;
-    let dim = ds.features.as_ref().map_or(0, |f| f.dim) as u64;
-    let bytes = ds.num_nodes() * dim * 4;
-    let bad = |m: String| Err(ExecError::Invalid(m));
-    match cfg.feature_placement {
-        FeaturePlacement::Host => Ok(RowsAt::Host),
-        FeaturePlacement::Auto if dim == 0 || be.free_memory().is_none() => Ok(RowsAt::Host),
-        // The cache on the device is asked for explicitly until it has been measured on a GPU.
-        FeaturePlacement::Auto if cache => Ok(RowsAt::Host),
-        // The rows are assembled in host memory before the upload, and mapped rows stay
-        // there page-locked: auto leaves most of it free (features larger than that stay on
-        // the host path, read from the mapped dataset file).
-        FeaturePlacement::Auto => {
-            let host_room = bytes <= fanout_graph::available_memory() / 4;
-            Ok(
-                if host_room && be.free_memory().is_some_and(|free| bytes <= free / 2) {
-                    RowsAt::Device
-                } else if host_room {
-                    RowsAt::Mapped
-                } else {
-                    RowsAt::Host
-                },
-            )
-        }
-        p @ (FeaturePlacement::Uva | FeaturePlacement::Device) if be.name() == "cpu" => {
-            bad(format!(
-                "--feature-placement {} needs a GPU (--device cuda); on the CPU the rows are \
-                 already where the model computes",
-                p.name()
-            ))
-        }
-        FeaturePlacement::Uva | FeaturePlacement::Device if dim == 0 => Ok(RowsAt::Host),
-        FeaturePlacement::Uva if cache => Ok(RowsAt::DeviceCacheMapped),
-        FeaturePlacement::Uva => Ok(RowsAt::Mapped),
-        FeaturePlacement::Device if cache => Ok(RowsAt::DeviceCache),
-        FeaturePlacement::Device => match be.free_memory() {
-            Some(free) if bytes > free => bad(format!(
-                "--feature-placement device: the features take {:.0} MB as f32 but {} has \
-                 {:.0} MB free; cache part of them there (--cache-policy degree --cache-ratio \
-                 R) or use --feature-placement host",
-                bytes as f64 / 1e6,
-                be.name(),
-                free as f64 / 1e6
-            )),
-            _ => Ok(RowsAt::Device),
-        },
-    }
-}
-
-/// Every feature row of `ds`, as f32, in host memory that `be`'s device reads in place
-/// ([`Backend::map_host_rows`]), and the line that says so; the inner `Err` says why the
-/// backend could not map them (it has no such memory, or the memory could not be had), the
-/// outer one is a failure to read the rows.
-#[allow(clippy::type_complexity)]
-fn map_rows<B: Backend>(
-    be: &B,
-    ds: &Arc<Dataset>,
-    misses_only: bool,
-) -> Result<std::result::Result<(fanout_compute::MappedRows, String), String>> {
-    let n = ds.num_nodes() as usize;
-    let mut plain = PlainExtractor::new(ds.clone())?;
-    let dim = plain.dim();
-    // Rows are read in chunks into a scratch buffer and copied into the table, so the host
-    // never holds the whole table twice.
-    let mut failed = None;
-    let mut fill = |table: &mut [f32]| {
-        let mut scratch = Vec::new();
-        for (c, out) in table.chunks_mut(MAP_CHUNK_ROWS * dim.max(1)).enumerate() {
-            let first = c * MAP_CHUNK_ROWS;
-            let ids: Vec<u32> = (first..first + out.len() / dim.max(1))
-                .map(|v| v as u32)
-                .collect();
-            if let Err(e) = plain.extract(&ids, &mut scratch) {
-                failed = Some(e);
-                return;
-            }
-            out.copy_from_slice(&scratch);
-        }
-    };
-    let mapped = be.map_host_rows(n, dim, &mut fill);
-    // A row that could not be read is the error, whatever became of the mapping.
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
-    let mapped = match mapped {
-        None => {
-            return Ok(Err(format!(
-                "{} cannot read host memory in place",
-                be.name()
-            )))
-        }
-        Some(Err(e)) => return Ok(Err(e.to_string())),
-        Some(Ok(m)) => m,
-    };
-    let which = if misses_only {
-        "the rows each batch's cache misses"
-    } else {
-        "each batch's rows"
-    };
-    let note = format!(
-        "features in page-locked host memory: {n} rows x {dim} ({:.0} MB as f32), {which} gathered by {} over the bus",
-        (n * dim * 4) as f64 / 1e6,
-        be.name()
-    );
-    Ok(Ok((mapped, note)))
-}
-
-/// Rows read per chunk when a mapped table is filled ([`map_rows`]).
-const MAP_CHUNK_ROWS: usize = 1 << 16;
-
-/// Copies the cache of `extractor` to `be` as [`Trainer::with_device_cache`]'s table (the
-/// cached rows, then one row of negative zeros); `Err` when it does not fit in the device's
-/// free memory.
-fn device_cache_table<B: Backend>(
-    be: &B,
-    extractor: &dyn Extractor,
-    placement: FeaturePlacement,
-) -> Result<(B::Tensor, usize, usize)> {
-    let dim = extractor.dim();
-    let flag = format!("--feature-placement {}", placement.name());
-    let mut rows = extractor.cache_rows().ok_or_else(|| {
-        ExecError::Invalid(format!(
-            "{flag}: the extractor has neither a cache nor Match"
-        ))
-    })?;
-    let cached = rows.len() / dim.max(1);
-    rows.extend(std::iter::repeat_n(-0.0f32, dim));
-    let bytes = (rows.len() * 4) as u64;
-    if let Some(free) = be.free_memory().filter(|&free| bytes > free / 2) {
-        let without = if placement == FeaturePlacement::Uva {
-            ", --feature-placement uva without a cache (every row read in place)"
-        } else {
-            ""
-        };
-        return Err(ExecError::Invalid(format!(
-            "{flag}: the cache takes {:.0} MB as f32 but {} has {:.0} MB free (it may take \
-             half); a smaller cache (--cache-ratio, --cache-bytes){without} or \
-             --feature-placement host",
-            bytes as f64 / 1e6,
-            be.name(),
-            free as f64 / 1e6
-        )));
-    }
-    Ok((
-        be.upload_owned(Tensor::new(cached + 1, dim, rows)),
-        cached,
-        dim,
-    ))
-}
-
-/// Whether `cfg` asks for a feature cache (a policy other than none).
-fn wants_cache(cfg: &TrainConfig) -> bool {
-    !matches!(cfg.cache.policy.trim(), "none" | "")
-}
-
 /// `x` as a `U` when it is one, else `x` back: how generic code hands a `Trainer<B>` or a
 /// `Model<B>` to the parts that take the CPU backend's, when `B` is [`CpuBackend`].
 fn as_type<T: 'static, U: 'static>(x: T) -> std::result::Result<U, T> {
@@ -1023,10 +835,15 @@ pub fn train_worker_with<B: Backend>(
                 trainer = trainer.with_mapped_rows(mapped);
                 obs.note(&note);
             }
-            // auto falls back to the host path; asked for, it is an error.
+            // auto falls back to the host path (a cache on the device then has its misses
+            // uploaded); asked for, it is an error.
             Err(why) if cfg.feature_placement == FeaturePlacement::Auto => {
                 obs.note(&format!("features gathered on the host: {why}"));
-                rows_at = RowsAt::Host;
+                rows_at = if rows_at.cache_on_device() {
+                    RowsAt::DeviceCache
+                } else {
+                    RowsAt::Host
+                };
             }
             Err(why) => {
                 let instead = if rows_at.cache_on_device() {
@@ -1068,9 +885,26 @@ pub fn train_worker_with<B: Backend>(
     if let Some(line) = cache_line {
         obs.note(&line);
     }
-    if rows_at.cache_on_device() {
-        let (table, cached, dim) =
-            device_cache_table(&be, extractor.as_ref(), cfg.feature_placement)?;
+    let table = match rows_at.cache_on_device() {
+        false => None,
+        true => match device_cache_table(&be, extractor.as_ref(), cfg.feature_placement) {
+            Ok(t) => Some(t),
+            // auto keeps a cache that does not fit on the device on the host, or, where every
+            // row is mapped already, reads every row in place instead.
+            Err(why) if cfg.feature_placement == FeaturePlacement::Auto => {
+                let (instead, at) = if rows_at.mapped() {
+                    ("every row is read in place instead", RowsAt::Mapped)
+                } else {
+                    ("the cache stays on the host", RowsAt::Host)
+                };
+                obs.note(&format!("{instead}: {why}"));
+                rows_at = at;
+                None
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    if let Some((table, cached, dim)) = table {
         trainer = trainer.with_device_cache(table);
         let reuse = if cfg.cache.match_reorder {
             ", and the rows it shares with the batch before it (Match) are reused there"

@@ -190,14 +190,15 @@ impl CudaBackend {
     }
 
     /// A device copy of `host` (one element more than nothing when empty). Uploads of
-    /// `staging::STAGED_MIN` to `staging::STAGED_MAX` bytes pass through page-locked memory,
-    /// so the call does not wait for the stream (see the `staging` module).
+    /// `staging::STAGED_MIN` bytes and more pass through page-locked memory, so the call does
+    /// not wait for the stream and the bytes cross at the bus's page-locked rate (see the
+    /// `staging` module).
     pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(&self, host: &[T]) -> CudaSlice<T> {
         if host.is_empty() {
             return self.alloc(0);
         }
         let size = std::mem::size_of_val(host);
-        if (staging::STAGED_MIN..=staging::STAGED_MAX).contains(&size) {
+        if size >= staging::STAGED_MIN {
             if let Some(dev) = self.staged_upload(host) {
                 return dev;
             }
