@@ -74,6 +74,58 @@ impl std::fmt::Debug for MappedRows {
     }
 }
 
+/// A read of a tensor back to the host, started by [`Backend::read_later`] and finished by
+/// [`Backend::finish_read`]: done already (the default, for backends whose reads do not wait),
+/// or the backend's own record of a copy under way (which that backend downcasts).
+pub struct PendingRead(PendingInner);
+
+enum PendingInner {
+    Done(Tensor),
+    Started(Box<dyn std::any::Any + Send>),
+}
+
+impl PendingRead {
+    /// A read already done: `t` is the value.
+    pub fn done(t: Tensor) -> Self {
+        PendingRead(PendingInner::Done(t))
+    }
+
+    /// A read a backend started; `record` is what it needs to finish it.
+    pub fn started(record: Box<dyn std::any::Any + Send>) -> Self {
+        PendingRead(PendingInner::Started(record))
+    }
+
+    /// The value of a read done already, or the record of one started.
+    pub fn into_inner(self) -> std::result::Result<Tensor, Box<dyn std::any::Any + Send>> {
+        match self.0 {
+            PendingInner::Done(t) => Ok(t),
+            PendingInner::Started(r) => Err(r),
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            PendingInner::Done(t) => write!(f, "PendingRead(done, {:?})", t.shape()),
+            PendingInner::Started(_) => write!(f, "PendingRead(started)"),
+        }
+    }
+}
+
+/// Result of [`Backend::loss_and_accuracy_on_device`]: a step's figures left where they were
+/// computed.
+#[derive(Clone, Debug)]
+pub struct StepFigures<T> {
+    /// `1 x 2`: the mean loss (the bits of [`Backend::loss_and_accuracy`]'s) and the correct
+    /// count (exact below 2^24).
+    pub figures: T,
+    /// Number of labelled rows (label != -1), the divisor of the loss.
+    pub count: usize,
+    /// Gradient of the loss with respect to the logits (zero rows for unlabelled rows).
+    pub grad: T,
+}
+
 /// Hyper-parameters of one Adam update, PyTorch `torch.optim.Adam` semantics (L2 weight decay
 /// added to the gradient, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -570,8 +622,93 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
             .all(|t| self.download(t).data().iter().all(|v| v.is_finite()))
     }
 
+    /// Whether reading a value back waits for the work queued before it (a device with its
+    /// own queue): the training loop then reads a step's figures one step late
+    /// ([`Backend::read_later`]) and gates the optimiser on the device
+    /// ([`Backend::mark_non_finite`]). The default, `false`, reads at once.
+    fn defers_reads(&self) -> bool {
+        false
+    }
+    /// [`Backend::loss_and_accuracy`] with the loss and correct count left on the backend as a
+    /// `1 x 2` tensor, nothing read back. The default computes them with
+    /// `loss_and_accuracy` and uploads them.
+    fn loss_and_accuracy_on_device(
+        &self,
+        logits: &Self::Tensor,
+        labels: &[i64],
+    ) -> Result<StepFigures<Self::Tensor>> {
+        let (ce, correct) = self.loss_and_accuracy(logits, labels)?;
+        let figures = Tensor::new(1, 2, vec![ce.loss, correct as f32]);
+        Ok(StepFigures {
+            figures: self.upload_owned(figures),
+            count: ce.count,
+            grad: ce.grad,
+        })
+    }
+    /// Marks `gate` (a `1 x (1 + slots)` tensor, zeros when made) when `x` holds a value that
+    /// is not finite: `gate[0]` becomes 1 and `gate[1 + slot]` one of `x`'s non-finite values
+    /// (the first, in the default). A gate once marked stays marked; the gated updates
+    /// ([`Backend::adam_update_gated`]) skip from then on. Nothing is read back on a device.
+    /// Panics if `slot` is outside the gate.
+    fn mark_non_finite(&self, x: &Self::Tensor, gate: &mut Self::Tensor, slot: usize) {
+        let (rows, cols) = self.shape(gate);
+        assert!(
+            rows == 1 && slot + 1 < cols,
+            "mark_non_finite: slot {slot} outside the gate"
+        );
+        let Some(&bad) = self.download(x).data().iter().find(|v| !v.is_finite()) else {
+            return;
+        };
+        let mut g = self.download(gate).data().to_vec();
+        g[0] = 1.0;
+        if g[1 + slot] == 0.0 {
+            g[1 + slot] = bad;
+        }
+        *gate = self.upload_owned(Tensor::new(1, cols, g));
+    }
+    /// Starts reading `t` back to the host without waiting for the work queued before it; the
+    /// value is had with [`Backend::finish_read`]. The default reads at once.
+    fn read_later(&self, t: &Self::Tensor) -> PendingRead {
+        PendingRead::done(self.download(t))
+    }
+    /// The value of a read started by [`Backend::read_later`] (waits for it). Panics on a
+    /// read another backend started.
+    fn finish_read(&self, read: PendingRead) -> Tensor {
+        read.into_inner()
+            .unwrap_or_else(|_| panic!("finish_read: a read {} did not start", self.name()))
+    }
+
     // ----- optimiser updates -----
 
+    /// [`Backend::adam_update`] unless `gate` ([`Backend::mark_non_finite`]) is marked. The
+    /// default reads the gate.
+    fn adam_update_gated(
+        &self,
+        value: &mut Self::Tensor,
+        grad: &Self::Tensor,
+        m: &mut Self::Tensor,
+        v: &mut Self::Tensor,
+        hp: &AdamUpdate,
+        gate: &Self::Tensor,
+    ) {
+        if self.download(gate).data().first() == Some(&0.0) {
+            self.adam_update(value, grad, m, v, hp);
+        }
+    }
+    /// [`Backend::sgd_update`] unless `gate` ([`Backend::mark_non_finite`]) is marked. The
+    /// default reads the gate.
+    fn sgd_update_gated(
+        &self,
+        value: &mut Self::Tensor,
+        grad: &Self::Tensor,
+        buf: &mut Self::Tensor,
+        hp: &SgdUpdate,
+        gate: &Self::Tensor,
+    ) {
+        if self.download(gate).data().first() == Some(&0.0) {
+            self.sgd_update(value, grad, buf, hp);
+        }
+    }
     /// One Adam update of `value` in place, moments `m`, `v` updated (all of one shape).
     fn adam_update(
         &self,

@@ -41,7 +41,7 @@ pub mod tensor;
 
 pub use backend::{
     check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec,
-    MappedRows, SgdUpdate,
+    MappedRows, PendingRead, SgdUpdate, StepFigures,
 };
 pub use block::{BlockDims, BlockRef, SourceMajor};
 pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};

@@ -22,12 +22,23 @@ pub struct OptimState {
 /// state by position, so it must always be given the same parameter list in the same order
 /// (as [`Model::params_mut`] does); a different count or shape is an `Err`.
 pub trait Optimizer<B: Backend> {
+    /// One update of every parameter from its `grad` (gradients are not zeroed), skipped on
+    /// the backend when `gate` is given and marked ([`Backend::mark_non_finite`]); the
+    /// optimiser's own count of steps (Adam's bias correction) advances either way.
+    fn step_gated(&mut self, params: &mut [&mut Param<B>], gate: Option<&B::Tensor>) -> Result<()>;
     /// One update of every parameter from its `grad` (gradients are not zeroed).
-    fn step(&mut self, params: &mut [&mut Param<B>]) -> Result<()>;
+    fn step(&mut self, params: &mut [&mut Param<B>]) -> Result<()> {
+        self.step_gated(params, None)
+    }
     /// [`Optimizer::step`] over all parameters of `model`.
     fn step_model(&mut self, model: &mut Model<B>) -> Result<()> {
         let mut params = model.params_mut();
         self.step(&mut params)
+    }
+    /// [`Optimizer::step_gated`] over all parameters of `model`.
+    fn step_model_gated(&mut self, model: &mut Model<B>, gate: &B::Tensor) -> Result<()> {
+        let mut params = model.params_mut();
+        self.step_gated(&mut params, Some(gate))
     }
     /// Current learning rate.
     fn lr(&self) -> f32;
@@ -142,7 +153,7 @@ impl<B: Backend> Adam<B> {
 }
 
 impl<B: Backend> Optimizer<B> for Adam<B> {
-    fn step(&mut self, params: &mut [&mut Param<B>]) -> Result<()> {
+    fn step_gated(&mut self, params: &mut [&mut Param<B>], gate: Option<&B::Tensor>) -> Result<()> {
         ensure_state(&self.be, &mut self.state, 2, params)?;
         self.step += 1;
         let hp = AdamUpdate {
@@ -155,8 +166,11 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         };
         for (p, mv) in params.iter_mut().zip(self.state.chunks_mut(2)) {
             let (m, v) = mv.split_at_mut(1);
-            self.be
-                .adam_update(&mut p.value, &p.grad, &mut m[0], &mut v[0], &hp);
+            let (value, m, v) = (&mut p.value, &mut m[0], &mut v[0]);
+            match gate {
+                Some(g) => self.be.adam_update_gated(value, &p.grad, m, v, &hp, g),
+                None => self.be.adam_update(value, &p.grad, m, v, &hp),
+            }
         }
         Ok(())
     }
@@ -222,7 +236,7 @@ impl<B: Backend> Sgd<B> {
 }
 
 impl<B: Backend> Optimizer<B> for Sgd<B> {
-    fn step(&mut self, params: &mut [&mut Param<B>]) -> Result<()> {
+    fn step_gated(&mut self, params: &mut [&mut Param<B>], gate: Option<&B::Tensor>) -> Result<()> {
         let hp = SgdUpdate {
             lr: self.lr,
             momentum: self.momentum,
@@ -232,13 +246,13 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
             // No momentum buffers needed: the update ignores `buf`.
             let mut unused = self.be.zeros(0, 0);
             for p in params.iter_mut() {
-                self.be.sgd_update(&mut p.value, &p.grad, &mut unused, &hp);
+                sgd_update(&self.be, p, &mut unused, &hp, gate);
             }
             return Ok(());
         }
         ensure_state(&self.be, &mut self.bufs, 1, params)?;
         for (p, buf) in params.iter_mut().zip(self.bufs.iter_mut()) {
-            self.be.sgd_update(&mut p.value, &p.grad, buf, &hp);
+            sgd_update(&self.be, p, buf, &hp, gate);
         }
         Ok(())
     }
@@ -260,5 +274,98 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn import_state(&mut self, state: OptimState) -> Result<()> {
         self.bufs = upload_state(&self.be, self.state_per_param(), &state)?;
         Ok(())
+    }
+}
+
+/// One SGD update of `p`, gated when `gate` is given.
+fn sgd_update<B: Backend>(
+    be: &B,
+    p: &mut Param<B>,
+    buf: &mut B::Tensor,
+    hp: &SgdUpdate,
+    gate: Option<&B::Tensor>,
+) {
+    match gate {
+        Some(g) => be.sgd_update_gated(&mut p.value, &p.grad, buf, hp, g),
+        None => be.sgd_update(&mut p.value, &p.grad, buf, hp),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CpuBackend;
+
+    fn param(be: &CpuBackend, grad: &[f32]) -> Param<CpuBackend> {
+        let mut p = Param::new(be, "w", &Tensor::new(1, 3, vec![0.5, -1.0, 2.0]));
+        p.grad = Tensor::new(1, 3, grad.to_vec());
+        p
+    }
+
+    /// A gate marked by a non-finite value stops every later gated update of both
+    /// optimisers and stays marked; an unmarked gate updates as the ungated step does.
+    #[test]
+    fn a_marked_gate_skips_updates_and_stays_marked() {
+        let be = CpuBackend;
+        let mut gate = be.zeros(1, 3);
+        // Adam, plain SGD and SGD with momentum, each made afresh.
+        let make = |k: usize| -> Box<dyn Optimizer<CpuBackend>> {
+            match k {
+                0 => Box::new(Adam::new(CpuBackend, 0.1)),
+                1 => Box::new(Sgd::new(CpuBackend, 0.1)),
+                _ => Box::new(Sgd::new(CpuBackend, 0.1).with_momentum(0.9)),
+            }
+        };
+        for k in 0..3 {
+            let (mut gated, mut plain) = (make(k), make(k));
+            let (mut a, mut b) = (param(&be, &[1.0, 2.0, 3.0]), param(&be, &[1.0, 2.0, 3.0]));
+            gated.step_gated(&mut [&mut a], Some(&gate)).unwrap();
+            plain.step(&mut [&mut b]).unwrap();
+            assert_eq!(a.value, b.value, "an unmarked gate updates");
+            assert_ne!(a.value, param(&be, &[0.0; 3]).value, "the step moved");
+        }
+        be.mark_non_finite(&Tensor::new(1, 2, vec![1.0, 2.0]), &mut gate, 0);
+        assert_eq!(gate.data(), &[0.0, 0.0, 0.0], "finite values mark nothing");
+        be.mark_non_finite(
+            &Tensor::new(1, 3, vec![1.0, f32::INFINITY, f32::NAN]),
+            &mut gate,
+            1,
+        );
+        assert_eq!(gate.data()[..2], [1.0, 0.0]);
+        assert_eq!(
+            gate.data()[2],
+            f32::INFINITY,
+            "the first bad value, in its slot"
+        );
+        be.mark_non_finite(&Tensor::new(1, 1, vec![f32::NAN]), &mut gate, 1);
+        assert_eq!(
+            gate.data()[2],
+            f32::INFINITY,
+            "a slot keeps its first value"
+        );
+        be.mark_non_finite(&Tensor::new(1, 1, vec![7.0]), &mut gate, 0);
+        assert_eq!(gate.data()[0], 1.0, "a marked gate stays marked");
+        for k in 0..3 {
+            let mut gated = make(k);
+            let mut a = param(&be, &[1.0, 2.0, 3.0]);
+            let before = a.value.clone();
+            gated.step_gated(&mut [&mut a], Some(&gate)).unwrap();
+            assert_eq!(a.value, before, "a marked gate skips the update");
+        }
+    }
+
+    /// The figures left on the backend are `loss_and_accuracy`'s, bit for bit, and a read
+    /// started later gives the tensor.
+    #[test]
+    fn figures_on_the_backend_are_the_read_ones() {
+        let be = CpuBackend;
+        let logits = Tensor::from_fn(5, 3, |r, c| ((r * 7 + c * 3) % 5) as f32 * 0.37 - 0.5);
+        let labels = [0, 2, -1, 1, 2];
+        let (ce, correct) = be.loss_and_accuracy(&logits, &labels).unwrap();
+        let f = be.loss_and_accuracy_on_device(&logits, &labels).unwrap();
+        let read = be.finish_read(be.read_later(&f.figures));
+        assert_eq!(read.data()[0].to_bits(), ce.loss.to_bits());
+        assert_eq!(read.data()[1], correct as f32);
+        assert_eq!((f.count, &f.grad), (ce.count, &ce.grad));
     }
 }

@@ -874,6 +874,113 @@ fn loss_and_accuracy_in_one_read() {
     );
 }
 
+/// A step read late: the figures left on the device are `loss_and_accuracy`'s (loss bit for
+/// bit, the count), reads started behind queued work and finished later (more at once than
+/// the backend keeps buffers for) give the tensors, the gate is marked by NaN and infinity in
+/// their slots and stays marked, and the gated optimiser kernels skip exactly while it is.
+#[test]
+fn steps_read_late_give_what_steps_read_at_once_do() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(17);
+    for (rows, classes) in [(8000usize, 47usize), (5, 3)] {
+        let x = rand(rows, classes, &mut rng);
+        let labels: Vec<i64> = (0..rows)
+            .map(|r| {
+                if r % 5 == 1 {
+                    -1
+                } else {
+                    rng.below(classes as u64) as i64
+                }
+            })
+            .collect();
+        let gx = g.upload(&x);
+        let (ce, correct) = g.loss_and_accuracy(&gx, &labels).unwrap();
+        let f = g.loss_and_accuracy_on_device(&gx, &labels).unwrap();
+        let read = g.finish_read(g.read_later(&f.figures));
+        assert_eq!(read.data()[0].to_bits(), ce.loss.to_bits(), "{rows}: loss");
+        assert_eq!(read.data()[1], correct as f32, "{rows}: correct");
+        assert_eq!(f.count, ce.count);
+        assert_eq!(
+            g.download(&f.grad),
+            g.download(&ce.grad),
+            "{rows}: gradient"
+        );
+    }
+    // Twelve reads outstanding at once, each behind a product queued after the one before.
+    let a = g.upload(&rand(512, 512, &mut rng));
+    let hosts: Vec<Tensor> = (0..12).map(|k| rand(1 + k, 3 + k, &mut rng)).collect();
+    let reads: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            let _busy = g.matmul(&a, false, &a, false);
+            g.read_later(&g.upload(h))
+        })
+        .collect();
+    for (h, r) in hosts.iter().zip(reads) {
+        assert_eq!(&g.finish_read(r), h, "a read started late");
+    }
+    // The gate and the gated updates, against the CPU's defaults.
+    let mut gate = g.zeros(1, 4);
+    let p0 = rand(3, 5, &mut rng);
+    let grad = rand(3, 5, &mut rng);
+    let hp = AdamUpdate {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        step: 1,
+    };
+    let sgd = SgdUpdate {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    let adam_gated = |gate: &_| {
+        let (mut p, mut m, mut v) = (g.upload(&p0), g.zeros(3, 5), g.zeros(3, 5));
+        g.adam_update_gated(&mut p, &g.upload(&grad), &mut m, &mut v, &hp, gate);
+        let mut b = g.zeros(3, 5);
+        let mut q = g.upload(&p0);
+        g.sgd_update_gated(&mut q, &g.upload(&grad), &mut b, &sgd, gate);
+        (g.download(&p), g.download(&q))
+    };
+    let (mut cp, mut cm, mut cv, mut cb) = (
+        p0.clone(),
+        Tensor::zeros(3, 5),
+        Tensor::zeros(3, 5),
+        Tensor::zeros(3, 5),
+    );
+    CPU.adam_update(&mut cp, &grad, &mut cm, &mut cv, &hp);
+    let mut cq = p0.clone();
+    CPU.sgd_update(&mut cq, &grad, &mut cb, &sgd);
+    assert_eq!(
+        adam_gated(&gate),
+        (cp, cq),
+        "an open gate updates as the CPU does"
+    );
+    g.mark_non_finite(&g.upload(&rand(40, 40, &mut rng)), &mut gate, 0);
+    assert_eq!(
+        g.download(&gate).data(),
+        &[0.0; 4],
+        "finite values mark nothing"
+    );
+    let mut bad = rand(100, 7, &mut rng);
+    bad.data_mut()[333] = f32::NAN;
+    g.mark_non_finite(&g.upload(&bad), &mut gate, 2);
+    let marked = g.download(&gate);
+    assert_eq!(
+        (marked.data()[0], marked.data()[1], marked.data()[2]),
+        (1.0, 0.0, 0.0)
+    );
+    assert!(marked.data()[3].is_nan(), "slot 2 holds the NaN");
+    let mut inf = rand(1, 9, &mut rng);
+    inf.data_mut()[8] = f32::NEG_INFINITY;
+    g.mark_non_finite(&g.upload(&inf), &mut gate, 0);
+    let marked = g.download(&gate);
+    assert_eq!(marked.data()[..2], [1.0, f32::NEG_INFINITY]);
+    assert_eq!(adam_gated(&gate), (p0.clone(), p0), "a marked gate skips");
+}
+
 /// GIN's eps without a read back: `axpy_prefix_one_plus` is `axpy_prefix` with `1 + s` bit for
 /// bit (and the CPU's), `add_dot` adds `dot` rounded to f32 bit for bit.
 #[test]

@@ -12,6 +12,8 @@ use fanout_sample::Block;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod deferred;
+
 /// The epoch number evaluation batches are sampled under. Evaluation always uses this one key
 /// (with the run's seed), so every evaluation of a model sees the same sampled neighbourhoods
 /// and a reloaded model reproduces the accuracy exactly.
@@ -797,6 +799,10 @@ pub fn fit_with<B: Backend + Send>(
     };
     train.take_times();
     let mut grads: Vec<f32> = Vec::new();
+    // A backend whose reads wait for its queue reads each one-worker step's figures after
+    // queueing the next step (`deferred.rs`); the gate stops its optimiser on the device.
+    let mut gate =
+        (workers == 1 && trainer.model.backend().defers_reads()).then(|| trainer.new_gate());
     // The next epoch's stream, started while this epoch's last batch trains, so that its first
     // batches are sampled and extracted behind that step instead of in front of the epoch.
     let mut next: Option<EpochStream> = None;
@@ -815,8 +821,19 @@ pub fn fit_with<B: Backend + Send>(
         let total = stream.len() as u64;
         let per_step = train.items_per_step().max(1);
         let mut taken = 0u64;
+        // The step queued last, its figures not read yet (a backend that defers reads).
+        let mut queued: Option<deferred::QueuedStep> = None;
+        let mut add = |out: &BatchOutcome, obs: &mut dyn FitObserver| {
+            loss_sum += out.loss * out.labelled as f64;
+            correct += out.correct;
+            labelled += out.labelled;
+            obs.batch_done(out);
+        };
         loop {
             if ctl.cancel.is_some_and(Cancel::is_cancelled) {
+                if let Some(q) = queued.take() {
+                    add(&trainer.finish_step(q)?, obs);
+                }
                 return Err(interrupted(epoch, batches));
             }
             let t = Instant::now();
@@ -855,7 +872,19 @@ pub fn fit_with<B: Backend + Send>(
                 lr,
                 checkpoint: None,
             };
-            let out = if group[0].split.is_some() {
+            let out = if let (Some(gate), true) = (
+                gate.as_mut(),
+                group.len() == 1 && group[0].remote.is_none() && group[0].split.is_none(),
+            ) {
+                let p = group.pop().expect("one batch");
+                let at = (epoch, step, lr);
+                let q = trainer.run(p, |t, p| t.queue_step(p, key, gate, at))?;
+                // The step before this one, read now that this one is queued behind it.
+                match queued.replace(q) {
+                    Some(before) => Some(trainer.finish_step(before)?),
+                    None => None,
+                }
+            } else if group[0].split.is_some() {
                 let p = group.pop().expect("one batch");
                 let s = trainer.compute_split_gradients(p, key, comm)?;
                 edges += s.local_edges + s.remote_edges;
@@ -867,7 +896,7 @@ pub fn fit_with<B: Backend + Send>(
                     return Err(non_finite(bad));
                 }
                 trainer.run_apply()?;
-                s.mine
+                Some(s.mine)
             } else if workers == 1 && group.len() == 1 && group[0].remote.is_none() {
                 let p = group.pop().expect("one batch");
                 let (out, bad) = trainer.run(p, |t, p| -> Result<_> {
@@ -881,7 +910,7 @@ pub fn fit_with<B: Backend + Send>(
                 if let Some(bad) = bad {
                     return Err(non_finite(bad));
                 }
-                out
+                Some(out)
             } else {
                 let r = if group.len() == 1 && group[0].remote.is_none() {
                     let p = group.pop().expect("one batch");
@@ -898,14 +927,18 @@ pub fn fit_with<B: Backend + Send>(
                     return Err(non_finite(bad));
                 }
                 trainer.run_apply()?;
-                r.outcome
+                Some(r.outcome)
             };
             train_s += t.elapsed().as_secs_f64();
-            loss_sum += out.loss * out.labelled as f64;
-            correct += out.correct;
-            labelled += out.labelled;
             batches += 1;
-            obs.batch_done(&out);
+            if let Some(out) = out {
+                add(&out, obs);
+            }
+        }
+        if let Some(q) = queued.take() {
+            let t = Instant::now();
+            add(&trainer.finish_step(q)?, obs);
+            train_s += t.elapsed().as_secs_f64();
         }
         drop(stream);
         let mut wall_s = start.elapsed().as_secs_f64();

@@ -93,6 +93,11 @@ impl Backend for Named {
     fn name(&self) -> &'static str {
         "named"
     }
+    /// Reads as a device does: every one-worker run here trains with each step's figures
+    /// read a step late and the optimiser gated by the backend's non-finite gate.
+    fn defers_reads(&self) -> bool {
+        true
+    }
     fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.0.on_compute_threads(f)
     }
@@ -427,6 +432,39 @@ fn assert_identical(a: &TrainOutcome, b: &TrainOutcome, what: &str) {
         param_bits(&a.model) == param_bits(&b.model),
         "{what}: parameters differ"
     );
+}
+
+/// A backend that reads a step late (`Named`) stops a diverging run at the step the CPU's
+/// does, naming the same loss or gradient with the same value: the step queued behind the bad
+/// one neither hides it nor changes what is reported.
+#[test]
+fn a_backend_reading_late_stops_where_the_cpu_does() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    for (model, lr) in [
+        (ModelKind::Sage, 1e38),
+        (ModelKind::Gcn, 1e30),
+        (ModelKind::Gat, 1e38),
+    ] {
+        let cfg = TrainConfig {
+            lr: Some(lr),
+            ..config(&ds, model)
+        };
+        let fields = |e: ExecError| match e {
+            ExecError::NonFinite {
+                epoch, step, what, ..
+            } => (epoch, step, what),
+            other => panic!("{model:?}: not a non-finite stop: {other}"),
+        };
+        let cpu = fields(
+            train(&cfg, &env, &mut ())
+                .err()
+                .expect("the CPU run diverges"),
+        );
+        let late = train_with_backend(Named(CpuBackend, None, None, None), &cfg, &env, &mut ());
+        let late = fields(late.err().expect("the late-reading run diverges"));
+        assert_eq!(late, cpu, "{model:?}");
+    }
 }
 
 #[test]

@@ -692,9 +692,8 @@ extern "C" __global__ void argmax_hits(const float* x, const int* labels, int* h
 
 // One thread: out[0] = the row losses summed in row order (from -0.0, as Rust's f64 `sum`),
 // out[1] = the hits counted.
-extern "C" __global__ void step_figures(const double* row_loss, const int* hit, i64 rows,
-                                        double* out) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+// The summed row losses and the hit count, in row order (one thread).
+__device__ void sum_figures(const double* row_loss, const int* hit, i64 rows, double* out) {
   double total = -0.0;
   long long hits = 0;
   i64 r = 0;
@@ -721,10 +720,42 @@ extern "C" __global__ void step_figures(const double* row_loss, const int* hit, 
   out[1] = (double)hits;
 }
 
+extern "C" __global__ void step_figures(const double* row_loss, const int* hit, i64 rows,
+                                        double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  sum_figures(row_loss, hit, rows, out);
+}
+
+// step_figures left on the device as floats: the mean loss as the host computes it from the
+// sums (the f64 quotient rounded to f32) and the hit count (exact below 2^24).
+extern "C" __global__ void step_figures_f32(const double* row_loss, const int* hit, i64 rows,
+                                            i64 count, float* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double f[2];
+  sum_figures(row_loss, hit, rows, f);
+  out[0] = (float)(f[0] / (double)count);
+  out[1] = (float)f[1];
+}
+
+// Marks the gate (1 x (1 + slots) floats) when x holds a NaN or an infinity: gate[0] = 1 and
+// gate[1 + slot] one of those values. The gated optimiser kernels skip while gate[0] != 0.
+extern "C" __global__ void mark_non_finite(const float* x, i64 n, float* gate, i64 slot) {
+  GRID_STRIDE(i, n) {
+    float v = x[i];
+    if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) {
+      gate[0] = 1.0f;
+      gate[1 + slot] = v;
+    }
+  }
+}
+
 // ----- optimisers (PyTorch semantics, as the CPU backend) -----
 
+// The optimiser kernels do nothing while gate[0] != 0 (mark_non_finite).
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, float b1, float b2,
-                                float eps, float wd, float step_size, float inv_sqrt_bc2, i64 n) {
+                                float eps, float wd, float step_size, float inv_sqrt_bc2, i64 n,
+                                const float* gate) {
+  if (gate[0] != 0.0f) return;
   GRID_STRIDE(i, n) {
     float gi = g[i] + wd * p[i];
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
@@ -733,12 +764,15 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, fl
   }
 }
 
-extern "C" __global__ void sgd(float* p, const float* g, float lr, float wd, i64 n) {
+extern "C" __global__ void sgd(float* p, const float* g, float lr, float wd, i64 n,
+                               const float* gate) {
+  if (gate[0] != 0.0f) return;
   GRID_STRIDE(i, n) { p[i] -= lr * (g[i] + wd * p[i]); }
 }
 
 extern "C" __global__ void sgd_momentum(float* p, const float* g, float* buf, float lr, float mu,
-                                        float wd, i64 n) {
+                                        float wd, i64 n, const float* gate) {
+  if (gate[0] != 0.0f) return;
   GRID_STRIDE(i, n) {
     buf[i] = mu * buf[i] + g[i] + wd * p[i];
     p[i] -= lr * buf[i];

@@ -59,6 +59,8 @@ const NAMES: &[&str] = &[
     "softmax_xent",
     "argmax_hits",
     "step_figures",
+    "step_figures_f32",
+    "mark_non_finite",
     "adam",
     "sgd",
     "sgd_momentum",

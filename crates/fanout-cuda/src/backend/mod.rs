@@ -12,6 +12,7 @@
 //! errors.
 
 mod block;
+mod deferred;
 pub(crate) mod kernels;
 mod mapped;
 mod ops;
@@ -53,6 +54,10 @@ struct Inner {
     graph_kernels: AtomicU8,
     profile: Option<profile::Profile>,
     staging: staging::Staging,
+    /// The zero gate of ungated optimiser steps (`deferred.rs`).
+    open_gate: std::sync::OnceLock<CudaSlice<f32>>,
+    /// Page-locked buffers for reads started a step early (`deferred.rs`).
+    reads: deferred::ReadBuffers,
 }
 
 impl Inner {
@@ -141,6 +146,8 @@ impl CudaBackend {
                 graph_kernels: AtomicU8::new(GraphKernels::from_env()? as u8),
                 profile: profile::Profile::from_env(),
                 staging: staging::Staging::default(),
+                open_gate: std::sync::OnceLock::new(),
+                reads: deferred::ReadBuffers::default(),
             }),
         })
     }

@@ -7,7 +7,7 @@ use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use fanout_compute::{
     check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef,
-    CrossEntropy, DropoutSpec, MappedRows, Result, SgdUpdate, Tensor,
+    CrossEntropy, DropoutSpec, MappedRows, PendingRead, Result, SgdUpdate, StepFigures, Tensor,
 };
 
 /// Rows summed per thread and pass by the column-sum kernel.
@@ -193,7 +193,7 @@ impl CudaBackend {
 
     /// `labels` as the loss kernels read them, on the device: `i32`, anything outside `i32`
     /// as -1 (unlabelled; the loss checks its labels before).
-    fn labels_to_device(&self, labels: &[i64]) -> CudaSlice<i32> {
+    pub(super) fn labels_to_device(&self, labels: &[i64]) -> CudaSlice<i32> {
         let lab: Vec<i32> = labels
             .iter()
             .map(|&l| i32::try_from(l).unwrap_or(-1))
@@ -203,7 +203,7 @@ impl CudaBackend {
 
     /// `softmax_xent`: writes the mean loss's gradient (over `count` labelled rows) into
     /// `grad` and returns each row's loss (f64, 0 for unlabelled rows), on the device.
-    fn xent_rows(
+    pub(super) fn xent_rows(
         &self,
         logits: &CudaTensor,
         lab_d: &CudaSlice<i32>,
@@ -231,7 +231,7 @@ impl CudaBackend {
     }
 
     /// `argmax_hits`: 1 for each row whose first arg-max is its label, else 0, on the device.
-    fn hits(&self, logits: &CudaTensor, lab_d: &CudaSlice<i32>) -> CudaSlice<i32> {
+    pub(super) fn hits(&self, logits: &CudaTensor, lab_d: &CudaSlice<i32>) -> CudaSlice<i32> {
         let mut hit = self.alloc::<i32>(logits.rows);
         let (r64, c32) = (logits.rows as i64, logits.cols as i32);
         launch!(
@@ -1198,6 +1198,83 @@ impl Backend for CudaBackend {
         v: &mut CudaTensor,
         hp: &AdamUpdate,
     ) {
+        self.adam(value, grad, m, v, hp, self.open_gate());
+    }
+    fn adam_update_gated(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        m: &mut CudaTensor,
+        v: &mut CudaTensor,
+        hp: &AdamUpdate,
+        gate: &CudaTensor,
+    ) {
+        self.adam(value, grad, m, v, hp, gate_of(gate));
+    }
+    fn sgd_update(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        buf: &mut CudaTensor,
+        hp: &SgdUpdate,
+    ) {
+        self.sgd(value, grad, buf, hp, self.open_gate());
+    }
+    fn sgd_update_gated(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        buf: &mut CudaTensor,
+        hp: &SgdUpdate,
+        gate: &CudaTensor,
+    ) {
+        self.sgd(value, grad, buf, hp, gate_of(gate));
+    }
+
+    // ----- reads a step late (`deferred.rs`) -----
+
+    fn defers_reads(&self) -> bool {
+        true
+    }
+    fn loss_and_accuracy_on_device(
+        &self,
+        logits: &CudaTensor,
+        labels: &[i64],
+    ) -> Result<StepFigures<CudaTensor>> {
+        self.figures_on_device(logits, labels)
+    }
+    fn mark_non_finite(&self, x: &CudaTensor, gate: &mut CudaTensor, slot: usize) {
+        self.mark_gate(x, gate, slot)
+    }
+    fn read_later(&self, t: &CudaTensor) -> PendingRead {
+        self.start_read(t)
+    }
+    fn finish_read(&self, read: PendingRead) -> Tensor {
+        self.end_read(read)
+    }
+}
+
+/// The device flag of a gate tensor (`Backend::mark_non_finite`'s layout).
+fn gate_of(gate: &CudaTensor) -> &CudaSlice<f32> {
+    assert!(
+        gate.rows == 1 && gate.cols >= 1,
+        "a gate is 1 x (1 + slots), not {} x {}",
+        gate.rows,
+        gate.cols
+    );
+    &gate.data
+}
+
+impl CudaBackend {
+    fn adam(
+        &self,
+        value: &mut CudaTensor,
+        grad: &CudaTensor,
+        m: &mut CudaTensor,
+        v: &mut CudaTensor,
+        hp: &AdamUpdate,
+        gate: &CudaSlice<f32>,
+    ) {
         let shape = value.shape();
         assert!(
             grad.shape() == shape && m.shape() == shape && v.shape() == shape,
@@ -1220,16 +1297,19 @@ impl Backend for CudaBackend {
                 &hp.weight_decay,
                 &step_size,
                 &inv_sqrt_bc2,
-                &n
+                &n,
+                gate
             ]
         );
     }
-    fn sgd_update(
+
+    fn sgd(
         &self,
         value: &mut CudaTensor,
         grad: &CudaTensor,
         buf: &mut CudaTensor,
         hp: &SgdUpdate,
+        gate: &CudaSlice<f32>,
     ) {
         same_shape("sgd_update", value, grad);
         let n = value.len() as i64;
@@ -1238,7 +1318,14 @@ impl Backend for CudaBackend {
                 self.inner,
                 "sgd",
                 value.len(),
-                [&mut value.data, &grad.data, &hp.lr, &hp.weight_decay, &n]
+                [
+                    &mut value.data,
+                    &grad.data,
+                    &hp.lr,
+                    &hp.weight_decay,
+                    &n,
+                    gate
+                ]
             );
             return;
         }
@@ -1254,7 +1341,8 @@ impl Backend for CudaBackend {
                 &hp.lr,
                 &hp.momentum,
                 &hp.weight_decay,
-                &n
+                &n,
+                gate
             ]
         );
     }

@@ -1,0 +1,155 @@
+//! Reads a step late: a step's loss and correct count left on the device
+//! (`Backend::loss_and_accuracy_on_device`), a gate that the optimiser kernels read there
+//! instead of the host reading the gradients' finiteness (`Backend::mark_non_finite`), and
+//! reads started into page-locked memory behind the queued work and finished later
+//! (`Backend::read_later`, `Backend::finish_read`). With them the training loop queues step
+//! `k + 1` before it reads step `k`'s figures, so the device never drains between steps.
+
+use super::kernels::launch;
+use super::{device_failed, CudaBackend, CudaTensor};
+use cudarc::driver::{result, CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
+use fanout_compute::{check_labels, PendingRead, Result, StepFigures, Tensor};
+
+/// A read under way: the page-locked buffer it lands in, the event after the copy, and the
+/// tensor's shape.
+struct CudaRead {
+    buf: PinnedHostSlice<f32>,
+    done: CudaEvent,
+    rows: usize,
+    cols: usize,
+}
+
+/// Page-locked buffers of finished reads, kept for the next ones (a step starts two).
+#[derive(Default)]
+pub(crate) struct ReadBuffers(std::sync::Mutex<Vec<PinnedHostSlice<f32>>>);
+
+impl CudaBackend {
+    /// The gate of ungated optimiser steps: one zero on the device, made once.
+    pub(super) fn open_gate(&self) -> &CudaSlice<f32> {
+        self.inner.open_gate.get_or_init(|| self.alloc::<f32>(1))
+    }
+
+    /// See `Backend::loss_and_accuracy_on_device`: the kernels of `loss_and_accuracy`, the
+    /// figures written as floats where it reads them back.
+    pub(super) fn figures_on_device(
+        &self,
+        logits: &CudaTensor,
+        labels: &[i64],
+    ) -> Result<StepFigures<CudaTensor>> {
+        let (rows, classes) = logits.shape();
+        let count = check_labels(rows, classes, labels)?;
+        assert!(
+            rows < 1 << 24,
+            "loss_and_accuracy_on_device: {rows} rows; the count is exact below 2^24"
+        );
+        let mut grad = self.new_tensor(rows, classes);
+        let mut figures = self.new_tensor(1, 2);
+        if count > 0 {
+            // No row labelled: no loss, no hit (the zeros).
+            let lab_d = self.labels_to_device(labels);
+            let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
+            let hit = self.hits(logits, &lab_d);
+            let (r64, c64) = (rows as i64, count as i64);
+            launch!(
+                self.inner,
+                "step_figures_f32",
+                1,
+                [&row_loss, &hit, &r64, &c64, &mut figures.data]
+            );
+        }
+        Ok(StepFigures {
+            figures,
+            count,
+            grad,
+        })
+    }
+
+    /// See `Backend::mark_non_finite`.
+    pub(super) fn mark_gate(&self, x: &CudaTensor, gate: &mut CudaTensor, slot: usize) {
+        assert!(
+            gate.rows == 1 && slot + 1 < gate.cols,
+            "mark_non_finite: slot {slot} outside the gate"
+        );
+        let (n, slot) = (x.len() as i64, slot as i64);
+        launch!(
+            self.inner,
+            "mark_non_finite",
+            x.len(),
+            [&x.data, &n, &mut gate.data, &slot]
+        );
+    }
+
+    /// See `Backend::read_later`: a copy into a page-locked buffer queued behind the work
+    /// before it, and an event after it. Without page-locked memory it reads at once.
+    pub(super) fn start_read(&self, t: &CudaTensor) -> PendingRead {
+        let n = t.len();
+        let stream = self.stream();
+        let kept = {
+            let mut free = self.inner.reads.0.lock().unwrap_or_else(|p| p.into_inner());
+            free.iter()
+                .position(|b| b.len() >= n)
+                .map(|i| free.swap_remove(i))
+        };
+        // SAFETY: only the first `n` values are read, after the copy below wrote them.
+        let buf = kept.or_else(|| unsafe {
+            stream
+                .context()
+                .alloc_pinned::<f32>(n.max(1).next_power_of_two())
+                .ok()
+        });
+        let Some(mut buf) = buf else {
+            return PendingRead::done(self.tensor_to_host(t));
+        };
+        if n > 0 {
+            let dst = match buf.as_mut_slice() {
+                Ok(d) => &mut d[..n],
+                Err(_) => return PendingRead::done(self.tensor_to_host(t)),
+            };
+            let (src, record) = t.data.device_ptr(stream);
+            // SAFETY: `dst` holds `n` floats and is not read or written until the event
+            // recorded below has completed (`end_read`); `src` holds at least `n`.
+            unsafe { result::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
+                .unwrap_or_else(|e| device_failed("cuMemcpyDtoHAsync", e));
+            drop(record);
+        }
+        let done = stream
+            .record_event(None)
+            .unwrap_or_else(|e| device_failed("cuEventRecord", e));
+        PendingRead::started(Box::new(CudaRead {
+            buf,
+            done,
+            rows: t.rows,
+            cols: t.cols,
+        }))
+    }
+
+    /// See `Backend::finish_read`: waits for the copy's event and returns the buffer to the
+    /// free list.
+    pub(super) fn end_read(&self, read: PendingRead) -> Tensor {
+        let rec = match read.into_inner() {
+            Ok(t) => return t,
+            Err(rec) => rec,
+        };
+        let Ok(r) = rec.downcast::<CudaRead>() else {
+            panic!("finish_read: a read the CUDA backend did not start")
+        };
+        let CudaRead {
+            mut buf,
+            done,
+            rows,
+            cols,
+        } = *r;
+        done.synchronize()
+            .unwrap_or_else(|e| device_failed("cuEventSynchronize", e));
+        let n = rows * cols;
+        let values = match buf.as_mut_slice() {
+            Ok(s) => s[..n].to_vec(),
+            Err(e) => device_failed("page-locked read", e),
+        };
+        let mut free = self.inner.reads.0.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < 8 {
+            free.push(buf);
+        }
+        Tensor::new(rows, cols, values)
+    }
+}
