@@ -20,7 +20,7 @@ run() { # name binary args...
   local n=$1 b=$2; shift 2
   step "$n"
   timeout 100 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda \
-    --sampling-placement host --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^feature|^epoch|^test|error" | tail -6
+    --sampling-placement host --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^feature|^the feature|^epoch|^test|error" | tail -6
 }
 S="--model sage --fanouts 10,25"
 N="--model gcn --fanouts 15,10,5"

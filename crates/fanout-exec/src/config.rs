@@ -139,10 +139,11 @@ pub enum FeaturePlacement {
     /// `device` when the rows as f32 take at most half the device's free memory and a quarter
     /// of the host's available memory, else `uva` when they take at most a quarter of the
     /// host's available memory (page-locked memory cannot be paged out); `host` otherwise.
-    /// With a cache or Match on a GPU: the cache on the device, as `uva` when the rows take at
-    /// most a quarter of the host's available memory, else as `device`; a cache too large for
-    /// the device stays where it was built (every row read in place, or on the host). `host`
-    /// on the CPU.
+    /// With a cache or Match on a GPU: every row on the device when they fit as above (the
+    /// cache is then not built and batches keep their order); else the cache on the device,
+    /// as `uva` when the rows take at most a quarter of the host's available memory, else as
+    /// `device`; a cache too large for the device stays where it was built (every row read in
+    /// place, or on the host). `host` on the CPU.
     #[default]
     Auto,
     /// The extract stage gathers each batch's rows on the host (caches, Match-Reorder and the

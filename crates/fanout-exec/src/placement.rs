@@ -87,17 +87,18 @@ pub(crate) fn rows_at<B: Backend>(be: &B, cfg: &TrainConfig, ds: &Dataset) -> Re
 /// `host_available` bytes available. The rows are assembled in host memory before an upload
 /// and mapped rows stay there page-locked, so the device or the mapped table is taken only
 /// when the rows take at most a quarter of the host's memory (larger features stay on the host
-/// path, read from the mapped dataset file). Without a cache: every row on the device when
-/// they take at most half its free memory, else read in place. With one: the cache on the
-/// device (as asked), its misses read in place when the rows may be mapped, else uploaded.
-/// A cache on the device beat the same cache on the host on a GPU (docs/cuda.md); the cache's
-/// own size is checked once it is built.
+/// path, read from the mapped dataset file). Every row on the device when they take at most
+/// half its free memory, with or without a cache (a cache would hold part of them). Else,
+/// without a cache, every row read in place; with one, the cache on the device, its misses
+/// read in place when the rows may be mapped, else uploaded. A cache on the device beat the
+/// same cache on the host on a GPU, and every row on the device beat both (docs/cuda.md);
+/// the cache's own size is checked once it is built.
 pub(crate) fn auto_rows_at(bytes: u64, cache: bool, free: u64, host_available: u64) -> RowsAt {
     let host_room = bytes <= host_available / 4;
     match (cache, host_room) {
+        (_, true) if bytes <= free / 2 => RowsAt::Device,
         (true, true) => RowsAt::DeviceCacheMapped,
         (true, false) => RowsAt::DeviceCache,
-        (false, true) if bytes <= free / 2 => RowsAt::Device,
         (false, true) => RowsAt::Mapped,
         (false, false) => RowsAt::Host,
     }
@@ -214,8 +215,9 @@ mod tests {
     use super::*;
 
     /// Auto's choice at the edges of each budget: half the device's free memory for every
-    /// row, a quarter of the host's available memory for rows assembled or mapped there, and
-    /// a cache always on the device, its misses read in place only where rows may be mapped.
+    /// row (cache or not), a quarter of the host's available memory for rows assembled or
+    /// mapped there, and otherwise a cache on the device, its misses read in place only where
+    /// rows may be mapped.
     #[test]
     fn auto_places_rows_by_the_memory_either_side_has() {
         let gb = 1u64 << 30;
@@ -225,7 +227,8 @@ mod tests {
             (gb, false, 2 * gb - 1, 4 * gb, RowsAt::Mapped),
             (gb, false, 2 * gb, 4 * gb - 4, RowsAt::Host),
             (gb, false, 100 * gb, 4 * gb - 4, RowsAt::Host),
-            (gb, true, 100 * gb, 4 * gb, RowsAt::DeviceCacheMapped),
+            (gb, true, 2 * gb, 4 * gb, RowsAt::Device),
+            (gb, true, 2 * gb - 1, 4 * gb, RowsAt::DeviceCacheMapped),
             (gb, true, gb, 4 * gb, RowsAt::DeviceCacheMapped),
             (gb, true, 100 * gb, 4 * gb - 4, RowsAt::DeviceCache),
             (gb, true, 0, 0, RowsAt::DeviceCache),

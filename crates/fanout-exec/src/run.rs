@@ -783,6 +783,12 @@ pub fn train_worker_with<B: Backend>(
     let row_bytes = ds.features.as_ref().map_or(0, |f| f.row_bytes() as u64);
     let mut rows_at = rows_at(&be, &cfg, &ds)?;
     let on_device = rows_at == RowsAt::Device;
+    // auto keeps every row on the device when they fit there: a cache or Match asked for is
+    // then checked but not built, and batches keep their order (the cache would hold a part
+    // of what the device holds whole).
+    let cache_unneeded = on_device
+        && cfg.feature_placement == FeaturePlacement::Auto
+        && (wants_cache(&cfg) || cfg.cache.match_reorder);
     let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
     let mut trainer = Trainer::new(model, Box::new(opt)).with_pool(pool.clone());
     let threads = pool
@@ -867,7 +873,7 @@ pub fn train_worker_with<B: Backend>(
         seed: cfg.seed,
         prefetch: cfg.prefetch.max(1),
         sample_workers: 1,
-        reorder_window: if cfg.cache.match_reorder {
+        reorder_window: if cfg.cache.match_reorder && !cache_unneeded {
             cfg.cache.reorder_window
         } else {
             0
@@ -880,8 +886,23 @@ pub fn train_worker_with<B: Backend>(
             None
         },
     };
+    let no_cache;
+    let cache_cfg = if cache_unneeded {
+        cache_spec(&cfg)?;
+        obs.note(
+            "the feature cache is not built: every feature row fits on the device and stays \
+             there (--feature-placement uva or device keeps the cache on the GPU instead)",
+        );
+        no_cache = TrainConfig {
+            cache: crate::CacheSpec::default(),
+            ..cfg.clone()
+        };
+        &no_cache
+    } else {
+        &cfg
+    };
     let (extractor, cache_json, cache_line) =
-        build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
+        build_cache(&ds, cache_cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
     if let Some(line) = cache_line {
         obs.note(&line);
     }
@@ -1126,19 +1147,9 @@ fn model_fanouts(cfg: &TrainConfig) -> Vec<u32> {
 /// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
 /// summary line for the user.
 #[allow(clippy::type_complexity)]
-pub(crate) fn build_cache<B: Backend>(
-    ds: &Arc<Dataset>,
-    cfg: &TrainConfig,
-    sampler: &Arc<dyn Sampler>,
-    plan: &WorkerPlan,
-    pcfg: &PipelineConfig,
-    trainer: &mut Trainer<B>,
-    env: &RunEnv,
-) -> Result<(
-    Box<dyn fanout_cache::Extractor>,
-    serde_json::Value,
-    Option<String>,
-)> {
+/// The cache policy (`None`: no cache) and size `cfg` asks for; `Err` names the flag that is
+/// wrong.
+pub(crate) fn cache_spec(cfg: &TrainConfig) -> Result<(Option<Policy>, CacheSizeSpec)> {
     let c = &cfg.cache;
     let policy = match c.policy.trim() {
         "none" | "" => None,
@@ -1160,6 +1171,24 @@ pub(crate) fn build_cache<B: Backend>(
             "--device-memory is the budget of --cache-ratio auto; add --cache-ratio auto".into(),
         ));
     }
+    Ok((policy, size_spec))
+}
+
+pub(crate) fn build_cache<B: Backend>(
+    ds: &Arc<Dataset>,
+    cfg: &TrainConfig,
+    sampler: &Arc<dyn Sampler>,
+    plan: &WorkerPlan,
+    pcfg: &PipelineConfig,
+    trainer: &mut Trainer<B>,
+    env: &RunEnv,
+) -> Result<(
+    Box<dyn fanout_cache::Extractor>,
+    serde_json::Value,
+    Option<String>,
+)> {
+    let c = &cfg.cache;
+    let (policy, size_spec) = cache_spec(cfg)?;
     if policy.is_none() && !c.match_reorder {
         let ex = PlainExtractor::new(ds.clone())?;
         let json = serde_json::json!({ "policy": "none", "rows": 0 });
