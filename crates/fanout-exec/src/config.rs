@@ -140,7 +140,8 @@ pub enum FeaturePlacement {
     /// of the host's available memory, else `uva` when they take at most a quarter of the
     /// host's available memory (page-locked memory cannot be paged out); `host` otherwise.
     /// With a cache or Match on a GPU: every row on the device when they fit as above (the
-    /// cache is then not built and batches keep their order); else the cache on the device,
+    /// cache is then not built; Match's batch order is kept, so results do not depend on the
+    /// placement); else the cache on the device,
     /// as `uva` when the rows take at most a quarter of the host's available memory, else as
     /// `device`; a cache too large for the device stays where it was built (every row read in
     /// place, or on the host). `host` on the CPU.

@@ -784,8 +784,8 @@ pub fn train_worker_with<B: Backend>(
     let mut rows_at = rows_at(&be, &cfg, &ds)?;
     let on_device = rows_at == RowsAt::Device;
     // auto keeps every row on the device when they fit there: a cache or Match asked for is
-    // then checked but not built, and batches keep their order (the cache would hold a part
-    // of what the device holds whole).
+    // then checked but not built (it would hold a part of what the device holds whole). Match's
+    // batch order is kept, so the run trains as under any other placement.
     let cache_unneeded = on_device
         && cfg.feature_placement == FeaturePlacement::Auto
         && (wants_cache(&cfg) || cfg.cache.match_reorder);
@@ -873,7 +873,7 @@ pub fn train_worker_with<B: Backend>(
         seed: cfg.seed,
         prefetch: cfg.prefetch.max(1),
         sample_workers: 1,
-        reorder_window: if cfg.cache.match_reorder && !cache_unneeded {
+        reorder_window: if cfg.cache.match_reorder {
             cfg.cache.reorder_window
         } else {
             0
@@ -891,7 +891,8 @@ pub fn train_worker_with<B: Backend>(
         cache_spec(&cfg)?;
         obs.note(
             "the feature cache is not built: every feature row fits on the device and stays \
-             there (--feature-placement uva or device keeps the cache on the GPU instead)",
+             there (--feature-placement uva or device keeps the cache on the GPU instead; \
+             Match's batch order is kept)",
         );
         no_cache = TrainConfig {
             cache: crate::CacheSpec::default(),
@@ -1143,10 +1144,6 @@ fn model_fanouts(cfg: &TrainConfig) -> Vec<u32> {
     cfg.fanouts.clone().unwrap_or_default()
 }
 
-/// Builds the training pipeline's extractor: plain, or with the configured cache (sized by
-/// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
-/// summary line for the user.
-#[allow(clippy::type_complexity)]
 /// The cache policy (`None`: no cache) and size `cfg` asks for; `Err` names the flag that is
 /// wrong.
 pub(crate) fn cache_spec(cfg: &TrainConfig) -> Result<(Option<Policy>, CacheSizeSpec)> {
@@ -1174,6 +1171,10 @@ pub(crate) fn cache_spec(cfg: &TrainConfig) -> Result<(Option<Policy>, CacheSize
     Ok((policy, size_spec))
 }
 
+/// Builds the training pipeline's extractor: plain, or with the configured cache (sized by
+/// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
+/// summary line for the user.
+#[allow(clippy::type_complexity)]
 pub(crate) fn build_cache<B: Backend>(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,

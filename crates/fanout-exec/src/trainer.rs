@@ -262,24 +262,40 @@ impl<B: Backend> Trainer<B> {
     /// batch's (zeroed first). Split from [`Trainer::apply_gradients`] so that data-parallel
     /// workers can all-reduce gradients in between.
     pub fn compute_gradients(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
+        let out = self.forward_backward(p, dropout_key, |be, logits, labels| {
+            let (ce, correct) = be.loss_and_accuracy(logits, labels)?;
+            let out = BatchOutcome {
+                loss: ce.loss as f64,
+                correct,
+                labelled: ce.count,
+            };
+            Ok((ce.grad, out))
+        })?;
+        Ok(out.unwrap_or_default())
+    }
+
+    /// Forward and backward of `p` in training mode, the parameter gradients replaced by its
+    /// own: `loss` gives, from the logits and labels, the loss's gradient and what the caller
+    /// keeps of the loss. `None` for a batch without seeds (a data-parallel worker's empty
+    /// share of a step: no gradient of its own, zeroed, but it still takes part in the
+    /// all-reduce and the optimiser step).
+    fn forward_backward<R>(
+        &mut self,
+        p: Prepared,
+        dropout_key: u64,
+        loss: impl FnOnce(&B, &B::Tensor, &[i64]) -> Result<(B::Tensor, R)>,
+    ) -> Result<Option<R>> {
         let labels = labels(&p)?.to_vec();
         if p.batch.num_seeds == 0 {
-            // A data-parallel worker's empty share of a step: no gradient of its own, but it
-            // still takes part in the all-reduce and the optimiser step.
             self.model.zero_grad();
-            return Ok(BatchOutcome::default());
+            return Ok(None);
         }
         let logits = self.forward(p, Mode::Train { dropout_key })?;
         let be = self.model.backend().clone();
-        let (ce, correct) = be.loss_and_accuracy(&logits, &labels)?;
-        let labelled = ce.count;
+        let (grad, kept) = loss(&be, &logits, &labels)?;
         self.model.zero_grad();
-        self.model.backward(&ce.grad)?;
-        Ok(BatchOutcome {
-            loss: ce.loss as f64,
-            correct,
-            labelled,
-        })
+        self.model.backward(&grad)?;
+        Ok(Some(kept))
     }
 
     /// Appends every parameter gradient, multiplied by `scale`, to `out` (parameters in
@@ -572,7 +588,7 @@ impl<B: Backend> Trainer<B> {
     /// or a parameter gradient, named, with its first bad value; `None` when all are finite.
     pub fn non_finite(&self, loss: f64) -> Option<String> {
         if !loss.is_finite() {
-            return Some(format!("the loss ({loss})"));
+            return Some(loss_not_finite(loss));
         }
         let be = self.model.backend();
         let params = self.model.named_params();
@@ -582,8 +598,8 @@ impl<B: Backend> Trainer<B> {
         }
         for (name, p) in params {
             let g = be.download(&p.grad);
-            if let Some(v) = g.data().iter().find(|v| !v.is_finite()) {
-                return Some(format!("the gradient of {name} ({v})"));
+            if let Some(&v) = g.data().iter().find(|v| !v.is_finite()) {
+                return Some(gradient_not_finite(&name, v));
             }
         }
         None
@@ -618,6 +634,16 @@ impl<B: Backend> Trainer<B> {
             p.value = be.upload(v);
         }
     }
+}
+
+/// [`ExecError::NonFinite`]'s `what` for a loss that is not finite.
+fn loss_not_finite(loss: f64) -> String {
+    format!("the loss ({loss})")
+}
+
+/// [`ExecError::NonFinite`]'s `what` for parameter `name`'s gradient holding `value`.
+fn gradient_not_finite(name: &str, value: f32) -> String {
+    format!("the gradient of {name} ({value})")
 }
 
 /// Input-layer destinations up to which a step runs through [`Backend::on_compute_threads`].
@@ -839,7 +865,17 @@ pub fn fit_with<B: Backend + Send>(
             let t = Instant::now();
             let mut group = Vec::with_capacity(per_step);
             for p in stream.by_ref() {
-                group.push(p?);
+                match p {
+                    Ok(p) => group.push(p),
+                    Err(e) => {
+                        // The step queued before is read first: its outcome is reported, and
+                        // a non-finite one is the error.
+                        if let Some(q) = queued.take() {
+                            add(&trainer.finish_step(q)?, obs);
+                        }
+                        return Err(e);
+                    }
+                }
                 if group.len() == per_step {
                     break;
                 }
@@ -872,13 +908,29 @@ pub fn fit_with<B: Backend + Send>(
                 lr,
                 checkpoint: None,
             };
-            let out = if let (Some(gate), true) = (
-                gate.as_mut(),
-                group.len() == 1 && group[0].remote.is_none() && group[0].split.is_none(),
-            ) {
+            let late = gate.is_some()
+                && group.len() == 1
+                && group[0].remote.is_none()
+                && group[0].split.is_none();
+            if !late {
+                // A step read at once follows: the one queued before it is read first, so
+                // outcomes are added in step order.
+                if let Some(q) = queued.take() {
+                    add(&trainer.finish_step(q)?, obs);
+                }
+            }
+            let out = if let (Some(gate), true) = (gate.as_mut(), late) {
                 let p = group.pop().expect("one batch");
                 let at = (epoch, step, lr);
-                let q = trainer.run(p, |t, p| t.queue_step(p, key, gate, at))?;
+                let q = match trainer.run(p, |t, p| t.queue_step(p, key, gate, at)) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        if let Some(before) = queued.take() {
+                            add(&trainer.finish_step(before)?, obs);
+                        }
+                        return Err(e);
+                    }
+                };
                 // The step before this one, read now that this one is queued behind it.
                 match queued.replace(q) {
                     Some(before) => Some(trainer.finish_step(before)?),

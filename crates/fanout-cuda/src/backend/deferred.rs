@@ -8,15 +8,24 @@
 use super::kernels::launch;
 use super::{device_failed, CudaBackend, CudaTensor};
 use cudarc::driver::{result, CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
-use fanout_compute::{check_labels, PendingRead, Result, StepFigures, Tensor};
+use fanout_compute::{check_labels, Backend, PendingRead, Result, StepFigures, Tensor};
 
 /// A read under way: the page-locked buffer it lands in, the event after the copy, and the
-/// tensor's shape.
+/// tensor's shape. Dropped unfinished (a run ending with an error while a step is queued), it
+/// waits for the copy before its buffer is freed.
 struct CudaRead {
-    buf: PinnedHostSlice<f32>,
+    buf: Option<PinnedHostSlice<f32>>,
     done: CudaEvent,
     rows: usize,
     cols: usize,
+}
+
+impl Drop for CudaRead {
+    fn drop(&mut self) {
+        if self.buf.is_some() {
+            let _ = self.done.synchronize();
+        }
+    }
 }
 
 /// Page-locked buffers of finished reads, kept for the next ones (a step starts two).
@@ -37,11 +46,16 @@ impl CudaBackend {
         labels: &[i64],
     ) -> Result<StepFigures<CudaTensor>> {
         let (rows, classes) = logits.shape();
+        if rows >= 1 << 24 {
+            // The count would not be exact as a float: read it as `loss_and_accuracy` does.
+            let (ce, correct) = self.loss_and_accuracy(logits, labels)?;
+            return Ok(StepFigures {
+                figures: self.upload(&Tensor::new(1, 2, vec![ce.loss, correct as f32])),
+                count: ce.count,
+                grad: ce.grad,
+            });
+        }
         let count = check_labels(rows, classes, labels)?;
-        assert!(
-            rows < 1 << 24,
-            "loss_and_accuracy_on_device: {rows} rows; the count is exact below 2^24"
-        );
         let mut grad = self.new_tensor(rows, classes);
         let mut figures = self.new_tensor(1, 2);
         if count > 0 {
@@ -90,11 +104,12 @@ impl CudaBackend {
                 .position(|b| b.len() >= n)
                 .map(|i| free.swap_remove(i))
         };
-        // SAFETY: only the first `n` values are read, after the copy below wrote them.
+        // SAFETY: only the first `n` values are read, after the copy below wrote them. Not
+        // write-combined (`alloc_pinned`'s default): the host reads these.
         let buf = kept.or_else(|| unsafe {
             stream
                 .context()
-                .alloc_pinned::<f32>(n.max(1).next_power_of_two())
+                .alloc_pinned_with_flags::<f32>(n.max(1).next_power_of_two(), 0)
                 .ok()
         });
         let Some(mut buf) = buf else {
@@ -116,7 +131,7 @@ impl CudaBackend {
             .record_event(None)
             .unwrap_or_else(|e| device_failed("cuEventRecord", e));
         PendingRead::started(Box::new(CudaRead {
-            buf,
+            buf: Some(buf),
             done,
             rows: t.rows,
             cols: t.cols,
@@ -133,14 +148,12 @@ impl CudaBackend {
         let Ok(r) = rec.downcast::<CudaRead>() else {
             panic!("finish_read: a read the CUDA backend did not start")
         };
-        let CudaRead {
-            mut buf,
-            done,
-            rows,
-            cols,
-        } = *r;
-        done.synchronize()
+        let mut r = *r;
+        r.done
+            .synchronize()
             .unwrap_or_else(|e| device_failed("cuEventSynchronize", e));
+        let (rows, cols) = (r.rows, r.cols);
+        let mut buf = r.buf.take().expect("a started read holds its buffer");
         let n = rows * cols;
         let values = match buf.as_mut_slice() {
             Ok(s) => s[..n].to_vec(),

@@ -20,7 +20,7 @@ use super::{device_failed, CudaBackend};
 use cudarc::driver::{result, CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice};
 use std::sync::Mutex;
 
-/// Buffers in the ring: an upload waits for the copy four uploads back.
+/// Buffers in the ring: an upload (or a chunk of one) waits for the copy four chunks back.
 const STAGES: usize = 4;
 /// Smaller uploads fit the driver's own staging and never wait.
 pub(crate) const STAGED_MIN: usize = 64 << 10;
@@ -126,6 +126,9 @@ impl CudaBackend {
             };
             let staged = &mut staged[..part.len()];
             if part.len() > COPY_GRAIN {
+                // On the caller's rayon pool, with the ring locked: no job of that pool may
+                // upload through this backend (none does: its other jobs gather and sample on
+                // the host), or a worker waiting here could take it and lock the ring again.
                 use rayon::prelude::*;
                 staged
                     .par_chunks_mut(COPY_GRAIN)

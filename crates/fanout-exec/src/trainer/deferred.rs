@@ -9,10 +9,10 @@
 //! and the optimiser kernels skip while it is marked, so neither that step nor the one queued
 //! behind it changes the parameters.
 
-use super::{labels, BatchOutcome, Trainer};
+use super::{gradient_not_finite, loss_not_finite, BatchOutcome, Trainer};
 use crate::error::{ExecError, Result};
 use crate::pipeline::Prepared;
-use fanout_compute::{Backend, Mode, PendingRead, Tensor};
+use fanout_compute::{Backend, PendingRead, Tensor};
 
 /// A step queued by [`Trainer::queue_step`]: its reads under way and where it was.
 pub(crate) struct QueuedStep {
@@ -41,19 +41,13 @@ impl<B: Backend> Trainer<B> {
         gate: &mut B::Tensor,
         at: (u64, u64, f32),
     ) -> Result<QueuedStep> {
-        let labels = labels(&p)?.to_vec();
         let be = self.model.backend().clone();
-        let figures = if p.batch.num_seeds == 0 {
-            // No seed: no gradient, and the optimiser steps as the read path's does.
-            self.model.zero_grad();
-            (be.upload_owned(Tensor::zeros(1, 2)), 0)
-        } else {
-            let logits = self.forward(p, Mode::Train { dropout_key })?;
-            let f = be.loss_and_accuracy_on_device(&logits, &labels)?;
-            self.model.zero_grad();
-            self.model.backward(&f.grad)?;
-            (f.figures, f.count)
-        };
+        let kept = self.forward_backward(p, dropout_key, |be, logits, labels| {
+            let f = be.loss_and_accuracy_on_device(logits, labels)?;
+            Ok((f.grad, (f.figures, f.count)))
+        })?;
+        // No seed: no gradient, and the optimiser steps as the read path's does.
+        let figures = kept.unwrap_or_else(|| (be.upload_owned(Tensor::zeros(1, 2)), 0));
         be.mark_non_finite(&figures.0, gate, 0);
         for (i, (_, param)) in self.model.named_params().into_iter().enumerate() {
             be.mark_non_finite(&param.grad, gate, 1 + i);
@@ -84,11 +78,11 @@ impl<B: Backend> Trainer<B> {
             return Ok(out);
         }
         let what = if !out.loss.is_finite() || g[1] != 0.0 {
-            format!("the loss ({})", out.loss)
+            loss_not_finite(out.loss)
         } else {
             let names = self.model.named_params();
             match (2..g.len()).find(|&s| g[s] != 0.0) {
-                Some(s) => format!("the gradient of {} ({})", names[s - 2].0, g[s]),
+                Some(s) => gradient_not_finite(&names[s - 2].0, g[s]),
                 None => "a gradient".to_string(),
             }
         };
