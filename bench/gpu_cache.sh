@@ -36,17 +36,6 @@ run gcn-upload $G/fanout $N --feature-placement host
 run gcn-device $G/fanout $N $C --feature-placement device
 run gcn-auto $G/fanout $N $C
 step "compare"
-python3 - $M <<'PY'
-import json, sys, os
-d = sys.argv[1]
-m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
-for k, v in m.items():
-    e = v['epochs']
-    print(f"{k:16s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
-          + f"  train {e[-1]['train_s']:.3f} extract {e[-1]['extract_s']:.3f}  test {v['test_acc']:.4f}")
-for model in ('sage', 'gcn'):
-    losses = {k: [x['loss'] for x in v['epochs']] for k, v in m.items() if k.startswith(model)}
-    print(model, 'losses equal in every run:', len({tuple(l) for l in losses.values()}) == 1)
-PY
+python3 "$(dirname "$0")/metrics_table.py" $M sage gcn
 step "kernels"
 timeout 60 $G/cuda_kernels 2>&1 | tail -12

@@ -126,6 +126,12 @@ pub struct StepFigures<T> {
     pub grad: T,
 }
 
+/// Whether `gate` ([`Backend::mark_non_finite`]) is unmarked, read back: how the default gated
+/// updates decide.
+fn gate_open<B: Backend>(be: &B, gate: &B::Tensor) -> bool {
+    be.download(gate).data().first() == Some(&0.0)
+}
+
 /// Hyper-parameters of one Adam update, PyTorch `torch.optim.Adam` semantics (L2 weight decay
 /// added to the gradient, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -691,7 +697,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         hp: &AdamUpdate,
         gate: &Self::Tensor,
     ) {
-        if self.download(gate).data().first() == Some(&0.0) {
+        if gate_open(self, gate) {
             self.adam_update(value, grad, m, v, hp);
         }
     }
@@ -705,7 +711,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         hp: &SgdUpdate,
         gate: &Self::Tensor,
     ) {
-        if self.download(gate).data().first() == Some(&0.0) {
+        if gate_open(self, gate) {
             self.sgd_update(value, grad, buf, hp);
         }
     }
