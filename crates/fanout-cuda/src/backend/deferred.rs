@@ -8,7 +8,7 @@
 use super::kernels::launch;
 use super::{device_failed, CudaBackend, CudaTensor};
 use cudarc::driver::{result, CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice};
-use fanout_compute::{check_labels, Backend, PendingRead, Result, StepFigures, Tensor};
+use fanout_compute::{Backend, PendingRead, Result, StepFigures, Tensor};
 
 /// A read under way: the page-locked buffer it lands in, the event after the copy, and the
 /// tensor's shape. Dropped unfinished (a run ending with an error while a step is queued), it
@@ -45,7 +45,7 @@ impl CudaBackend {
         logits: &CudaTensor,
         labels: &[i64],
     ) -> Result<StepFigures<CudaTensor>> {
-        let (rows, classes) = logits.shape();
+        let rows = logits.rows;
         if rows >= 1 << 24 {
             // The count would not be exact as a float: read it as `loss_and_accuracy` does.
             let (ce, correct) = self.loss_and_accuracy(logits, labels)?;
@@ -55,14 +55,10 @@ impl CudaBackend {
                 grad: ce.grad,
             });
         }
-        let count = check_labels(rows, classes, labels)?;
-        let mut grad = self.new_tensor(rows, classes);
+        let (count, grad, per_row) = self.loss_and_hits(logits, labels)?;
+        // No row labelled: no loss, no hit (the zeros).
         let mut figures = self.new_tensor(1, 2);
-        if count > 0 {
-            // No row labelled: no loss, no hit (the zeros).
-            let lab_d = self.labels_to_device(labels);
-            let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
-            let hit = self.hits(logits, &lab_d);
+        if let Some((row_loss, hit)) = per_row {
             let (r64, c64) = (rows as i64, count as i64);
             launch!(
                 self.inner,

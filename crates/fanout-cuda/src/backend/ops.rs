@@ -230,6 +230,27 @@ impl CudaBackend {
         row_loss
     }
 
+    /// The labelled count, the mean loss's gradient, and each row's loss and hit on the device
+    /// (`None` when no row is labelled): the kernels `loss_and_accuracy` and
+    /// `loss_and_accuracy_on_device` share. `Err` as `check_labels`.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn loss_and_hits(
+        &self,
+        logits: &CudaTensor,
+        labels: &[i64],
+    ) -> Result<(usize, CudaTensor, Option<(CudaSlice<f64>, CudaSlice<i32>)>)> {
+        let (rows, classes) = logits.shape();
+        let count = check_labels(rows, classes, labels)?;
+        let mut grad = self.new_tensor(rows, classes);
+        if count == 0 {
+            return Ok((count, grad, None));
+        }
+        let lab_d = self.labels_to_device(labels);
+        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
+        let hit = self.hits(logits, &lab_d);
+        Ok((count, grad, Some((row_loss, hit))))
+    }
+
     /// `argmax_hits`: 1 for each row whose first arg-max is its label, else 0, on the device.
     pub(super) fn hits(&self, logits: &CudaTensor, lab_d: &CudaSlice<i32>) -> CudaSlice<i32> {
         let mut hit = self.alloc::<i32>(logits.rows);
@@ -1131,10 +1152,8 @@ impl Backend for CudaBackend {
         logits: &CudaTensor,
         labels: &[i64],
     ) -> Result<(CrossEntropy<CudaTensor>, usize)> {
-        let (rows, classes) = logits.shape();
-        let count = check_labels(rows, classes, labels)?;
-        let mut grad = self.new_tensor(rows, classes);
-        if count == 0 {
+        let (count, grad, per_row) = self.loss_and_hits(logits, labels)?;
+        let Some((row_loss, hit)) = per_row else {
             // No row is labelled: no loss, no hit.
             let ce = CrossEntropy {
                 loss: 0.0,
@@ -1142,12 +1161,9 @@ impl Backend for CudaBackend {
                 grad,
             };
             return Ok((ce, 0));
-        }
-        let lab_d = self.labels_to_device(labels);
-        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
-        let hit = self.hits(logits, &lab_d);
+        };
         let mut figures = self.alloc::<f64>(2);
-        let r64 = rows as i64;
+        let r64 = logits.rows as i64;
         launch!(
             self.inner,
             "step_figures",
