@@ -565,20 +565,35 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// `(correct, labelled)` over every seed of `pipe` (see [`Trainer::evaluate`]); workers
-    /// that evaluate slices of a set sum these.
+    /// that evaluate slices of a set sum these. On a backend that defers reads, each batch's
+    /// count is read after the next batch is queued (`deferred.rs`); the counts are the same.
     pub fn evaluate_counts(&mut self, pipe: &dyn BatchSource) -> Result<(usize, usize)>
     where
         B: Send,
     {
+        let late = self.model.backend().defers_reads();
         let (mut correct, mut labelled) = (0usize, 0usize);
+        let mut add = |(c, l): (usize, usize)| {
+            correct += c;
+            labelled += l;
+        };
+        let mut queued: Option<deferred::QueuedEval> = None;
         for p in pipe.epoch(EVAL_EPOCH) {
             let p = p?;
             if p.batch.num_seeds == 0 {
                 continue;
             }
-            let (c, l) = self.run(p, |t, p| t.eval_batch(p))?;
-            correct += c;
-            labelled += l;
+            if late {
+                let next = self.run(p, |t, p| t.queue_eval(p))?;
+                if let Some(q) = queued.replace(next) {
+                    add(self.finish_eval(q));
+                }
+            } else {
+                add(self.run(p, |t, p| t.eval_batch(p))?);
+            }
+        }
+        if let Some(q) = queued {
+            add(self.finish_eval(q));
         }
         pipe.take_times();
         Ok((correct, labelled))

@@ -20,25 +20,38 @@ mod common;
 use common::saved_tiny;
 
 /// A backend that is the CPU backend under another name: every method, provided ones
-/// included, delegates to the inner [`CpuBackend`]. With a countdown, its matrix product fails
-/// like a GPU out of memory ([`device_failed`]) when the countdown reaches zero.
-/// With a counter, it also counts its `gather_rows` calls there; with a second one, its
-/// `gather_mapped_rows` calls.
+/// included, delegates to the inner [`CpuBackend`]. Each option adds one thing; [`NAMED`] has
+/// none (build others with `Named { field: .., ..NAMED }`).
 #[derive(Clone, Copy, Debug)]
-struct Named(
-    CpuBackend,
-    Option<&'static AtomicUsize>,
-    Option<&'static AtomicUsize>,
-    Option<&'static AtomicUsize>,
-);
+struct Named {
+    cpu: CpuBackend,
+    /// A countdown of matrix products: the last one fails like a GPU out of memory
+    /// ([`device_failed`]).
+    products_left: Option<&'static AtomicUsize>,
+    /// Counts `gather_rows` calls.
+    gathers: Option<&'static AtomicUsize>,
+    /// Counts `gather_mapped_rows` calls.
+    mapped_gathers: Option<&'static AtomicUsize>,
+    /// Counts `read_later` calls.
+    reads_later: Option<&'static AtomicUsize>,
+    /// Its free memory, as a device reports it (`None`: memory it shares with the host).
+    free: Option<u64>,
+}
 
-/// [`Named`] that never fails.
-const NAMED: Named = Named(CpuBackend, None, None, None);
+/// [`Named`] that never fails, counts nothing and reports no memory of its own.
+const NAMED: Named = Named {
+    cpu: CpuBackend,
+    products_left: None,
+    gathers: None,
+    mapped_gathers: None,
+    reads_later: None,
+    free: None,
+};
 
 impl Named {
     /// Counts a matrix product down, failing the device on the last one.
     fn count_down(&self) {
-        if let Some(left) = self.1 {
+        if let Some(left) = self.products_left {
             if left.fetch_sub(1, Ordering::SeqCst) == 1 {
                 device_failed("CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)".into());
             }
@@ -93,37 +106,40 @@ impl Backend for Named {
     fn name(&self) -> &'static str {
         "named"
     }
+    fn free_memory(&self) -> Option<u64> {
+        self.free
+    }
     /// Reads as a device does: every one-worker run here trains with each step's figures
     /// read a step late and the optimiser gated by the backend's non-finite gate.
     fn defers_reads(&self) -> bool {
         true
     }
     fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.0.on_compute_threads(f)
+        self.cpu.on_compute_threads(f)
     }
     fn upload(&self, host: &Tensor) -> Tensor {
-        self.0.upload(host)
+        self.cpu.upload(host)
     }
     fn upload_owned(&self, host: Tensor) -> Tensor {
-        self.0.upload_owned(host)
+        self.cpu.upload_owned(host)
     }
     fn download(&self, t: &Tensor) -> Tensor {
-        self.0.download(t)
+        self.cpu.download(t)
     }
     fn zeros(&self, rows: usize, cols: usize) -> Tensor {
-        self.0.zeros(rows, cols)
+        self.cpu.zeros(rows, cols)
     }
     fn shape(&self, t: &Tensor) -> (usize, usize) {
-        self.0.shape(t)
+        self.cpu.shape(t)
     }
     fn fill_zero(&self, t: &mut Tensor) {
-        self.0.fill_zero(t)
+        self.cpu.fill_zero(t)
     }
     fn prepare_block(&self, block: &BlockRef<'_>) -> fanout_compute::Result<CpuBlock> {
-        self.0.prepare_block(block)
+        self.cpu.prepare_block(block)
     }
     fn block_dims(&self, block: &CpuBlock) -> BlockDims {
-        self.0.block_dims(block)
+        self.cpu.block_dims(block)
     }
     /// Adopts a [`HeldBlocks`] copy: prepares *its* blocks, not the host ones it is given.
     fn adopt_blocks(
@@ -136,7 +152,7 @@ impl Backend for Named {
         let refs = block_refs(&held.0);
         Some(
             refs.iter()
-                .map(|r| self.0.prepare_block(r).unwrap())
+                .map(|r| self.cpu.prepare_block(r).unwrap())
                 .collect(),
         )
     }
@@ -150,56 +166,56 @@ impl Backend for Named {
         beta: f32,
         c: &mut Tensor,
     ) {
-        self.0.gemm(alpha, a, trans_a, b, trans_b, beta, c)
+        self.cpu.gemm(alpha, a, trans_a, b, trans_b, beta, c)
     }
     fn acc_at_b_shared(&self, g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
-        self.0.acc_at_b_shared(g, pairs)
+        self.cpu.acc_at_b_shared(g, pairs)
     }
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
         self.count_down();
-        self.0.matmul(a, trans_a, b, trans_b)
+        self.cpu.matmul(a, trans_a, b, trans_b)
     }
     fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
-        self.0.add_bias(x, bias)
+        self.cpu.add_bias(x, bias)
     }
     fn sum_rows(&self, x: &Tensor) -> Tensor {
-        self.0.sum_rows(x)
+        self.cpu.sum_rows(x)
     }
     fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) {
-        self.0.axpy(alpha, x, y)
+        self.cpu.axpy(alpha, x, y)
     }
     fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
-        self.0.axpy_prefix(alpha, x, y, rows)
+        self.cpu.axpy_prefix(alpha, x, y, rows)
     }
     fn prefix_rows(&self, x: &Tensor, rows: usize) -> Tensor {
-        self.0.prefix_rows(x, rows)
+        self.cpu.prefix_rows(x, rows)
     }
     fn scale(&self, x: &mut Tensor, alpha: f32) {
-        self.0.scale(x, alpha)
+        self.cpu.scale(x, alpha)
     }
     fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
-        self.0.mul(a, b)
+        self.cpu.mul(a, b)
     }
     fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
-        self.0.mul_sum_rows(a, b)
+        self.cpu.mul_sum_rows(a, b)
     }
     fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
-        self.0.dot(a, b)
+        self.cpu.dot(a, b)
     }
     fn relu(&self, x: &Tensor) -> Tensor {
-        self.0.relu(x)
+        self.cpu.relu(x)
     }
     fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> Tensor {
-        self.0.relu_backward(grad, out)
+        self.cpu.relu_backward(grad, out)
     }
     fn leaky_relu(&self, x: &Tensor, slope: f32) -> Tensor {
-        self.0.leaky_relu(x, slope)
+        self.cpu.leaky_relu(x, slope)
     }
     fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
-        self.0.leaky_relu_backward(grad, x, slope)
+        self.cpu.leaky_relu_backward(grad, x, slope)
     }
     fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
-        self.0.dropout(x, p, key, row_ids)
+        self.cpu.dropout(x, p, key, row_ids)
     }
     fn epilogue(
         &self,
@@ -209,19 +225,19 @@ impl Backend for Named {
         dropout: Option<DropoutSpec<'_>>,
         keep: bool,
     ) -> Option<Tensor> {
-        self.0.epilogue(x, bias, relu, dropout, keep)
+        self.cpu.epilogue(x, bias, relu, dropout, keep)
     }
     fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
-        self.0.l2_normalize_rows(x)
+        self.cpu.l2_normalize_rows(x)
     }
     fn l2_normalize_rows_backward(&self, grad: &Tensor, y: &Tensor, norms: &Tensor) -> Tensor {
-        self.0.l2_normalize_rows_backward(grad, y, norms)
+        self.cpu.l2_normalize_rows_backward(grad, y, norms)
     }
     fn head_dot(&self, x: &Tensor, a: &Tensor) -> Tensor {
-        self.0.head_dot(x, a)
+        self.cpu.head_dot(x, a)
     }
     fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
-        self.0.head_dot_backward(grad, x, a)
+        self.cpu.head_dot_backward(grad, x, a)
     }
     fn head_dot_backward_acc(
         &self,
@@ -230,22 +246,22 @@ impl Backend for Named {
         a: &Tensor,
         acc: &mut Tensor,
     ) -> Tensor {
-        self.0.head_dot_backward_acc(grad, x, a, acc)
+        self.cpu.head_dot_backward_acc(grad, x, a, acc)
     }
     fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
-        self.0.head_mean(x, heads)
+        self.cpu.head_mean(x, heads)
     }
     fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> Tensor {
-        self.0.head_mean_backward(grad, heads)
+        self.cpu.head_mean_backward(grad, heads)
     }
     fn edge_coefficients(&self, block: &CpuBlock, agg: Aggregation) -> Option<Tensor> {
-        self.0.edge_coefficients(block, agg)
+        self.cpu.edge_coefficients(block, agg)
     }
     fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
-        self.0.spmm(block, coeff, x)
+        self.cpu.spmm(block, coeff, x)
     }
     fn spmm_backward_x(&self, block: &CpuBlock, coeff: Option<&Tensor>, grad: &Tensor) -> Tensor {
-        self.0.spmm_backward_x(block, coeff, grad)
+        self.cpu.spmm_backward_x(block, coeff, grad)
     }
     fn spmm_backward_coeff(
         &self,
@@ -254,7 +270,7 @@ impl Backend for Named {
         x: &Tensor,
         heads: usize,
     ) -> Tensor {
-        self.0.spmm_backward_coeff(block, grad, x, heads)
+        self.cpu.spmm_backward_coeff(block, grad, x, heads)
     }
     fn spmm_backward(
         &self,
@@ -263,28 +279,28 @@ impl Backend for Named {
         grad: &Tensor,
         x: &Tensor,
     ) -> (Tensor, Tensor) {
-        self.0.spmm_backward(block, coeff, grad, x)
+        self.cpu.spmm_backward(block, coeff, grad, x)
     }
     fn aggregate(&self, block: &CpuBlock, x: &Tensor, agg: Aggregation) -> Tensor {
-        self.0.aggregate(block, x, agg)
+        self.cpu.aggregate(block, x, agg)
     }
     fn aggregate_backward(&self, block: &CpuBlock, grad: &Tensor, agg: Aggregation) -> Tensor {
-        self.0.aggregate_backward(block, grad, agg)
+        self.cpu.aggregate_backward(block, grad, agg)
     }
     fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
-        self.0.u_add_v(block, el, er)
+        self.cpu.u_add_v(block, el, er)
     }
     fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
-        self.0.edge_sum_to_src(block, e)
+        self.cpu.edge_sum_to_src(block, e)
     }
     fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
-        self.0.edge_sum_to_dst(block, e)
+        self.cpu.edge_sum_to_dst(block, e)
     }
     fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> Tensor {
-        self.0.edge_softmax(block, scores)
+        self.cpu.edge_softmax(block, scores)
     }
     fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
-        self.0.edge_softmax_backward(block, a, grad)
+        self.cpu.edge_softmax_backward(block, a, grad)
     }
     /// "Maps" host rows as a CPU tensor held by the table.
     fn map_host_rows(
@@ -305,45 +321,52 @@ impl Backend for Named {
         _resident: Option<&(dyn std::any::Any + Send + Sync)>,
     ) -> Tensor {
         MAPPED_GATHERS.fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = self.3 {
+        if let Some(c) = self.mapped_gathers {
             c.fetch_add(1, Ordering::Relaxed);
         }
         let t = table
             .table()
             .downcast_ref::<Tensor>()
             .expect("Named's table");
-        self.0.gather_rows(t, idx)
+        self.cpu.gather_rows(t, idx)
     }
     fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
         GATHER_CALLS.fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = self.2 {
+        if let Some(c) = self.gathers {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        self.0.gather_rows(x, idx)
+        self.cpu.gather_rows(x, idx)
     }
     fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
-        self.0.scatter_add_rows(y, idx, x)
+        self.cpu.scatter_add_rows(y, idx, x)
     }
     fn softmax_cross_entropy(
         &self,
         logits: &Tensor,
         labels: &[i64],
     ) -> fanout_compute::Result<CrossEntropy<Tensor>> {
-        self.0.softmax_cross_entropy(logits, labels)
+        self.cpu.softmax_cross_entropy(logits, labels)
     }
     fn add_dot(&self, a: &Tensor, b: &Tensor, y: &mut Tensor) {
-        self.0.add_dot(a, b, y)
+        self.cpu.add_dot(a, b, y)
     }
     fn axpy_prefix_one_plus(&self, s: &Tensor, x: &Tensor, y: &mut Tensor, rows: usize) {
-        self.0.axpy_prefix_one_plus(s, x, y, rows)
+        self.cpu.axpy_prefix_one_plus(s, x, y, rows)
     }
     fn all_finite(&self, tensors: &[&Tensor]) -> bool {
-        self.0.all_finite(tensors)
+        self.cpu.all_finite(tensors)
+    }
+    /// Counted (with a counter), then the default: a read at once.
+    fn read_later(&self, t: &Tensor) -> fanout_compute::PendingRead {
+        if let Some(n) = self.reads_later {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        self.cpu.read_later(t)
     }
     // `gather_input_rows` keeps its default, which calls `gather_rows` above (counted).
     fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
         NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
-        self.0.accuracy(logits, labels)
+        self.cpu.accuracy(logits, labels)
     }
     fn adam_update(
         &self,
@@ -354,10 +377,10 @@ impl Backend for Named {
         hp: &AdamUpdate,
     ) {
         NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
-        self.0.adam_update(value, grad, m, v, hp)
+        self.cpu.adam_update(value, grad, m, v, hp)
     }
     fn sgd_update(&self, value: &mut Tensor, grad: &Tensor, buf: &mut Tensor, hp: &SgdUpdate) {
-        self.0.sgd_update(value, grad, buf, hp)
+        self.cpu.sgd_update(value, grad, buf, hp)
     }
 }
 
@@ -461,7 +484,7 @@ fn a_backend_reading_late_stops_where_the_cpu_does() {
                 .err()
                 .expect("the CPU run diverges"),
         );
-        let late = train_with_backend(Named(CpuBackend, None, None, None), &cfg, &env, &mut ());
+        let late = train_with_backend(NAMED, &cfg, &env, &mut ());
         let late = fields(late.err().expect("the late-reading run diverges"));
         assert_eq!(late, cpu, "{model:?}");
     }
@@ -570,10 +593,28 @@ fn another_backend_evaluates_a_checkpoint_as_the_cpu_does() {
         };
         let on_cpu = evaluate_checkpoint(&req, &NoProgress).unwrap();
         let before = NAMED_CALLS.load(Ordering::Relaxed);
-        let named = evaluate_checkpoint_with(NAMED, &req, &NoProgress).unwrap();
+        static READS_LATER: AtomicUsize = AtomicUsize::new(0);
+        READS_LATER.store(0, Ordering::Relaxed);
+        let counted = Named {
+            reads_later: Some(&READS_LATER),
+            ..NAMED
+        };
+        let named = evaluate_checkpoint_with(counted, &req, &NoProgress).unwrap();
         assert!(
             NAMED_CALLS.load(Ordering::Relaxed) > before,
             "not run on Named"
+        );
+        // Named defers reads: each batch's count is read after the next one is queued.
+        let ids = match split {
+            EvalSplit::Test => ds.test.len(),
+            _ => ds.valid.len(),
+        };
+        let batches = ids.div_ceil(cfg.batch_size.unwrap());
+        assert!(batches >= 2, "the split spans several batches");
+        assert_eq!(
+            READS_LATER.load(Ordering::Relaxed),
+            batches,
+            "{split:?}: one read a batch, each started before it was needed"
         );
         assert_eq!(named.to_bits(), on_cpu.to_bits(), "{split:?}");
         if split == EvalSplit::Test {
@@ -634,7 +675,10 @@ fn a_device_failing_mid_run_ends_it_with_an_error_not_a_panic() {
     // pipeline's sampling and extraction threads running.
     for (at, saved) in [(10, false), (20, true)] {
         PRODUCTS_LEFT.store(at, Ordering::SeqCst);
-        let failing = Named(CpuBackend, Some(&PRODUCTS_LEFT), None, None);
+        let failing = Named {
+            products_left: Some(&PRODUCTS_LEFT),
+            ..NAMED
+        };
         let Err(e) = train_with_backend(failing, &cfg, &env, &mut ()) else {
             panic!("the run ended without the device failure")
         };
@@ -899,7 +943,11 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
         static GATHERS: AtomicUsize = AtomicUsize::new(0);
         static MAPPED: AtomicUsize = AtomicUsize::new(0);
         GATHERS.store(0, Ordering::SeqCst);
-        let counted = Named(CpuBackend, None, Some(&GATHERS), Some(&MAPPED));
+        let counted = Named {
+            gathers: Some(&GATHERS),
+            mapped_gathers: Some(&MAPPED),
+            ..NAMED
+        };
         let named = train_with_backend(counted, &device, &env, &mut ()).unwrap();
         let gathers = GATHERS.load(Ordering::SeqCst);
         let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
@@ -971,5 +1019,117 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
             0,
             "{what}: gathered on the host path"
         );
+    }
+}
+
+/// Records the run's notes.
+#[derive(Default)]
+struct Notes(Vec<String>);
+
+impl fanout_exec::trainer::FitObserver for Notes {
+    fn note(&mut self, line: &str) {
+        self.0.push(line.to_string());
+    }
+}
+
+/// `auto` on a device whose free memory holds every feature row (twice over) keeps them all
+/// there even when a cache or Match is asked for: the cache flags are checked but no cache
+/// is built, Match's batch order is kept, and the run trains the host-cached CPU model bit
+/// for bit with every batch gathered on the device. With the rows too large for the device,
+/// the same flags keep the cache there (its bytes from cache and host as on the CPU).
+#[test]
+fn auto_keeps_every_row_on_a_device_they_fit_and_builds_no_cache() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    let rows_bytes = ds.num_nodes() * ds.features.as_ref().unwrap().dim as u64 * 4;
+    for (policy, ratio, match_reorder) in [("degree", "0.3", false), ("none", "0.1", true)] {
+        let cfg = TrainConfig {
+            cache: CacheSpec {
+                policy: policy.into(),
+                ratio: ratio.into(),
+                match_reorder,
+                reorder_window: if match_reorder { 4 } else { 0 },
+                ..CacheSpec::default()
+            },
+            ..config(&ds, ModelKind::Sage)
+        };
+        assert_eq!(cfg.feature_placement, FeaturePlacement::Auto);
+        let what = format!("{policy} {ratio} match {match_reorder}");
+        let cpu = train(&cfg, &env, &mut ()).unwrap();
+        static GATHERS: AtomicUsize = AtomicUsize::new(0);
+        GATHERS.store(0, Ordering::SeqCst);
+        let roomy = Named {
+            gathers: Some(&GATHERS),
+            free: Some(2 * rows_bytes),
+            ..NAMED
+        };
+        let mut notes = Notes::default();
+        let named = train_with_backend(roomy, &cfg, &env, &mut notes).unwrap();
+        assert_identical(&named, &cpu, &what);
+        let batches: u64 = named.metrics.epochs.iter().map(|e| e.batches).sum();
+        assert!(
+            GATHERS.load(Ordering::SeqCst) as u64 >= batches,
+            "{what}: every batch gathered on the device"
+        );
+        assert!(
+            notes
+                .0
+                .iter()
+                .any(|n| n.contains("the feature cache is not built")),
+            "{what}: {:?}",
+            notes.0
+        );
+        assert!(
+            notes
+                .0
+                .iter()
+                .any(|n| n.starts_with("features on the device")),
+            "{what}: {:?}",
+            notes.0
+        );
+        // Its figures are those of the same backend asked for no cache.
+        let uncached = TrainConfig {
+            cache: CacheSpec::default(),
+            ..cfg.clone()
+        };
+        let plain = train_with_backend(roomy, &uncached, &env, &mut ()).unwrap();
+        for ((n, p), c) in named
+            .metrics
+            .epochs
+            .iter()
+            .zip(&plain.metrics.epochs)
+            .zip(&cpu.metrics.epochs)
+        {
+            assert_eq!(
+                (n.hit_rate, n.extract),
+                (p.hit_rate, p.extract),
+                "{what}: as without a cache"
+            );
+            assert_eq!(n.extract.bytes_reused, 0, "{what}: nothing reused");
+            assert_ne!(n.extract, c.extract, "{what}: the CPU's cache differs");
+        }
+        // Rows just over half the free memory: the cache is built, on the device.
+        let tight = Named {
+            free: Some(2 * rows_bytes - 1),
+            ..roomy
+        };
+        let cached = train_with_backend(tight, &cfg, &env, &mut ()).unwrap();
+        assert_identical(&cached, &cpu, &format!("{what} tight"));
+        for (n, c) in cached.metrics.epochs.iter().zip(&cpu.metrics.epochs) {
+            assert_eq!(n.extract, c.extract, "{what} tight: the cache's bytes");
+        }
+        // Flags the cache would refuse are refused though no cache is built.
+        let bad = TrainConfig {
+            cache: CacheSpec {
+                ratio: "1.5".into(),
+                ..cfg.cache.clone()
+            },
+            ..cfg.clone()
+        };
+        let Err(e) = train_with_backend(roomy, &bad, &env, &mut ()) else {
+            panic!("{what}: a cache ratio of 1.5 was taken");
+        };
+        let e = e.to_string();
+        assert!(e.contains("1.5"), "{what}: {e}");
     }
 }

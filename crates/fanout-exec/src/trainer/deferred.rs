@@ -12,7 +12,7 @@
 use super::{gradient_not_finite, loss_not_finite, BatchOutcome, Trainer};
 use crate::error::{ExecError, Result};
 use crate::pipeline::Prepared;
-use fanout_compute::{Backend, PendingRead, Tensor};
+use fanout_compute::{Backend, Mode, PendingRead, Tensor};
 
 /// A step queued by [`Trainer::queue_step`]: its reads under way and where it was.
 pub(crate) struct QueuedStep {
@@ -94,6 +94,37 @@ impl<B: Backend> Trainer<B> {
             lr,
             checkpoint: None,
         })
+    }
+}
+
+/// An evaluation batch queued by [`Trainer::queue_eval`]: its correct count under way.
+pub(crate) struct QueuedEval {
+    figures: PendingRead,
+    labelled: usize,
+}
+
+impl<B: Backend> Trainer<B> {
+    /// Queues the evaluation of `p` (the forward pass in evaluation mode, the loss and the
+    /// correct count) with nothing read back, for [`Trainer::finish_eval`] after the next
+    /// batch is queued: the device does not drain between evaluation batches.
+    pub(crate) fn queue_eval(&mut self, p: Prepared) -> Result<QueuedEval> {
+        let labels = super::labels(&p)?.to_vec();
+        let logits = self.forward(p, Mode::Eval)?;
+        let be = self.model.backend();
+        let f = be.loss_and_accuracy_on_device(&logits, &labels)?;
+        Ok(QueuedEval {
+            figures: be.read_later(&f.figures),
+            labelled: f.count,
+        })
+    }
+
+    /// `(correct, labelled)` of a batch [`Trainer::queue_eval`] queued (waits for its read):
+    /// what [`Trainer::eval_batch`] gives for the same batch.
+    pub(crate) fn finish_eval(&self, q: QueuedEval) -> (usize, usize) {
+        let figures = self.model.backend().finish_read(q.figures);
+        // The count is exact as a float: `loss_and_accuracy_on_device` reads it back itself
+        // for batches of 2^24 rows or more.
+        (figures.data()[1] as usize, q.labelled)
     }
 }
 
