@@ -886,7 +886,7 @@ pub fn train_worker_with<B: Backend>(
             None
         },
     };
-    let no_cache;
+    let uncached;
     let cache_cfg = if cache_unneeded {
         cache_spec(&cfg)?;
         obs.note(
@@ -894,15 +894,12 @@ pub fn train_worker_with<B: Backend>(
              there (--feature-placement uva or device keeps the cache on the GPU instead; \
              Match's batch order is kept)",
         );
-        no_cache = TrainConfig {
-            cache: crate::CacheSpec::default(),
-            ..cfg.clone()
-        };
-        &no_cache
+        uncached = no_cache(&cfg);
+        &uncached
     } else {
         &cfg
     };
-    let (extractor, cache_json, cache_line) =
+    let (mut extractor, mut cache_json, cache_line) =
         build_cache(&ds, cache_cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
     if let Some(line) = cache_line {
         obs.note(&line);
@@ -915,11 +912,27 @@ pub fn train_worker_with<B: Backend>(
             // row is mapped already, reads every row in place instead.
             Err(why) if cfg.feature_placement == FeaturePlacement::Auto => {
                 let (instead, at) = if rows_at.mapped() {
-                    ("every row is read in place instead", RowsAt::Mapped)
+                    (
+                        "every row is read in place instead, no cache kept",
+                        RowsAt::Mapped,
+                    )
                 } else {
                     ("the cache stays on the host", RowsAt::Host)
                 };
                 obs.note(&format!("{instead}: {why}"));
+                if at == RowsAt::Mapped {
+                    // Nothing reads the host cache now: its memory goes back, and the run
+                    // reports no cache, as one asked for none would.
+                    (extractor, cache_json, _) = build_cache(
+                        &ds,
+                        &no_cache(&cfg),
+                        &sampler,
+                        &plan,
+                        &pcfg,
+                        &mut trainer,
+                        env,
+                    )?;
+                }
                 rows_at = at;
                 None
             }
@@ -1169,6 +1182,15 @@ pub(crate) fn cache_spec(cfg: &TrainConfig) -> Result<(Option<Policy>, CacheSize
         ));
     }
     Ok((policy, size_spec))
+}
+
+/// `cfg` with no feature cache and no Match reuse (the batch order it sets is kept: the
+/// pipeline reads the window from `cfg`).
+fn no_cache(cfg: &TrainConfig) -> TrainConfig {
+    TrainConfig {
+        cache: crate::CacheSpec::default(),
+        ..cfg.clone()
+    }
 }
 
 /// Builds the training pipeline's extractor: plain, or with the configured cache (sized by

@@ -1032,13 +1032,14 @@ impl fanout_exec::trainer::FitObserver for Notes {
     }
 }
 
-/// `auto` on a device whose free memory holds every feature row (twice over) keeps them all
-/// there even when a cache or Match is asked for: the cache flags are checked but no cache
-/// is built, Match's batch order is kept, and the run trains the host-cached CPU model bit
-/// for bit with every batch gathered on the device. With the rows too large for the device,
-/// the same flags keep the cache there (its bytes from cache and host as on the CPU).
+/// `auto` with a cache asked for, by the device's free memory. Where it holds every feature
+/// row twice over, they all go there even when a cache or Match is asked for: the cache flags
+/// are checked but no cache is built, Match's batch order is kept, and the run trains the
+/// host-cached CPU model bit for bit with every batch gathered on the device. With the rows
+/// too large for the device, the cache goes there (its bytes from cache and host as on the
+/// CPU); with the cache too large as well, every row is read in place and no cache is kept.
 #[test]
-fn auto_keeps_every_row_on_a_device_they_fit_and_builds_no_cache() {
+fn auto_places_rows_and_cache_by_the_device_memory() {
     let (_dir, ds) = saved_tiny(800);
     let env = RunEnv::default();
     let rows_bytes = ds.num_nodes() * ds.features.as_ref().unwrap().dim as u64 * 4;
@@ -1131,5 +1132,47 @@ fn auto_keeps_every_row_on_a_device_they_fit_and_builds_no_cache() {
         };
         let e = e.to_string();
         assert!(e.contains("1.5"), "{what}: {e}");
+    }
+    // Rows over half the free memory and a cache of every row (larger still): the cache does
+    // not fit on the device, so every row is read in place and the host cache is dropped. The
+    // run is then the uncached `uva` run: same figures, no cache reported, the CPU's model.
+    let cfg = TrainConfig {
+        cache: CacheSpec {
+            policy: "degree".into(),
+            ratio: "1.0".into(),
+            ..CacheSpec::default()
+        },
+        ..config(&ds, ModelKind::Gcn)
+    };
+    let cpu = train(&cfg, &env, &mut ()).unwrap();
+    let tight = Named {
+        free: Some(2 * rows_bytes - 1),
+        ..NAMED
+    };
+    let mut notes = Notes::default();
+    let fell_back = train_with_backend(tight, &cfg, &env, &mut notes).unwrap();
+    assert!(
+        notes
+            .0
+            .iter()
+            .any(|n| n.starts_with("every row is read in place instead")),
+        "{:?}",
+        notes.0
+    );
+    assert_identical(&fell_back, &cpu, "fallback");
+    assert_eq!(fell_back.cache["policy"], "none", "{}", fell_back.cache);
+    let uva = TrainConfig {
+        feature_placement: FeaturePlacement::Uva,
+        cache: CacheSpec::default(),
+        ..cfg.clone()
+    };
+    let read_in_place = train_with_backend(tight, &uva, &env, &mut ()).unwrap();
+    for (f, u) in fell_back
+        .metrics
+        .epochs
+        .iter()
+        .zip(&read_in_place.metrics.epochs)
+    {
+        assert_eq!((f.hit_rate, f.extract), (u.hit_rate, u.extract), "fallback");
     }
 }
