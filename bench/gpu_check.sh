@@ -49,20 +49,7 @@ run sage-cache-uva --model sage --fanouts 10,25 --sampling-placement host --feat
 run sage-cache-host --model sage --fanouts 10,25 --sampling-placement host --feature-placement host --cache-policy degree --cache-ratio 0.2 --match-reorder
 run sage-upload --model sage --fanouts 10,25 --sampling-placement host --feature-placement host
 step "compare losses"
-python3 - $M <<'PY'
-import json, sys, os
-d = sys.argv[1]
-m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
-for k, v in m.items():
-    e = v['epochs']
-    print(f"{k:16s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
-          + f"  sample {e[-1]['sample_s']:.3f} extract {e[-1]['extract_s']:.3f} train {e[-1]['train_s']:.3f}"
-          + f"  loss {[x['loss'] for x in e]}  test {v['test_acc']}  hit {e[-1]['hit_rate']}")
-for a, b in [('gcn-sdev','gcn-shost'),('sage-sdev','sage-shost'),('gat-sdev','gat-shost'),('sage-cache-dev','sage-cache-host'),('sage-cache-uva','sage-cache-host')]:
-    if a in m and b in m:
-        la = [x['loss'] for x in m[a]['epochs']]; lb = [x['loss'] for x in m[b]['epochs']]
-        print(a, 'vs', b, 'losses equal:', la == lb, 'test equal:', m[a]['test_acc'] == m[b]['test_acc'])
-PY
+python3 "$(dirname "$0")/metrics_table.py" $M gcn-shost:gcn-sdev sage-shost:sage-sdev gat-shost:gat-sdev sage-cache-host:sage-cache-dev sage-cache-host:sage-cache-uva
 step "python on the GPU"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/*.whl && \
   PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_check_python.py

@@ -33,23 +33,6 @@ for model in sage gcn gat; do
   run $model-cpu $G/fanout --model $model --fanouts $f --device cpu
 done
 step "compare"
-python3 - $M <<'PY'
-import json, sys, os
-d = sys.argv[1]
-m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
-for k, v in m.items():
-    e = v['epochs']
-    print(f"{k:12s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
-          + f"  sample {e[-1]['sample_s']:.3f} extract {e[-1]['extract_s']:.3f} train {e[-1]['train_s']:.3f}"
-          + f"  loss {[x['loss'] for x in e]}  test {v['test_acc']}")
-for mo in ['gcn', 'sage', 'gat']:
-    a, b, c = m.get(mo + '-hostT'), m.get(mo + '-devT'), m.get(mo + '-cpu')
-    if a and b:
-        print(mo, 'device vs host transposes: losses equal', [x['loss'] for x in a['epochs']] == [x['loss'] for x in b['epochs']],
-              'speed-up %.2fx' % (a['median_epoch_s'] / b['median_epoch_s']))
-    if b and c:
-        print(mo, 'CPU / GPU epoch %.1fx' % (c['median_epoch_s'] / b['median_epoch_s']),
-              'losses', [x['loss'] for x in c['epochs']], 'test', c['test_acc'])
-PY
+python3 "$(dirname "$0")/metrics_table.py" $M gcn-hostT:gcn-devT gcn-cpu:gcn-devT sage-hostT:sage-devT sage-cpu:sage-devT gat-hostT:gat-devT gat-cpu:gat-devT
 tar czf $R/metrics2.tgz -C /tmp m
 step done

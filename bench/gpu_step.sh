@@ -33,21 +33,7 @@ for model in ${MODELS:-gcn sage gat}; do
   run $model-newuva $G/fanout --model $model --fanouts $f --feature-placement uva
 done
 step "compare"
-python3 - $M <<'PY'
-import json, sys, os
-d = sys.argv[1]
-m = {f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.endswith('.json')}
-for k, v in m.items():
-    e = v['epochs']
-    print(f"{k:12s} median {v['median_epoch_s']:.3f}s  epochs " + " ".join(f"{x['wall_s']:.3f}" for x in e)
-          + f"  sample {e[-1]['sample_s']:.3f} train {e[-1]['train_s']:.3f}  loss {[x['loss'] for x in e]}  test {v['test_acc']}")
-for mo in ['gcn', 'sage', 'gat', 'gin']:
-    for a, b in [(mo + '-old', mo + '-new'), (mo + '-olduva', mo + '-newuva')]:
-        if a in m and b in m:
-            print(b, 'vs', a, ': losses equal', [x['loss'] for x in m[a]['epochs']] == [x['loss'] for x in m[b]['epochs']],
-                  'test equal', m[a]['test_acc'] == m[b]['test_acc'],
-                  'speed-up %.2fx (%.3f -> %.3f s)' % (m[a]['median_epoch_s'] / m[b]['median_epoch_s'], m[a]['median_epoch_s'], m[b]['median_epoch_s']))
-PY
+python3 "$(dirname "$0")/metrics_table.py" $M gcn-old:gcn-new gcn-olduva:gcn-newuva sage-old:sage-new sage-olduva:sage-newuva gat-old:gat-new gat-olduva:gat-newuva gin-old:gin-new gin-olduva:gin-newuva
 for model in gcn gat; do
   f=10,25; [ $model = gcn ] && f=15,10,5
   step "profile $model (new build, 2 epochs)"
