@@ -418,6 +418,21 @@ fn config(ds: &Dataset, model: ModelKind) -> TrainConfig {
     }
 }
 
+/// `cfg` with a feature cache of `policy` at `ratio` and, with `match_reorder`, Match-Reorder
+/// over a window of 4 batches.
+fn with_cache(cfg: TrainConfig, policy: &str, ratio: &str, match_reorder: bool) -> TrainConfig {
+    TrainConfig {
+        cache: CacheSpec {
+            policy: policy.into(),
+            ratio: ratio.into(),
+            match_reorder,
+            reorder_window: if match_reorder { 4 } else { 0 },
+            ..CacheSpec::default()
+        },
+        ..cfg
+    }
+}
+
 /// Every parameter's bits, in `named_params` order.
 fn param_bits(m: &Model<CpuBackend>) -> Vec<(String, Vec<u32>)> {
     m.named_params()
@@ -894,14 +909,7 @@ fn rows_mapped_from_host_memory_train_the_host_gathered_model() {
     };
     let e = refused(&uva, true);
     assert!(e.contains("--feature-placement uva needs a GPU"), "{e}");
-    let cached = TrainConfig {
-        cache: CacheSpec {
-            policy: "degree".into(),
-            ratio: "0.3".into(),
-            ..CacheSpec::default()
-        },
-        ..uva
-    };
+    let cached = with_cache(uva, "degree", "0.3", false);
     let e = refused(&cached, true);
     assert!(e.contains("--feature-placement uva needs a GPU"), "{e}");
 }
@@ -923,16 +931,7 @@ fn a_cache_on_the_device_trains_the_host_cached_model() {
         (ModelKind::Sage, "degree", "0.2", true),
         (ModelKind::Gcn, "none", "0.1", true),
     ] {
-        let host = TrainConfig {
-            cache: CacheSpec {
-                policy: policy.into(),
-                ratio: ratio.into(),
-                match_reorder,
-                reorder_window: if match_reorder { 4 } else { 0 },
-                ..CacheSpec::default()
-            },
-            ..config(&ds, model)
-        };
+        let host = with_cache(config(&ds, model), policy, ratio, match_reorder);
         let device = TrainConfig {
             feature_placement: FeaturePlacement::Device,
             ..host.clone()
@@ -1044,16 +1043,7 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
     let env = RunEnv::default();
     let rows_bytes = ds.num_nodes() * ds.features.as_ref().unwrap().dim as u64 * 4;
     for (policy, ratio, match_reorder) in [("degree", "0.3", false), ("none", "0.1", true)] {
-        let cfg = TrainConfig {
-            cache: CacheSpec {
-                policy: policy.into(),
-                ratio: ratio.into(),
-                match_reorder,
-                reorder_window: if match_reorder { 4 } else { 0 },
-                ..CacheSpec::default()
-            },
-            ..config(&ds, ModelKind::Sage)
-        };
+        let cfg = with_cache(config(&ds, ModelKind::Sage), policy, ratio, match_reorder);
         assert_eq!(cfg.feature_placement, FeaturePlacement::Auto);
         let what = format!("{policy} {ratio} match {match_reorder}");
         let cpu = train(&cfg, &env, &mut ()).unwrap();
@@ -1136,14 +1126,7 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
     // Rows over half the free memory and a cache of every row (larger still): the cache does
     // not fit on the device, so every row is read in place and the host cache is dropped. The
     // run is then the uncached `uva` run: same figures, no cache reported, the CPU's model.
-    let cfg = TrainConfig {
-        cache: CacheSpec {
-            policy: "degree".into(),
-            ratio: "1.0".into(),
-            ..CacheSpec::default()
-        },
-        ..config(&ds, ModelKind::Gcn)
-    };
+    let cfg = with_cache(config(&ds, ModelKind::Gcn), "degree", "1.0", false);
     let cpu = train(&cfg, &env, &mut ()).unwrap();
     let tight = Named {
         free: Some(2 * rows_bytes - 1),
