@@ -1,7 +1,8 @@
 //! Training steps read a step late, for backends whose reads wait for the queued work
 //! ([`Backend::defers_reads`]): the step is queued whole (forward, loss, backward, the
 //! non-finite gate, the gated optimiser step) and its figures are read only after the next
-//! step is queued, so the device does not drain between steps.
+//! step is queued, so the device does not drain between steps. Evaluation batches read
+//! their correct counts a batch late the same way.
 //!
 //! What [`fit_with`](super::fit_with) guarantees stays: a step whose loss or a gradient is not
 //! finite stops the run with [`ExecError::NonFinite`] naming it, and the optimiser does not
@@ -106,7 +107,8 @@ pub(crate) struct QueuedEval {
 impl<B: Backend> Trainer<B> {
     /// Queues the evaluation of `p` (the forward pass in evaluation mode, the loss and the
     /// correct count) with nothing read back, for [`Trainer::finish_eval`] after the next
-    /// batch is queued: the device does not drain between evaluation batches.
+    /// batch is queued: the device does not drain between evaluation batches. The loss (and
+    /// its gradient) are computed with the count, by the kernels training uses, and unused.
     pub(crate) fn queue_eval(&mut self, p: Prepared) -> Result<QueuedEval> {
         let labels = super::labels(&p)?.to_vec();
         let logits = self.forward(p, Mode::Eval)?;
@@ -122,8 +124,8 @@ impl<B: Backend> Trainer<B> {
     /// what [`Trainer::eval_batch`] gives for the same batch.
     pub(crate) fn finish_eval(&self, q: QueuedEval) -> (usize, usize) {
         let figures = self.model.backend().finish_read(q.figures);
-        // The count is exact as a float: `loss_and_accuracy_on_device` reads it back itself
-        // for batches of 2^24 rows or more.
+        // A float holds the count exactly below 2^24 rows a batch; the CUDA backend reads
+        // larger batches' counts back at once instead.
         (figures.data()[1] as usize, q.labelled)
     }
 }
