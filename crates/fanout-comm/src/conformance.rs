@@ -18,7 +18,7 @@ pub struct CheckResult {
 
 type Check = fn(&dyn Comm) -> std::result::Result<(), String>;
 
-const CHECKS: [(&str, Check); 12] = [
+const CHECKS: [(&str, Check); 13] = [
     ("rank_and_size", rank_and_size),
     ("barrier", barrier),
     ("sum_f32_rank_order", sum_f32_rank_order),
@@ -34,6 +34,7 @@ const CHECKS: [(&str, Check); 12] = [
     ("misuse_is_reported_on_every_rank", misuse_is_reported),
     ("stats_count_calls_and_bytes", stats_count_calls_and_bytes),
     ("split_by_color", split_by_color),
+    ("node_ranks_cover_each_machine_once", node_ranks),
 ];
 
 /// Runs every check on this rank, in order, and returns their outcomes. Every rank of the group
@@ -411,4 +412,39 @@ fn split_by_color(c: &dyn Comm) -> std::result::Result<(), String> {
     }
     drop(sub);
     c.barrier().map_err(err)
+}
+
+/// Each rank's `(node_rank, node_size)` is a place in its machine's group (`node_rank <
+/// node_size <= size`), and the groups cover the ranks once: for every group size `k`, the
+/// ranks in groups of `k` number `k` times the ranks at place 0 of such groups, and each place
+/// below `k` is taken by that many ranks.
+fn node_ranks(c: &dyn Comm) -> std::result::Result<(), String> {
+    let (r, k) = c.node_ranks().map_err(err)?;
+    if r >= k || k > c.size() {
+        return Err(format!("node rank {r} of {k} in a group of {}", c.size()));
+    }
+    let mine = [(r as u64).to_le_bytes(), (k as u64).to_le_bytes()].concat();
+    let all: Vec<(u64, u64)> = c
+        .all_gather(&mine)
+        .map_err(err)?
+        .iter()
+        .map(|b| match (b.get(..8), b.get(8..16)) {
+            (Some(r), Some(k)) if b.len() == 16 => (
+                u64::from_le_bytes(r.try_into().unwrap_or([0; 8])),
+                u64::from_le_bytes(k.try_into().unwrap_or([0; 8])),
+            ),
+            _ => (u64::MAX, 0),
+        })
+        .collect();
+    let mut places = std::collections::BTreeMap::<(u64, u64), u64>::new();
+    for &(r, k) in &all {
+        *places.entry((k, r)).or_default() += 1;
+    }
+    for &(k, _) in places.keys() {
+        let groups = places.get(&(k, 0)).copied().unwrap_or(0);
+        if (0..k).any(|p| places.get(&(k, p)).copied().unwrap_or(0) != groups) {
+            return Err(format!("node ranks {all:?} do not form groups"));
+        }
+    }
+    Ok(())
 }

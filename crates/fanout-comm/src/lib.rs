@@ -175,6 +175,11 @@ pub trait Comm: Send + Sync {
     /// themselves only (GNNLab's trainers). The new group's collectives and messages are
     /// separate from this group's.
     fn split(&self, color: usize) -> Result<Box<dyn Comm>>;
+    /// Collective: `(node_rank, node_size)`, this rank's place among the ranks that run on its
+    /// machine (in the order of their ranks) and how many they are. A launcher that starts
+    /// one process per GPU gives each the GPU of its node rank. In process: `(rank, size)`;
+    /// under MPI, `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`.
+    fn node_ranks(&self) -> Result<(usize, usize)>;
     /// Whether two threads of this rank may run collectives at the same time, each on its own
     /// communicator (this one and one made by [`Comm::split`]): true in process and under
     /// `MPI_THREAD_MULTIPLE`, false under `MPI_THREAD_SERIALIZED` (one collective holds the

@@ -438,6 +438,11 @@ impl Comm for LocalComm {
         self.stats.get()
     }
 
+    /// Every member runs in this process, so on this machine.
+    fn node_ranks(&self) -> Result<(usize, usize)> {
+        Ok((self.rank, self.size()))
+    }
+
     fn split(&self, color: usize) -> Result<Box<dyn Comm>> {
         let seq = self.splits.fetch_add(1, Ordering::Relaxed);
         let colors: Vec<usize> = self

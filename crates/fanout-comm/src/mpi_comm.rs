@@ -506,6 +506,16 @@ impl Comm for MpiComm {
         self.stats.get()
     }
 
+    fn node_ranks(&self) -> Result<(usize, usize)> {
+        let key = i32::try_from(self.rank)
+            .map_err(|_| CommError::Invalid(format!("rank {} is too large", self.rank)))?;
+        let node = {
+            let _g = self.guard();
+            self.comm.split_shared(key)
+        };
+        Ok((node.rank() as usize, node.size() as usize))
+    }
+
     fn split(&self, color: usize) -> Result<Box<dyn Comm>> {
         let color = i32::try_from(color)
             .map_err(|_| CommError::Invalid(format!("split: color {color} is too large")))?;

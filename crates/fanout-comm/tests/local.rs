@@ -44,7 +44,7 @@ fn conformance_with_1_2_and_3_threads() {
     for n in 1..=3 {
         let results = run_group(n, LIMIT, |c| conformance::run(&c));
         for (rank, res) in results.iter().enumerate() {
-            assert_eq!(res.len(), 12);
+            assert_eq!(res.len(), 13);
             for check in res {
                 assert_eq!(
                     check.outcome,
@@ -306,4 +306,14 @@ fn a_second_concurrent_collective_on_one_rank_is_refused() {
     let other = std::thread::spawn(move || r1.barrier());
     assert_eq!(r0.barrier(), Ok(()));
     assert_eq!(other.join().unwrap(), Ok(()));
+}
+
+/// In process, every member shares the machine: its node rank is its rank.
+#[test]
+fn local_members_are_all_on_one_machine() {
+    for n in 1..=3 {
+        let got = run_group(n, LIMIT, |c| c.node_ranks().unwrap());
+        let want: Vec<(usize, usize)> = (0..n).map(|r| (r, n)).collect();
+        assert_eq!(got, want);
+    }
 }
