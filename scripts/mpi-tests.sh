@@ -219,6 +219,10 @@ expect_abort "a failing rank ends a training job" 1 "fanout: rank 1: " 60 \
   --dataset "$DATA/missing"
 expect_abort "ranks with different configs are refused" 1 "different configs" 60 \
   "$FANOUT" --quiet train "${TRAIN[@]}" : -np 1 "$FANOUT" --quiet train "${TRAIN[@]}" --seed 9
+# One process per GPU: each rank opens its own device, so a build without CUDA ends the job
+# with the rebuild hint from every rank (the GPU runs themselves need the GPU machine).
+expect_abort "ranks asked for a GPU in a build without CUDA end the job" 2 \
+  "without CUDA support" 60 "$FANOUT" --quiet train "${TRAIN[@]}" --device cuda
 # PaGraph partitions under MPI: each rank reads only its own part, so a damaged part stops
 # the rank that owns it, and the job ends with its message.
 "$FANOUT" --quiet dataset partition --parts 2 "$DATA/tiny" >/dev/null

@@ -1,5 +1,7 @@
 //! `fanout train` as one rank of an MPI job (`mpirun -np N fanout train ...`, `srun`): each
-//! process is one data-parallel worker joined to the others by [`fanout_comm::MpiComm`].
+//! process is one data-parallel worker joined to the others by [`fanout_comm::MpiComm`]. With
+//! `--device cuda[:N]` each rank computes on a GPU of its machine, the `r`-th rank there on
+//! GPU `N + r` (modulo the GPUs it has): one process per GPU, gradients summed through MPI.
 
 use crate::cmd::train::TrainArgs;
 use fanout_exec::TrainConfig;
@@ -25,31 +27,50 @@ pub fn train(a: &TrainArgs, cfg: &TrainConfig, quiet: bool) -> Result<(), String
         resume: a.resume.as_deref(),
         ..RunEnv::default()
     };
-    let result = (|| {
+    let result = (|| -> Result<(fanout_exec::TrainOutcome, fanout_exec::DeviceInfo), String> {
         if let Some(t) = cfg.threads {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(t)
                 .build_global()
                 .map_err(|e| format!("cannot start {t} threads: {e}"))?;
         }
+        let (node_rank, _) = comm.node_ranks().map_err(|e| e.to_string())?;
+        let spec = fanout_exec::device_for_node_rank(a.device, node_rank, gpu_count(a.device));
+        let (compute, device) = fanout_exec::Compute::open(spec).map_err(|why| {
+            let asked = if spec == a.device {
+                String::new()
+            } else {
+                format!(" (this rank's GPU for --device {})", a.device)
+            };
+            format!("--device {spec}{asked}: {why}")
+        })?;
         let ds = fanout_exec::open_dataset(cfg, env.progress).map_err(|e| e.to_string())?;
         let mut quiet_obs = ();
         let mut obs0 = crate::cmd::train::observer(cfg, quiet);
         let obs: &mut dyn FitObserver = if rank == 0 { &mut obs0 } else { &mut quiet_obs };
-        fanout_exec::train_worker(ds, cfg, &comm, None, &env, obs).map_err(|e| e.to_string())
+        let out = compute
+            .train_worker(ds, cfg, &comm, &env, obs)
+            .map_err(|e| e.to_string())?;
+        Ok((out, device))
     })();
     match result {
-        Ok(out) if rank == 0 => {
-            // Ranks compute on the CPU (a GPU is refused under mpirun for now).
-            let cpu = fanout_cuda::open(fanout_cuda::DeviceSpec::Cpu).map(|d| d.info());
-            crate::cmd::train::finish(a, &out, cpu.ok().as_ref())
-        }
+        Ok((out, device)) if rank == 0 => crate::cmd::train::finish(a, &out, Some(&device)),
         Ok(_) => Ok(()),
         Err(e) => {
             // Ends every rank with this message (MPI_Abort); does not return.
             comm.fail(&e);
             Err(e)
         }
+    }
+}
+
+/// The GPUs a rank may choose among for `spec` (none asked for: 0, and nothing is probed).
+#[cfg(feature = "mpi")]
+fn gpu_count(spec: fanout_cuda::DeviceSpec) -> usize {
+    if spec.is_cpu() {
+        0
+    } else {
+        fanout_exec::gpu_count()
     }
 }
 

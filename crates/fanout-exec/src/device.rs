@@ -55,6 +55,24 @@ impl Compute {
         }
     }
 
+    /// Trains `cfg` here as one worker of the group `comm` joins (an MPI rank):
+    /// [`crate::train_worker`] on the CPU, [`crate::train_worker_with`] on a GPU. Each
+    /// worker opens its own device (see [`device_for_node_rank`]).
+    pub fn train_worker(
+        self,
+        ds: Arc<Dataset>,
+        cfg: &TrainConfig,
+        comm: &dyn fanout_comm::Comm,
+        env: &RunEnv,
+        obs: &mut dyn FitObserver,
+    ) -> Result<TrainOutcome> {
+        match self {
+            Compute::Cpu => crate::train_worker(ds, cfg, comm, None, env, obs),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(be) => crate::train_worker_with(be, ds, cfg, comm, None, env, obs),
+        }
+    }
+
     /// Evaluates a checkpoint here: [`crate::evaluate_checkpoint_with`] on this device's
     /// backend.
     pub fn evaluate(self, req: &crate::EvalRequest, progress: &dyn Progress) -> Result<f64> {
@@ -64,6 +82,31 @@ impl Compute {
             Compute::Cuda(be) => crate::evaluate_checkpoint_with(be, req, progress),
         }
     }
+}
+
+/// The device that the rank at `node_rank` among its machine's ranks
+/// ([`fanout_comm::Comm::node_ranks`]) opens when `spec` is asked for, on a machine with
+/// `gpus` GPUs: the CPU for the CPU; for `cuda:N`, GPU `N + node_rank` counted round the
+/// machine's GPUs. So `--device cuda` gives the ranks of a machine a GPU each, in order, and
+/// ranks share GPUs only when they outnumber them. With `gpus == 0` (none seen) `spec` is
+/// returned as is, for opening it to say why.
+pub fn device_for_node_rank(spec: DeviceSpec, node_rank: usize, gpus: usize) -> DeviceSpec {
+    match spec {
+        DeviceSpec::Cuda(n) if gpus > 0 => {
+            let index = (n as usize + node_rank) % gpus;
+            DeviceSpec::Cuda(u32::try_from(index).unwrap_or(n))
+        }
+        other => other,
+    }
+}
+
+/// The GPUs the CUDA driver sees, or 0 (a build without CUDA, no driver, a driver that sees
+/// none).
+pub fn gpu_count() -> usize {
+    #[cfg(feature = "cuda")]
+    return fanout_cuda::cuda_device_count().unwrap_or(0);
+    #[cfg(not(feature = "cuda"))]
+    0
 }
 
 #[cfg(feature = "cuda")]
@@ -291,6 +334,24 @@ fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: KHopConfig, _: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cuda` gives a machine's ranks its GPUs in turn, `cuda:N` starts at GPU N, ranks share
+    /// GPUs only when they outnumber them; the CPU and an unseen GPU count change nothing.
+    #[test]
+    fn each_rank_of_a_machine_takes_the_next_gpu() {
+        let on = |n: u32, ranks: usize, gpus: usize| -> Vec<DeviceSpec> {
+            (0..ranks)
+                .map(|r| device_for_node_rank(DeviceSpec::Cuda(n), r, gpus))
+                .collect()
+        };
+        use DeviceSpec::Cuda;
+        assert_eq!(on(0, 4, 4), [Cuda(0), Cuda(1), Cuda(2), Cuda(3)]);
+        assert_eq!(on(0, 3, 2), [Cuda(0), Cuda(1), Cuda(0)]);
+        assert_eq!(on(2, 3, 4), [Cuda(2), Cuda(3), Cuda(0)]);
+        assert_eq!(on(0, 2, 1), [Cuda(0), Cuda(0)]);
+        assert_eq!(on(5, 2, 0), [Cuda(5), Cuda(5)]);
+        assert_eq!(device_for_node_rank(DeviceSpec::Cpu, 3, 8), DeviceSpec::Cpu);
+    }
 
     /// Auto, device and uva against the device's free memory: the quarter auto takes, the
     /// share an explicit placement may take, an unknown free memory.

@@ -476,6 +476,16 @@ pub fn train_with_backend<B: Backend>(
 ) -> Result<TrainOutcome> {
     cfg.validate()?;
     check_backend(&be, cfg)?;
+    if be.name() != "cpu" && cfg.workers > 1 {
+        // Its workers would be threads sharing one device (and one backend's queue).
+        return Err(ExecError::Invalid(format!(
+            "--workers {} runs on --device cpu only (this run computes on {}): for several \
+             GPUs start one process per GPU with mpirun (`mpirun -np N fanout train --device \
+             cuda --strategy data-parallel`)",
+            cfg.workers,
+            be.name()
+        )));
+    }
     if be.name() != "cpu" {
         // A device can fail where the CPU cannot (out of memory, a refused launch): its
         // backend stops with a `DeviceFailure`, returned here as an error, not a panic.
@@ -617,17 +627,17 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 /// Refuses what runs on the CPU backend only for now when `be` is another backend (its
 /// [`Backend::name`] is not `"cpu"`), with an [`ExecError::Invalid`] naming the option:
 ///
-/// - more than one worker (`--workers N`, or an MPI group of several ranks): workers would
-///   share one device, and their all-reduce and standby paths go through host copies that
-///   have only been checked on the CPU;
 /// - `--strategy factored` and `hybrid`: their sampler and trainer roles exchange parameters
 ///   and gradients as CPU tensors ([`crate::factored`] is written for the CPU backend);
 /// - `--strategy split`: it needs several workers;
 /// - `--cache-ratio auto` on a backend with memory of its own ([`Backend::free_memory`] is
 ///   `Some`): PaGraph's trial step is measured with a probe of host memory.
 ///
-/// Everything else (single and data-parallel with one worker, caches of a given size,
-/// `--fuse-input`, `--resume` and checkpoints) runs on any backend.
+/// Everything else (single, data-parallel over any number of workers each with its own
+/// backend, caches of a given size, `--fuse-input`, `--resume` and checkpoints) runs on any
+/// backend. Several workers in one process ([`train_with_backend`] with `--workers N`) would
+/// share one device and are refused there; one process per device (MPI ranks, each calling
+/// [`train_worker_with`] with its own backend) is the way to train on several.
 ///
 /// On any backend, `--sampling-placement device` or `uva` is refused unless the backend is
 /// the CUDA one and the sampler k-hop (the only one with a GPU implementation).
@@ -642,9 +652,6 @@ pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
             be.name()
         )))
     };
-    if cfg.workers > 1 {
-        return cpu_only(format!("--workers {}", cfg.workers));
-    }
     // PaGraph's auto-sizing measures a trial step with a probe of host memory; a device with
     // memory of its own would need a probe of that memory, which does not exist yet.
     if be.free_memory().is_some() && wants_cache(cfg) && cfg.cache.ratio.trim() == "auto" {
@@ -696,9 +703,29 @@ pub fn train_worker(
 
 /// [`train_worker`] computing on `be` (see [`train_with_backend`]): the model, optimiser,
 /// trial batch and evaluation run on `be`, `pool` holds the host threads that drive it. A
-/// backend other than the CPU is refused what [`check_backend`] names (a group of more than
-/// one worker among them).
+/// backend other than the CPU is refused what [`check_backend`] names; each worker of a
+/// group needs a backend of its own (one process per GPU), and their gradients are summed on
+/// the host through `comm`, so a group of workers on other backends whose kernels give the
+/// CPU's results trains the CPU group's model bit for bit. A device failing
+/// ([`fanout_compute::device_failed`]) ends the worker with [`ExecError::Device`].
 pub fn train_worker_with<B: Backend>(
+    be: B,
+    ds: Arc<Dataset>,
+    cfg: &TrainConfig,
+    comm: &dyn Comm,
+    pool: Option<Arc<rayon::ThreadPool>>,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
+    if be.name() != "cpu" {
+        return catch_device_failure(|| train_worker_on(be, ds, cfg, comm, pool, env, obs))
+            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
+    }
+    train_worker_on(be, ds, cfg, comm, pool, env, obs)
+}
+
+/// [`train_worker_with`] after its choice of how to report device failures.
+fn train_worker_on<B: Backend>(
     be: B,
     ds: Arc<Dataset>,
     cfg: &TrainConfig,

@@ -9,7 +9,7 @@ use fanout_compute::{
 };
 use fanout_exec::trainer::block_refs;
 use fanout_exec::{
-    evaluate_checkpoint, evaluate_checkpoint_with, train, train_with_backend, CacheSpec,
+    evaluate_checkpoint, evaluate_checkpoint_with, train, train_with_backend, CacheSpec, Comm,
     EvalRequest, EvalSplit, ExecError, FeaturePlacement, MemoryProbe, RunEnv, SamplingPlacement,
     StrategyKind, TrainConfig, TrainOutcome,
 };
@@ -742,7 +742,7 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         ..base.clone()
     });
     assert!(
-        e.contains("--workers 2 runs on --device cpu only for now"),
+        e.contains("--workers 2 runs on --device cpu only") && e.contains("mpirun"),
         "{e}"
     );
     for s in [
@@ -1157,5 +1157,80 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
         .zip(&read_in_place.metrics.epochs)
     {
         assert_eq!((f.hit_rate, f.extract), (u.hit_rate, u.extract), "fallback");
+    }
+}
+
+/// A data-parallel group whose workers each compute on a backend of their own other than the
+/// CPU (one process per GPU under mpirun; here threads, each with its own `Named`) trains the
+/// CPU group's model bit for bit: each worker's gradients are read from its backend, summed in
+/// rank order through the communicator and written back, and its steps are read at once (not
+/// late). A device failing in one worker ends it with the device's error, and the group with
+/// it, without a panic.
+#[test]
+fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
+    let (_dir, ds) = saved_tiny(800);
+    let env = RunEnv::default();
+    for (model, workers) in [(ModelKind::Sage, 2), (ModelKind::Gcn, 3)] {
+        let cfg = TrainConfig {
+            workers,
+            strategy: Some(StrategyKind::DataParallel),
+            ..config(&ds, model)
+        };
+        let cpu = train(&cfg, &env, &mut ()).unwrap();
+        let group = |be: fn(usize) -> Named| -> Vec<Result<TrainOutcome, String>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = fanout_exec::LocalComm::group(workers)
+                    .into_iter()
+                    .map(|comm| {
+                        let (ds, cfg, env) = (ds.clone(), &cfg, &env);
+                        s.spawn(move || {
+                            let r = fanout_exec::train_worker_with(
+                                be(comm.rank()),
+                                ds,
+                                cfg,
+                                &comm,
+                                None,
+                                env,
+                                &mut (),
+                            );
+                            if let Err(e) = &r {
+                                comm.fail(&e.to_string());
+                            }
+                            r.map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let outs = group(|_| NAMED);
+        let what = format!("{model:?} on {workers} workers");
+        assert_identical(outs[0].as_ref().unwrap(), &cpu, &what);
+        for o in &outs[1..] {
+            let o = o.as_ref().unwrap();
+            assert_eq!(o.metrics.epochs.len(), cpu.metrics.epochs.len(), "{what}");
+        }
+        // The last worker's device fails on its fifth matrix product.
+        static LEFT: AtomicUsize = AtomicUsize::new(0);
+        LEFT.store(5, Ordering::SeqCst);
+        let failing = |rank: usize| -> Named {
+            if rank == 0 {
+                return NAMED;
+            }
+            Named {
+                products_left: Some(&LEFT),
+                ..NAMED
+            }
+        };
+        // Every worker but rank 0 counts down the one counter: the first to reach it fails.
+        let outs = group(failing);
+        let errors: Vec<&String> = outs.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert_eq!(errors.len(), workers, "{what}: every worker stops");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("CUDA_ERROR_OUT_OF_MEMORY (fake)")),
+            "{what}: {errors:?}"
+        );
     }
 }
