@@ -6,7 +6,7 @@ use crate::error::{ExecError, Result};
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::run::{checkpoint_meta as meta, open_dataset};
 use crate::trainer::Trainer;
-use fanout_compute::{catch_device_failure, io, Backend, CpuBackend, Sgd};
+use fanout_compute::{io, Backend, CpuBackend, Sgd};
 use fanout_graph::{Progress, Residency};
 use fanout_sample::{parse_fanouts, SamplerSpec};
 use std::path::PathBuf;
@@ -62,11 +62,7 @@ pub fn evaluate_checkpoint_with<B: Backend>(
     req: &EvalRequest,
     progress: &dyn Progress,
 ) -> Result<f64> {
-    if be.name() != "cpu" {
-        return catch_device_failure(|| evaluate_on(be, req, progress))
-            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
-    }
-    evaluate_on(be, req, progress)
+    crate::error::reporting_device_failures(be.name(), || evaluate_on(be, req, progress))
 }
 
 /// [`evaluate_checkpoint_with`] after its choice of how to report device failures.

@@ -17,7 +17,7 @@
 //! the run ends with that worker's message instead of hanging.
 
 use crate::config::{FeaturePlacement, StrategyKind, TrainConfig};
-use crate::error::{ExecError, Result};
+use crate::error::{reporting_device_failures, ExecError, Result};
 use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{Pipeline, PipelineConfig};
@@ -30,8 +30,7 @@ use fanout_cache::{
 };
 use fanout_comm::{Comm, CommError, CommStats, LocalComm};
 use fanout_compute::{
-    catch_device_failure, io, Adam, Backend, CpuBackend, Model, ModelConfig, OptimState, Optimizer,
-    Tensor,
+    io, Adam, Backend, CpuBackend, Model, ModelConfig, OptimState, Optimizer, Tensor,
 };
 use fanout_graph::{Cancel, Dataset, NoProgress, Progress};
 use fanout_sample::{LoaderConfig, Sampler};
@@ -486,13 +485,9 @@ pub fn train_with_backend<B: Backend>(
             be.name()
         )));
     }
-    if be.name() != "cpu" {
-        // A device can fail where the CPU cannot (out of memory, a refused launch): its
-        // backend stops with a `DeviceFailure`, returned here as an error, not a panic.
-        return catch_device_failure(|| train_on_backend(be, cfg, env, obs))
-            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
-    }
-    train_on_backend(be, cfg, env, obs)
+    // A device can fail where the CPU cannot (out of memory, a refused launch): its backend
+    // stops with a `DeviceFailure`, returned here as an error, not a panic.
+    reporting_device_failures(be.name(), || train_on_backend(be, cfg, env, obs))
 }
 
 /// [`train_with_backend`] after its checks.
@@ -717,11 +712,9 @@ pub fn train_worker_with<B: Backend>(
     env: &RunEnv,
     obs: &mut dyn FitObserver,
 ) -> Result<TrainOutcome> {
-    if be.name() != "cpu" {
-        return catch_device_failure(|| train_worker_on(be, ds, cfg, comm, pool, env, obs))
-            .unwrap_or_else(|failure| Err(ExecError::device(failure)));
-    }
-    train_worker_on(be, ds, cfg, comm, pool, env, obs)
+    reporting_device_failures(be.name(), || {
+        train_worker_on(be, ds, cfg, comm, pool, env, obs)
+    })
 }
 
 /// [`train_worker_with`] after its choice of how to report device failures.
@@ -1077,13 +1070,9 @@ fn train_worker_on<B: Backend>(
                 ctl,
             )
         };
-        if be.name() == "cpu" {
-            fit()
-        } else {
-            // Caught here too (not only in `train_with_backend`), so that the error says
-            // where the last checkpoint is, as an interruption's does.
-            catch_device_failure(fit).unwrap_or_else(|failure| Err(ExecError::device(failure)))
-        }
+        // Caught here too (not only in `train_worker_with`), so that the error says where
+        // the last checkpoint is, as an interruption's does.
+        reporting_device_failures(be.name(), fit)
     };
     let metrics = result.map_err(|e| {
         let note = match (saved, env.checkpoint, env.resume) {
