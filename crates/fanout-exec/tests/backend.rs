@@ -1210,7 +1210,8 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
             let o = o.as_ref().unwrap();
             assert_eq!(o.metrics.epochs.len(), cpu.metrics.epochs.len(), "{what}");
         }
-        // The last worker's device fails on its fifth matrix product.
+        // The workers but rank 0 count down one shared counter: whichever of them makes the
+        // fifth matrix product among them sees its device fail.
         static LEFT: AtomicUsize = AtomicUsize::new(0);
         LEFT.store(5, Ordering::SeqCst);
         let failing = |rank: usize| -> Named {
@@ -1222,7 +1223,6 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
                 ..NAMED
             }
         };
-        // Every worker but rank 0 counts down the one counter: the first to reach it fails.
         let outs = group(failing);
         let errors: Vec<&String> = outs.iter().filter_map(|o| o.as_ref().err()).collect();
         assert_eq!(errors.len(), workers, "{what}: every worker stops");
