@@ -10,7 +10,9 @@
 #   mkdir -p .gpu; cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} .gpu/
 #
 # with the test binaries copied as .gpu/sampler_matches_cpu, .gpu/backend_matches_cpu and
-# .gpu/cuda_lib_tests (the crate's unit tests).
+# .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
+# (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two ranks
+# sharing the GPU (one process per GPU on a machine with several).
 # Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
@@ -50,6 +52,15 @@ run sage-cache-host --model sage --fanouts 10,25 --sampling-placement host --fea
 run sage-upload --model sage --fanouts 10,25 --sampling-placement host --feature-placement host
 step "compare losses"
 python3 "$(dirname "$0")/metrics_table.py" $M gcn-shost:gcn-sdev sage-shost:sage-sdev gat-shost:gat-sdev sage-cache-host:sage-cache-dev sage-cache-host:sage-cache-uva
+if command -v mpirun > /dev/null && [ -x $G/fanout-mpi ]; then
+  # Two data-parallel ranks on one GPU (both take GPU 0): gradients summed through MPI.
+  step "two MPI ranks on the GPU"
+  timeout 150 mpirun --allow-run-as-root --oversubscribe -np 2 $G/fanout-mpi train --dataset $D \
+    --epochs 3 --batch-size 8000 --hidden 256 --device cuda --strategy data-parallel \
+    --model sage --fanouts 10,25 --metrics-out $M/sage-mpi2.json 2>&1 | grep -v '^\s*$' | tail -5
+else
+  step "two MPI ranks on the GPU: skipped (no mpirun or no $G/fanout-mpi)"
+fi
 step "python on the GPU"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/*.whl && \
   PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_check_python.py
