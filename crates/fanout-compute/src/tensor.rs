@@ -118,8 +118,9 @@ impl Tensor {
         self.data[r * self.cols + c]
     }
 
-    /// The largest absolute elementwise difference to `other` (`f32::INFINITY` if the shapes
-    /// differ). Meant for tests and sanity checks.
+    /// The largest absolute elementwise difference to `other`: `f32::INFINITY` if the shapes
+    /// differ or an element is NaN on one side only (two NaNs count as equal, as do two
+    /// infinities of the same sign). Meant for tests and sanity checks.
     pub fn max_abs_diff(&self, other: &Tensor) -> f32 {
         if self.shape() != other.shape() {
             return f32::INFINITY;
@@ -127,7 +128,39 @@ impl Tensor {
         self.data
             .iter()
             .zip(&other.data)
-            .map(|(a, b)| (a - b).abs())
+            .map(|(a, b)| match (a.is_nan(), b.is_nan()) {
+                (true, true) => 0.0,
+                (false, false) if a == b => 0.0,
+                (false, false) => (a - b).abs(),
+                _ => f32::INFINITY,
+            })
             .fold(0.0, f32::max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tensor;
+
+    #[test]
+    fn max_abs_diff_sees_nans_and_infinities() {
+        let t = |v: &[f32]| Tensor::new(1, v.len(), v.to_vec());
+        assert_eq!(t(&[1.0, 2.0]).max_abs_diff(&t(&[1.5, 2.0])), 0.5);
+        // A NaN on one side is as far as can be; on both sides, equal.
+        assert_eq!(
+            t(&[f32::NAN, 2.0]).max_abs_diff(&t(&[1.0, 2.0])),
+            f32::INFINITY
+        );
+        assert_eq!(
+            t(&[1.0, 2.0]).max_abs_diff(&t(&[1.0, f32::NAN])),
+            f32::INFINITY
+        );
+        assert_eq!(t(&[f32::NAN, 2.0]).max_abs_diff(&t(&[f32::NAN, 2.0])), 0.0);
+        assert_eq!(t(&[f32::INFINITY]).max_abs_diff(&t(&[f32::INFINITY])), 0.0);
+        assert_eq!(
+            t(&[f32::INFINITY]).max_abs_diff(&t(&[f32::NEG_INFINITY])),
+            f32::INFINITY
+        );
+        assert_eq!(t(&[1.0]).max_abs_diff(&t(&[1.0, 1.0])), f32::INFINITY);
     }
 }

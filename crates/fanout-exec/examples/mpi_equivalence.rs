@@ -52,7 +52,12 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     }
     a.iter()
         .zip(b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        // A NaN on one side only is as far as can be (`f32::max` would skip it).
+        .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) => (x - y).abs() / (1.0 + y.abs()),
+            _ => f32::INFINITY,
+        })
         .fold(0.0, f32::max)
 }
 
@@ -134,7 +139,11 @@ fn main() {
         .iter()
         .zip(&one.metrics.epochs)
         .map(|(a, b)| (a.loss - b.loss).abs())
-        .fold(0.0, f64::max);
+        // A NaN gap fails (`f64::max` would skip it).
+        .fold(
+            0.0,
+            |m, g| if g.is_nan() { f64::INFINITY } else { m.max(g) },
+        );
     report(
         format!("run-np{n}"),
         d < 1e-3 && loss_gap < 1e-4 && many.metrics.epochs[0].workers.len() == n,

@@ -13,7 +13,7 @@ use fanout_synth::{generate, GenOptions, Preset};
 use std::sync::Arc;
 
 mod common;
-use common::saved_tiny;
+use common::{max_rel_diff, saved_tiny};
 
 fn tiny(nodes: u64) -> Arc<Dataset> {
     let cfg = Preset::Tiny.config(Some(nodes));
@@ -57,15 +57,6 @@ fn trainer(ds: &Dataset, kind: ModelKind) -> Trainer<CpuBackend> {
         Model::new(CpuBackend, mc).unwrap(),
         Box::new(Adam::new(CpuBackend, 0.01)),
     )
-}
-
-/// Largest `|a - b| / (1 + |b|)` over the two vectors.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-        .fold(0.0, f32::max)
 }
 
 #[test]

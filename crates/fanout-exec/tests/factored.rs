@@ -42,13 +42,9 @@ fn params(m: &Model<CpuBackend>) -> Vec<f32> {
         .collect()
 }
 
+/// The largest difference between `a` and `b`, relative to the largest magnitude in `a`.
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = a.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / scale)
-        .fold(0.0, f32::max)
+    common::max_scaled_diff(a, b, a)
 }
 
 fn run(cfg: &TrainConfig) -> TrainOutcome {

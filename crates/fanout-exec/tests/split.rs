@@ -40,12 +40,7 @@ fn gradients(t: &Trainer<CpuBackend>) -> Grads {
 
 /// The largest difference between `a` and `b`, relative to the largest magnitude in `b`.
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().map(|v| v.abs()).fold(1e-6f32, f32::max);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() / scale)
-        .fold(0.0, f32::max)
+    common::max_scaled_diff(a, b, b)
 }
 
 /// [`max_rel_diff`] tensor by tensor (a wrong small gradient, a bias or GIN's eps, is not
