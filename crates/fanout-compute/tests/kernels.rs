@@ -4,7 +4,7 @@
 mod common;
 
 use common::{rand_tensor, OwnedBlock};
-use fanout_compute::cpu::gemm::{gemm_dense, skips_zeros};
+use fanout_compute::cpu::gemm::{gemm_dense, gemm_matrixmultiply, skips_zeros};
 use fanout_compute::cpu::sparse_grad;
 use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, DropoutSpec, Tensor};
 use fanout_rand::Rng;
@@ -597,57 +597,77 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
 }
 
 #[test]
-fn a_row_major_a_and_a_transposed_b_give_the_bits_of_column_major_a_and_row_major_b() {
-    // Row-major A is multiplied from a column-major copy made in row slices; the product must
-    // be the one of a column-major A handed over as such (`trans_a`), bit for bit, for any
-    // thread count: several row blocks, several slices per block (k = 2000 on one thread),
-    // a short last slice, C accumulated into (beta = 1), and widths below the copy's minimum.
+fn row_major_and_column_major_a_and_transposed_b_give_the_product() {
+    // A row-major A is read in place for a narrow B (`rowmajor`, up to 128 columns, on AVX2
+    // CPUs without AVX-512) and multiplied from a column-major copy made in row slices for a
+    // wide one. Whatever the path: a transposed B gives the bits of the same B row-major (both
+    // are packed into the same panels), 1 and 3 threads give the same bits, and the result is
+    // the product, accumulated into C with beta = 1 and ignoring C with beta = 0. Shapes: rows
+    // not a multiple of the micro-tile's 6 (every remainder 1-5 below), widths not a multiple
+    // of its 16, several row blocks, a long inner dimension (2000), a wide B (256, the copy),
+    // and inner dimensions below the copy's minimum of 8.
     let mut rng = Rng::new(21);
     for &(m, k, n) in &[
         (300, 100, 256),
         (1000, 33, 47),
         (4000, 2000, 16),
+        (1001, 64, 128),
+        (97, 12, 17),
         (70, 9, 5),
         (90, 7, 3),
+        (5, 40, 33),
+        (4, 40, 1),
+        (3, 40, 16),
+        (2, 8, 15),
     ] {
         let a = rand_tensor(m, k, &mut rng);
         let at = Tensor::from_fn(k, m, |j, i| a.get(i, j));
         let b = rand_tensor(k, n, &mut rng);
         let bt = Tensor::from_fn(n, k, |j, p| b.get(p, j));
         let c0 = rand_tensor(m, n, &mut rng);
+        let ab = naive_matmul(&a, false, &b, false);
         let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut first: Vec<Option<Vec<u32>>> = vec![None; 4];
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             pool.install(|| {
-                for beta in [0.0, 1.0] {
-                    let (mut x, mut y) = (c0.clone(), c0.clone());
-                    gemm_dense(0.5, &a, false, &b, false, beta, &mut x);
-                    gemm_dense(0.5, &at, true, &b, false, beta, &mut y);
-                    assert_eq!(
-                        bits(&x),
-                        bits(&y),
-                        "{m}x{k}x{n}, {threads} threads, beta {beta}"
-                    );
-                    // A transposed B too (packed from its strided rows: the same panels).
-                    for (lhs, ta) in [(&a, false), (&at, true)] {
-                        let mut z = c0.clone();
+                for (bi, beta) in [0.0f32, 1.0].into_iter().enumerate() {
+                    let want =
+                        Tensor::from_fn(m, n, |i, j| 0.5 * ab.get(i, j) + beta * c0.get(i, j));
+                    for (li, (lhs, ta)) in [(&a, false), (&at, true)].into_iter().enumerate() {
+                        let what = format!("{m}x{k}x{n}, A^T {ta}, {threads} threads, beta {beta}");
+                        // With beta = 0 the old C must not matter: start from NaNs.
+                        let start = if beta == 0.0 {
+                            Tensor::full(m, n, f32::NAN)
+                        } else {
+                            c0.clone()
+                        };
+                        let (mut x, mut z) = (start.clone(), start);
+                        gemm_dense(0.5, lhs, ta, &b, false, beta, &mut x);
                         gemm_dense(0.5, lhs, ta, &bt, true, beta, &mut z);
-                        let what = format!("{m}x{k}x{n} B^T, A^T {ta}, {threads} threads");
-                        assert_eq!(bits(&x), bits(&z), "{what}, beta {beta}");
+                        assert_eq!(bits(&x), bits(&z), "{what}: B against B^T");
+                        let mut r = c0.clone();
+                        gemm_matrixmultiply(0.5, lhs, ta, &b, false, beta, &mut r);
+                        assert!(
+                            x.max_abs_diff(&r) < 1e-5 * k as f32,
+                            "{what}: against matrixmultiply"
+                        );
+                        assert!(
+                            x.max_abs_diff(&want) < 1e-4 * k as f32,
+                            "{what}: against the naive product"
+                        );
+                        let slot = &mut first[bi * 2 + li];
+                        match slot {
+                            None => *slot = Some(bits(&x)),
+                            Some(one) => assert_eq!(*one, bits(&x), "{what}: against 1 thread"),
+                        }
                     }
                 }
             });
         }
-        let mut x = c0.clone();
-        gemm_dense(1.0, &a, false, &b, false, 0.0, &mut x);
-        let want = naive_matmul(&a, false, &b, false);
-        assert!(
-            x.max_abs_diff(&want) < 1e-3 * k as f32,
-            "{m}x{k}x{n}: against the naive product"
-        );
     }
 }
 

@@ -16,7 +16,9 @@
 //! added in chunk order.
 //!
 //! Weight gradients `A^T G` whose `G` is mostly zeros skip them instead
-//! ([`super::sparse_grad`], chosen by [`skips_zeros`]).
+//! ([`super::sparse_grad`], chosen by [`skips_zeros`]), and a row-major `A` times a narrow
+//! `B` (at most `rowmajor::MAX_N` columns) goes through `rowmajor`, which reads `A` in place
+//! where `matrixmultiply` would need a column-major copy of it.
 //!
 //! Every split depends only on the shapes, never on the thread count, so results are
 //! bit-identical whatever `RAYON_NUM_THREADS` is. C is written without being zeroed first
@@ -26,7 +28,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sparse_grad;
+use super::{rowmajor, sparse_grad};
 use crate::tensor::Tensor;
 
 /// Products with fewer multiply-adds than this run on the calling thread.
@@ -82,7 +84,8 @@ const K_SPLIT_CHUNK: usize = 1024;
 /// full micro-tile).
 const GRID_TILE: usize = 128;
 
-/// Row-major op(A) with at least this many columns is copied column-major before `sgemm`.
+/// Row-major op(A) with at least this many columns is copied column-major before `sgemm`
+/// (or read in place by `rowmajor`, for a narrow op(B)).
 /// matrixmultiply packs A into panels of 16 rows; from a row-major A it reads each panel
 /// element by element (compiled to gather instructions, about 6 cycles a float on the 2-core
 /// VM's EPYC: 12% of a width-100 GraphSAGE epoch's CPU), while from a column-major A it copies 16
@@ -208,10 +211,11 @@ pub fn gemm(
     }
 }
 
-/// [`gemm`] always through `matrixmultiply`, zeros included (the reference the zero-skipping
-/// path is tested and benchmarked against). Parallel over blocks of `C` on the current rayon
-/// pool; results do not depend on the thread count (each element is computed by exactly one
-/// `sgemm` call with the same blocking).
+/// [`gemm`] with zeros included (the reference the zero-skipping path is tested and
+/// benchmarked against): through `matrixmultiply`, or `rowmajor` for a row-major op(A) and a
+/// narrow op(B) where the CPU runs it. Parallel over blocks of `C` on the current rayon pool;
+/// results do not depend on the thread count (each element is computed by exactly one kernel
+/// call with the same blocking).
 pub fn gemm_dense(
     alpha: f32,
     a: &Tensor,
@@ -220,6 +224,52 @@ pub fn gemm_dense(
     trans_b: bool,
     beta: f32,
     c: &mut Tensor,
+) {
+    gemm_dense_with(alpha, a, trans_a, b, trans_b, beta, c, Kernels::Any);
+}
+
+/// [`gemm_dense`] always through `matrixmultiply` (a row-major op(A) copied column-major
+/// first): the reference the in-place row-major kernel is tested and benchmarked against.
+pub fn gemm_matrixmultiply(
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+) {
+    gemm_dense_with(
+        alpha,
+        a,
+        trans_a,
+        b,
+        trans_b,
+        beta,
+        c,
+        Kernels::MatrixMultiply,
+    );
+}
+
+/// Which kernels a dense product may use.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    /// The fastest for the shape (`rowmajor` where it applies).
+    Any,
+    /// `matrixmultiply` only.
+    MatrixMultiply,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_dense_with(
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+    kernels: Kernels,
 ) {
     let (m, n) = product_shape(a, trans_a, b, trans_b);
     count(a, trans_a, b, trans_b);
@@ -235,7 +285,7 @@ pub fn gemm_dense(
     unsafe {
         let len = cd.len();
         let cu = std::slice::from_raw_parts_mut(cd.as_mut_ptr().cast::<MaybeUninit<f32>>(), len);
-        gemm_into(alpha, a, trans_a, b, trans_b, beta, cu);
+        gemm_into(alpha, a, trans_a, b, trans_b, beta, cu, kernels);
     }
 }
 
@@ -256,6 +306,7 @@ pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
             trans_b,
             0.0,
             &mut data.spare_capacity_mut()[..m * n],
+            Kernels::Any,
         );
         data.set_len(m * n);
     }
@@ -321,12 +372,14 @@ fn product_shape(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> (usize
     (m, n)
 }
 
-/// The body of [`gemm`] over a C given as `m x n` row-major possibly uninitialised memory.
+/// The body of [`gemm`] over a C given as `m x n` row-major possibly uninitialised memory,
+/// with the kernels `kernels` allows.
 ///
 /// # Safety
 /// `c.len() == m * n` for the product's shape. When `beta != 0`, every element of `c` must be
 /// initialised (it is read). When `beta == 0`, `c` is only written, and on return every
 /// element of it has been written.
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_into(
     alpha: f32,
     a: &Tensor,
@@ -335,6 +388,7 @@ unsafe fn gemm_into(
     trans_b: bool,
     beta: f32,
     c: &mut [MaybeUninit<f32>],
+    kernels: Kernels,
 ) {
     let (m, n) = product_shape(a, trans_a, b, trans_b);
     let k = if trans_a { a.rows() } else { a.cols() };
@@ -401,9 +455,23 @@ unsafe fn gemm_into(
             }
         });
     };
+    // A row-major op(A) times a narrow op(B) is read in place by `rowmajor` where the CPU runs
+    // it; op(B) is packed once for every block.
+    let packed = (kernels == Kernels::Any
+        && !trans_a
+        && k >= TRANSPOSE_MIN_K
+        && n <= rowmajor::MAX_N
+        && rowmajor::available())
+    .then(|| rowmajor::PackedB::new(bd, rsb as usize, csb as usize, k, n));
     // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows`.
     let block = |row0: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let rows = c_rows.len() / n;
+        if let Some(pb) = &packed {
+            // SAFETY: the CPU runs the kernel (`available`); `ad` holds all m rows of the
+            // row-major op(A) (k columns), `c_rows` is rows row0.. of C (a multiple of n
+            // long), initialised when beta != 0 by this function's contract.
+            return unsafe { rowmajor::gemm_rows(alpha, ad, row0, pb, beta, c_rows) };
+        }
         if !trans_a && k >= TRANSPOSE_MIN_K {
             return block_transposed(row0, c_rows);
         }

@@ -1,6 +1,7 @@
 //! The CPU backend: multi-threaded on the current rayon pool.
 //!
-//! Dense products go through `matrixmultiply` split into row or inner-dimension blocks
+//! Dense products go through `matrixmultiply` split into row or inner-dimension blocks, or
+//! through a kernel that reads a row-major `A` in place for a narrow `B` (`rowmajor`)
 //! ([`gemm`]); graph kernels run in parallel over destinations (or over sources for gradients,
 //! via the block's transpose) in [`graph`]; elementwise, loss and optimiser kernels in
 //! `dense`, `loss` and `optim`. The thread count is rayon's: set `RAYON_NUM_THREADS` or run
@@ -16,6 +17,7 @@ mod loss;
 mod optim;
 pub(crate) mod par;
 pub mod rates;
+mod rowmajor;
 mod rows;
 pub mod sparse_grad;
 
