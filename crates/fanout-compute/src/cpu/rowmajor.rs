@@ -16,6 +16,9 @@
 //! reads a row-major `A` without packing it (`matrixmultiply` and `gemm` both pack), hence
 //! this hand-written one; it is used up to [`MAX_N`] columns, where it was measured faster.
 
+// Off x86-64 `available` is false and the kernel is never reached.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
+
 use std::mem::MaybeUninit;
 
 /// Rows of a micro-tile.
