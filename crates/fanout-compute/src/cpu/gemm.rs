@@ -455,9 +455,15 @@ unsafe fn gemm_into(
             }
         });
     };
+    // Which split computes C: one block on this thread, GRID_TILE tiles each over the whole
+    // inner dimension, partial products over inner-dimension chunks, or row blocks (below).
+    let serial = m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS;
+    let tiles = m.div_ceil(GRID_TILE) * n.div_ceil(GRID_TILE);
+    let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
     // A row-major op(A) times a narrow op(B) is read in place by `rowmajor` where the CPU runs
-    // it; op(B) is packed once for every block.
+    // it, in the splits that go through `block`; op(B) is packed once for every block.
     let packed = (kernels == Kernels::Any
+        && !long_k
         && !trans_a
         && k >= TRANSPOSE_MIN_K
         && n <= rowmajor::MAX_N
@@ -502,12 +508,11 @@ unsafe fn gemm_into(
             );
         }
     };
-    if m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
+    if serial {
         block(0, c);
         return;
     }
-    let tiles = m.div_ceil(GRID_TILE) * n.div_ceil(GRID_TILE);
-    if k >= K_SPLIT_MIN && k >= 4 * m && tiles >= 2 {
+    if long_k && tiles >= 2 {
         // Few output rows, a long inner dimension, and C wide enough for two or more
         // GRID_TILE x GRID_TILE tiles: one full-length product per tile, in parallel. No
         // partial sums to add up, and (measured on 128 x 3,700 x 256 weight gradients, two
@@ -546,7 +551,7 @@ unsafe fn gemm_into(
         });
         return;
     }
-    if k >= K_SPLIT_MIN && k >= 4 * m {
+    if long_k {
         // Partial products over inner-dimension chunks, summed in chunk order.
         let parts = k.div_ceil(K_SPLIT_CHUNK).min(K_SPLIT_MAX_PARTS);
         let chunk = k.div_ceil(parts);

@@ -28,8 +28,8 @@ pub(crate) const NR: usize = 16;
 /// Widest `C` this kernel computes. The copy it saves costs the same per element of `A`
 /// whatever `n` is, while the product's flops per element of `A` grow with `n`: on the 2-core
 /// Zen 3 VM (two threads, `m` 1,024 to 80,000, `k` 64 to 4,096) it was 1.08-1.7x faster
-/// than the transpose and `matrixmultiply` for `n` of 47 to 128, and 0.7-1.05x for `n` of
-/// 256 and 512 with `k` of 256 or more (where `B` outgrows L2).
+/// than the transpose and `matrixmultiply` for `n` of 47 to 128 in every run, and between
+/// 0.8x and 1.15x, with no consistent gain, for `n` of 256 and 512.
 pub(crate) const MAX_N: usize = 128;
 /// Rows of `C` per pass over the panels of `B`: each panel (`k x NR`) is reused by this many
 /// rows while it is in L1, and the rows of `A` (`ROW_CHUNK x k`) stay in L2 across panels.
