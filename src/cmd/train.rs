@@ -461,15 +461,14 @@ pub fn run(
     cancel: Option<&fanout_graph::Cancel>,
 ) -> Result<(), String> {
     let cfg = a.to_config()?;
+    fanout_exec::tune_allocator();
     if fanout_comm::launched_by_mpi() {
         // Validated by each rank once the launcher's rank count is known; each rank opens
         // its own device, chosen by its place on its machine.
-        fanout_exec::tune_allocator();
         return crate::cmd::mpi::train(a, &cfg, quiet);
     }
     let (compute, device) = fanout_exec::Compute::open(a.device)
         .map_err(|why| format!("--device {}: {why}", a.device))?;
-    fanout_exec::tune_allocator();
     cfg.validate().map_err(|e| e.to_string())?;
     if cfg.dataset.is_none() && !quiet {
         eprintln!(

@@ -55,6 +55,7 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
         // A NaN on one side only is as far as can be (`f32::max` would skip it).
         .map(|(x, y)| match (x.is_nan(), y.is_nan()) {
             (true, true) => 0.0,
+            (false, false) if x == y => 0.0,
             (false, false) => (x - y).abs() / (1.0 + y.abs()),
             _ => f32::INFINITY,
         })

@@ -1031,6 +1031,18 @@ impl fanout_exec::trainer::FitObserver for Notes {
     }
 }
 
+impl Notes {
+    /// Panics, listing every note, unless one of them starts with `prefix` (`what` says which
+    /// run).
+    fn assert_has(&self, prefix: &str, what: &str) {
+        assert!(
+            self.0.iter().any(|n| n.starts_with(prefix)),
+            "{what}: no note starts with {prefix:?}: {:?}",
+            self.0
+        );
+    }
+}
+
 /// `auto` with a cache asked for, by the device's free memory. Where it holds every feature
 /// row twice over, they all go there even when a cache or Match is asked for: the cache flags
 /// are checked but no cache is built, Match's batch order is kept, and the run trains the
@@ -1062,22 +1074,8 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
             GATHERS.load(Ordering::SeqCst) as u64 >= batches,
             "{what}: every batch gathered on the device"
         );
-        assert!(
-            notes
-                .0
-                .iter()
-                .any(|n| n.contains("the feature cache is not built")),
-            "{what}: {:?}",
-            notes.0
-        );
-        assert!(
-            notes
-                .0
-                .iter()
-                .any(|n| n.starts_with("features on the device")),
-            "{what}: {:?}",
-            notes.0
-        );
+        notes.assert_has("the feature cache is not built", &what);
+        notes.assert_has("features on the device", &what);
         // Its figures are those of the same backend asked for no cache.
         let uncached = TrainConfig {
             cache: CacheSpec::default(),
@@ -1134,14 +1132,7 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
     };
     let mut notes = Notes::default();
     let fell_back = train_with_backend(tight, &cfg, &env, &mut notes).unwrap();
-    assert!(
-        notes
-            .0
-            .iter()
-            .any(|n| n.starts_with("every row is read in place instead")),
-        "{:?}",
-        notes.0
-    );
+    notes.assert_has("every row is read in place instead", "fallback");
     assert_identical(&fell_back, &cpu, "fallback");
     assert_eq!(fell_back.cache["policy"], "none", "{}", fell_back.cache);
     let uva = TrainConfig {
