@@ -9,8 +9,8 @@
 #   (cd python && maturin build --release --features cuda -o ../.gpu)
 #   mkdir -p .gpu; cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} .gpu/
 #
-# with the test binaries copied as .gpu/sampler_matches_cpu, .gpu/backend_matches_cpu and
-# .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
+# with the test binaries copied as .gpu/sampler_matches_cpu, .gpu/backend_matches_cpu,
+# .gpu/device_group (NCCL) and .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
 # (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two ranks
 # sharing the GPU (one process per GPU on a machine with several).
 # Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
@@ -27,6 +27,7 @@ timeout 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15
 step "2 backend tests"
 timeout 120 $G/backend_matches_cpu 2>&1 | tail -4
 [ -x $G/cuda_lib_tests ] && timeout 60 $G/cuda_lib_tests 2>&1 | tail -3
+[ -x $G/device_group ] && timeout 60 $G/device_group 2>&1 | tail -3
 step "3 products dataset (2449029)"
 D=/tmp/products
 time timeout 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null

@@ -14,7 +14,7 @@ G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m4; mkdir -p $M $R
 exec > >(tee $R/gpu_step.log) 2>&1
 nvidia-smi -L
 step "device tests"
-for t in backend_matches_cpu sampler_matches_cpu cuda_lib_tests; do
+for t in backend_matches_cpu sampler_matches_cpu device_group cuda_lib_tests; do
   [ -x $G/$t ] && timeout 150 $G/$t --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|mismatch|comparisons|equal to" | head -20
 done
 step "dataset"

@@ -38,15 +38,14 @@
 //! the job (so under MPI a peer's failure ends this process rather than returning an error), and
 //! `mpirun` exits non-zero.
 //!
-//! # Room for NCCL
+//! # Device buffers (NCCL)
 //!
-//! This trait moves host memory. A collective library over device buffers (NCCL) would be a
-//! separate trait (say `DeviceComm`, with `all_reduce_sum_f32(&self, buf: &mut DeviceSlice<f32>)`)
-//! in the CUDA crate, created from a `Comm`: rank 0 makes the `ncclUniqueId`, sends it to every
-//! rank with [`Comm::broadcast`], and every rank calls `ncclCommInitRank(size, id, rank)`. The
-//! strategies would keep using `Comm` for control, metadata and metrics. NCCL's own reductions
-//! are not rank-ordered, so a deterministic device sum would be a reduce-scatter by
-//! `ncclSend`/`ncclRecv` and an in-order sum kernel, as here.
+//! This trait moves host memory. GPUs sum gradients among themselves through NCCL in the CUDA
+//! crate (`fanout_cuda::CudaBackend::join_group`, used through
+//! `fanout_compute::Backend::sum_over_group`), bootstrapped through a `Comm`: rank 0 makes the
+//! NCCL id and sends it to every rank with [`Comm::broadcast`]. NCCL's own reductions are not
+//! rank-ordered, so the group gathers every rank's values (`ncclAllGather`) and adds them in
+//! rank order on each device, which gives this trait's sums bit for bit.
 
 #![warn(missing_docs)]
 

@@ -684,6 +684,29 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
             .unwrap_or_else(|_| panic!("finish_read: a read {} did not start", self.name()))
     }
 
+    // ----- several workers -----
+
+    /// `(rank, size)` in the group of devices this backend joined to sum gradients among
+    /// themselves ([`Backend::sum_over_group`]; NCCL on CUDA), or `None` (the default): the
+    /// workers then sum on the host through their communicator.
+    fn device_group(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// Sums `tensors`, read as one vector in order, over the device group: every rank's
+    /// tensors become `scale_out * (scale_in_0 t_0 + scale_in_1 t_1 + ... )`, where `t_r` and
+    /// `scale_in_r` are rank `r`'s, added in rank order with the product by `scale_out` after
+    /// the adds. So the result is, bit for bit, that of downloading `scale_in * t`, summing it
+    /// with `fanout_comm`'s rank-order all-reduce and uploading it multiplied by `scale_out`.
+    /// Every rank must call it with the same shapes and `scale_out`. Nothing is read back.
+    /// Panics (through [`crate::device_failed`]) on a backend with no group: the default.
+    fn sum_over_group(&self, tensors: &mut [&mut Self::Tensor], scale_in: f32, scale_out: f32) {
+        let _ = (tensors, scale_in, scale_out);
+        crate::device_failed(format!(
+            "sum_over_group: the {} backend has joined no device group",
+            self.name()
+        ))
+    }
+
     // ----- optimiser updates -----
 
     /// [`Backend::adam_update`] unless `gate` ([`Backend::mark_non_finite`]) is marked. The

@@ -37,7 +37,7 @@ pub use error::Error;
 pub use spec::{DeviceSpec, ParseDeviceError};
 
 #[cfg(feature = "cuda")]
-pub use backend::{CudaBackend, CudaBlock, CudaTensor, GraphKernels};
+pub use backend::{nccl_present, nccl_unique_id, CudaBackend, CudaBlock, CudaTensor, GraphKernels};
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_count, driver_present, CudaDevice, PinnedBuffer, Stream};
 #[cfg(feature = "cuda")]

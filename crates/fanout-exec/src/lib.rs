@@ -58,7 +58,10 @@ pub use config::{
     CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, SamplingPlacement, StrategyKind,
     TrainConfig,
 };
-pub use device::{device_for_node_rank, gpu_count, Compute, DeviceInfo, DeviceSpec};
+pub use device::{
+    device_for_node_rank, gpu_count, gradient_sum_plan, gradient_sum_vote, Compute, DeviceInfo,
+    DeviceSpec, GradientSum, GRADIENT_SUM_VARIABLE,
+};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, evaluate_checkpoint_with, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};

@@ -700,8 +700,10 @@ pub fn train_worker(
 /// trial batch and evaluation run on `be`, `pool` holds the host threads that drive it. A
 /// backend other than the CPU is refused what [`check_backend`] names; each worker of a
 /// group needs a backend of its own (one process per GPU), and their gradients are summed on
-/// the host through `comm`, so a group of workers on other backends whose kernels give the
-/// CPU's results trains the CPU group's model bit for bit. A device failing
+/// the host through `comm`, or on the devices where the backends joined a device group
+/// ([`Backend::sum_over_group`], which gives the host sum's bits), so a group of workers on
+/// other backends whose kernels give the CPU's results trains the CPU group's model bit for
+/// bit. A device failing
 /// ([`fanout_compute::device_failed`]) ends the worker with [`ExecError::Device`].
 pub fn train_worker_with<B: Backend>(
     be: B,

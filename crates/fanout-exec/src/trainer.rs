@@ -314,8 +314,9 @@ impl<B: Backend> Trainer<B> {
     /// the step's labelled seeds of all workers (each worker's mean gradient weighted by its
     /// labelled count, summed in rank order, divided by the global count), which is the
     /// one-worker gradient over the union of the workers' batches up to rounding, provided the
-    /// batches were sampled under the same key. `scratch` is reused between steps. The
-    /// optimiser does not step.
+    /// batches were sampled under the same key. `scratch` is reused between steps. On a
+    /// backend in a device group ([`Backend::device_group`]) the gradients are summed there,
+    /// with the same bits, and never read back. The optimiser does not step.
     pub fn compute_reduced_gradients(
         &mut self,
         p: Prepared,
@@ -328,6 +329,9 @@ impl<B: Backend> Trainer<B> {
     {
         let outcome = self.run(p, |t, p| t.compute_gradients(p, dropout_key))?;
         let start = Instant::now();
+        if let Some(group) = self.model.backend().device_group() {
+            return self.sum_on_devices(outcome, group, comm, start);
+        }
         scratch.clear();
         self.gradients_into(outcome.labelled as f32, scratch);
         scratch.push(outcome.labelled as f32);
@@ -344,6 +348,51 @@ impl<B: Backend> Trainer<B> {
             step_labelled: step_labelled as usize,
             sync_s: start.elapsed().as_secs_f64(),
             sync_bytes: 4 * (scratch.len() as u64 + 1),
+        })
+    }
+
+    /// [`Trainer::compute_reduced_gradients`] on a backend that joined a device group
+    /// (`group`, its `(rank, size)`): the labelled count is summed through `comm` (one value)
+    /// and the gradients over the group on the devices ([`Backend::sum_over_group`]), with
+    /// the host path's scales, so the result is the host path's bit for bit and no gradient
+    /// is read back.
+    fn sum_on_devices(
+        &mut self,
+        outcome: BatchOutcome,
+        group: (usize, usize),
+        comm: &dyn Comm,
+        start: Instant,
+    ) -> Result<ReducedStep> {
+        if group != (comm.rank(), comm.size()) {
+            return Err(ExecError::Invalid(format!(
+                "the backend's device group has rank {} of {}, the communicator rank {} of {}",
+                group.0,
+                group.1,
+                comm.rank(),
+                comm.size()
+            )));
+        }
+        let mut count = [outcome.labelled as f32];
+        comm.all_reduce_sum_f32(&mut count)?;
+        let step_labelled = count[0];
+        let scale = if step_labelled > 0.0 {
+            1.0 / step_labelled
+        } else {
+            0.0
+        };
+        let be = self.model.backend().clone();
+        let mut grads: Vec<&mut B::Tensor> = self
+            .model
+            .params_mut()
+            .into_iter()
+            .map(|p| &mut p.grad)
+            .collect();
+        be.sum_over_group(&mut grads, outcome.labelled as f32, scale);
+        Ok(ReducedStep {
+            outcome,
+            step_labelled: step_labelled as usize,
+            sync_s: start.elapsed().as_secs_f64(),
+            sync_bytes: 4 * (self.model.num_params() as u64 + 1),
         })
     }
 

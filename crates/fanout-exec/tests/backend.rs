@@ -36,6 +36,9 @@ struct Named {
     reads_later: Option<&'static AtomicUsize>,
     /// Its free memory, as a device reports it (`None`: memory it shares with the host).
     free: Option<u64>,
+    /// A device group (as NCCL joins GPUs): its `sum_over_group` sums through this member of
+    /// a host group, as the trait documents the result.
+    group: Option<&'static fanout_exec::LocalComm>,
 }
 
 /// [`Named`] that never fails, counts nothing and reports no memory of its own.
@@ -46,6 +49,7 @@ const NAMED: Named = Named {
     mapped_gathers: None,
     reads_later: None,
     free: None,
+    group: None,
 };
 
 impl Named {
@@ -93,6 +97,9 @@ fn blocks_a_backend_adopts_replace_the_host_blocks() {
     assert_eq!(edges(Some(&"not a copy Named knows")), 2, "host blocks");
     assert_eq!(edges(None), 2, "host blocks");
 }
+
+/// Calls of [`Named`]'s `sum_over_group`, all tests together.
+static GROUP_SUMS: AtomicUsize = AtomicUsize::new(0);
 
 /// Calls of [`Named`]'s `gather_rows` (batches gathered on the "device"), all tests together.
 static GATHER_CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -362,6 +369,31 @@ impl Backend for Named {
             n.fetch_add(1, Ordering::Relaxed);
         }
         self.cpu.read_later(t)
+    }
+    fn device_group(&self) -> Option<(usize, usize)> {
+        self.group.map(|c| (c.rank(), c.size()))
+    }
+    /// The trait's reference: scaled in, summed in rank order through the group's host
+    /// communicator, scaled out (counted).
+    fn sum_over_group(&self, tensors: &mut [&mut Tensor], scale_in: f32, scale_out: f32) {
+        GROUP_SUMS.fetch_add(1, Ordering::Relaxed);
+        let comm = self.group.expect("sum_over_group without a group");
+        let mut flat: Vec<f32> = tensors
+            .iter()
+            .flat_map(|t| t.data().iter().map(|v| v * scale_in).collect::<Vec<_>>())
+            .collect();
+        comm.all_reduce_sum_f32(&mut flat).unwrap();
+        let mut at = 0;
+        for t in tensors.iter_mut() {
+            let (rows, cols) = (t.rows(), t.cols());
+            let n = rows * cols;
+            **t = Tensor::new(
+                rows,
+                cols,
+                flat[at..at + n].iter().map(|v| v * scale_out).collect(),
+            );
+            at += n;
+        }
     }
     // `gather_input_rows` keeps its default, which calls `gather_rows` above (counted).
     fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
@@ -1154,9 +1186,10 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
 /// A data-parallel group whose workers each compute on a backend of their own other than the
 /// CPU (one process per GPU under mpirun; here threads, each with its own `Named`) trains the
 /// CPU group's model bit for bit: each worker's gradients are read from its backend, summed in
-/// rank order through the communicator and written back, and its steps are read at once (not
-/// late). A device failing in one worker ends it with the device's error, and the group with
-/// it, without a panic.
+/// rank order through the communicator and written back, or, when the backends joined a device
+/// group (NCCL), summed there (`Backend::sum_over_group`, once a step on every worker); its
+/// steps are read at once (not late). A device failing in one worker ends it with the device's
+/// error, and the group with it, without a panic.
 #[test]
 fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
     let (_dir, ds) = saved_tiny(800);
@@ -1168,7 +1201,7 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
             ..config(&ds, model)
         };
         let cpu = train(&cfg, &env, &mut ()).unwrap();
-        let group = |be: fn(usize) -> Named| -> Vec<Result<TrainOutcome, String>> {
+        let group = |be: &(dyn Fn(usize) -> Named + Sync)| -> Vec<Result<TrainOutcome, String>> {
             std::thread::scope(|s| {
                 let hs: Vec<_> = fanout_exec::LocalComm::group(workers)
                     .into_iter()
@@ -1194,13 +1227,34 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             })
         };
-        let outs = group(|_| NAMED);
         let what = format!("{model:?} on {workers} workers");
-        assert_identical(outs[0].as_ref().unwrap(), &cpu, &what);
-        for o in &outs[1..] {
-            let o = o.as_ref().unwrap();
-            assert_eq!(o.metrics.epochs.len(), cpu.metrics.epochs.len(), "{what}");
+        // Host sums, then device-group sums (each worker's `Named` holds its member, leaked
+        // for the test's 'static backend).
+        let members: Vec<&'static fanout_exec::LocalComm> = fanout_exec::LocalComm::group(workers)
+            .into_iter()
+            .map(|c| &*Box::leak(Box::new(c)))
+            .collect();
+        let on_devices = |rank: usize| Named {
+            group: Some(members[rank]),
+            ..NAMED
+        };
+        let before = GROUP_SUMS.load(Ordering::SeqCst);
+        for (outs, how) in [
+            (group(&|_| NAMED), "host"),
+            (group(&on_devices), "device group"),
+        ] {
+            assert_identical(outs[0].as_ref().unwrap(), &cpu, &format!("{what}, {how}"));
+            for o in &outs[1..] {
+                let o = o.as_ref().unwrap();
+                assert_eq!(o.metrics.epochs.len(), cpu.metrics.epochs.len(), "{what}");
+            }
         }
+        let steps: u64 = cpu.metrics.epochs.iter().map(|e| e.batches).sum();
+        assert_eq!(
+            (GROUP_SUMS.load(Ordering::SeqCst) - before) as u64,
+            steps * workers as u64,
+            "{what}: one device sum a step on every worker"
+        );
         // The workers but rank 0 count down one shared counter: whichever of them makes the
         // fifth matrix product among them sees its device fail.
         static LEFT: AtomicUsize = AtomicUsize::new(0);
@@ -1214,7 +1268,7 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
                 ..NAMED
             }
         };
-        let outs = group(failing);
+        let outs = group(&failing);
         let errors: Vec<&String> = outs.iter().filter_map(|o| o.as_ref().err()).collect();
         assert_eq!(errors.len(), workers, "{what}: every worker stops");
         assert!(

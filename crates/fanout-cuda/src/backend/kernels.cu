@@ -33,6 +33,18 @@ extern "C" __global__ void scale(float* x, float alpha, i64 n) {
   GRID_STRIDE(i, n) { x[i] = alpha * x[i]; }
 }
 
+// The sum of a device group (backend/group.rs): `slots` holds `size` vectors of `n` elements
+// one after the other (rank r's at r * n); out[i] = scale * (((slots_0[i] + slots_1[i]) +
+// slots_2[i]) + ... + slots_{size-1}[i]), the adds in rank order and the product after them,
+// as the host communicators sum and the trainer scales.
+extern "C" __global__ void sum_slots(const float* slots, float* out, float scale, i64 n, int size) {
+  GRID_STRIDE(i, n) {
+    float acc = slots[i];
+    for (int r = 1; r < size; ++r) acc = acc + slots[(i64)r * n + i];
+    out[i] = scale * acc;
+  }
+}
+
 extern "C" __global__ void mul(const float* a, const float* b, float* out, i64 n) {
   GRID_STRIDE(i, n) { out[i] = a[i] * b[i]; }
 }

@@ -20,6 +20,7 @@ const NAMES: &[&str] = &[
     "add_bias",
     "axpy",
     "scale",
+    "sum_slots",
     "mul",
     "relu",
     "relu_backward",

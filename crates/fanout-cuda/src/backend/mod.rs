@@ -13,6 +13,7 @@
 
 mod block;
 mod deferred;
+mod group;
 pub(crate) mod kernels;
 mod mapped;
 mod ops;
@@ -20,6 +21,7 @@ mod profile;
 mod staging;
 
 pub use block::CudaBlock;
+pub use group::{nccl_present, nccl_unique_id};
 
 use crate::{CudaDevice, Error};
 use cudarc::cublas::CudaBlas;
@@ -58,6 +60,8 @@ struct Inner {
     open_gate: std::sync::OnceLock<CudaSlice<f32>>,
     /// Page-locked buffers for reads started a step early (`deferred.rs`).
     reads: deferred::ReadBuffers,
+    /// The NCCL group this backend joined (`group.rs`), if any.
+    group: std::sync::OnceLock<group::Group>,
 }
 
 impl Inner {
@@ -148,6 +152,7 @@ impl CudaBackend {
                 staging: staging::Staging::default(),
                 open_gate: std::sync::OnceLock::new(),
                 reads: deferred::ReadBuffers::default(),
+                group: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -1252,6 +1252,12 @@ impl Backend for CudaBackend {
     fn defers_reads(&self) -> bool {
         true
     }
+    fn device_group(&self) -> Option<(usize, usize)> {
+        self.group_rank()
+    }
+    fn sum_over_group(&self, tensors: &mut [&mut CudaTensor], scale_in: f32, scale_out: f32) {
+        self.group_sum(tensors, scale_in, scale_out);
+    }
     fn loss_and_accuracy_on_device(
         &self,
         logits: &CudaTensor,
