@@ -355,7 +355,8 @@ impl<B: Backend> Trainer<B> {
     /// (`group`, its `(rank, size)`): the labelled count is summed through `comm` (one value)
     /// and the gradients over the group on the devices ([`Backend::sum_over_group`]), with
     /// the host path's scales, so the result is the host path's bit for bit and no gradient
-    /// is read back.
+    /// is read back. The step's `sync_s` is the host's part only (the count's sum and queuing
+    /// the device's work): the device sums behind it, as it computes.
     fn sum_on_devices(
         &mut self,
         outcome: BatchOutcome,

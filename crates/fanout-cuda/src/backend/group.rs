@@ -97,6 +97,8 @@ impl CudaBackend {
             return Err(no_nccl());
         }
         let stream = self.stream().clone();
+        // NCCL takes the communicator's GPU from the calling thread's current context.
+        crate::cuda::guarded_any("cuCtxSetCurrent", || stream.context().bind_to_thread())?;
         let comm = crate::cuda::guarded_any("ncclCommInitRank", || {
             Comm::from_rank(stream, rank, size, Id::uninit(internal)).map_err(|e| format!("{e:?}"))
         })?;
