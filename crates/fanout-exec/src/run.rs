@@ -138,6 +138,10 @@ pub struct TrainOutcome {
     pub comm: &'static str,
     /// Everything this worker sent through the communicator.
     pub comm_stats: CommStats,
+    /// How the workers summed their gradients: `"host"` (read back and summed through the
+    /// communicator) or `"device"` (on the devices, [`Backend::sum_over_group`]: NCCL on
+    /// GPUs); `None` for one worker.
+    pub gradient_sum: Option<&'static str>,
     /// The feature cache as built (JSON, for the metrics file).
     pub cache: serde_json::Value,
     /// Name of the dataset ("embedded" or its directory).
@@ -190,7 +194,8 @@ impl TrainOutcome {
             "workers": self.workers,
             "comm": { "kind": self.comm, "calls": self.comm_stats.calls,
                       "bytes_sent": self.comm_stats.bytes_sent,
-                      "seconds": self.comm_stats.seconds },
+                      "seconds": self.comm_stats.seconds,
+                      "gradient_sum": self.gradient_sum },
             "test_acc": self.metrics.test_acc,
             "best_val_acc": self.metrics.best_val_acc,
             "best_epoch": self.metrics.best_epoch,
@@ -1105,6 +1110,10 @@ fn train_worker_on<B: Backend>(
         workers,
         comm: comm.kind(),
         comm_stats: comm.stats(),
+        gradient_sum: (workers > 1).then(|| match be.device_group() {
+            Some(_) => "device",
+            None => "host",
+        }),
         cache: cache_json,
         dataset,
         features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),

@@ -1239,16 +1239,16 @@ fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
             ..NAMED
         };
         let before = GROUP_SUMS.load(Ordering::SeqCst);
-        for (outs, how) in [
-            (group(&|_| NAMED), "host"),
-            (group(&on_devices), "device group"),
-        ] {
+        for (outs, how) in [(group(&|_| NAMED), "host"), (group(&on_devices), "device")] {
             assert_identical(outs[0].as_ref().unwrap(), &cpu, &format!("{what}, {how}"));
-            for o in &outs[1..] {
+            for o in &outs {
                 let o = o.as_ref().unwrap();
                 assert_eq!(o.metrics.epochs.len(), cpu.metrics.epochs.len(), "{what}");
+                assert_eq!(o.gradient_sum, Some(how), "{what}");
+                assert_eq!(o.report()["comm"]["gradient_sum"], how, "{what}");
             }
         }
+        assert_eq!(cpu.gradient_sum, Some("host"), "{what}: the CPU group");
         let steps: u64 = cpu.metrics.epochs.iter().map(|e| e.batches).sum();
         assert_eq!(
             (GROUP_SUMS.load(Ordering::SeqCst) - before) as u64,

@@ -347,6 +347,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         workers: n,
         comm: comm.kind(),
         comm_stats: comm.stats(),
+        gradient_sum: (n > 1).then_some("host"),
         cache,
         dataset,
         features_resident: ds.features.as_ref().is_some_and(|f| f.is_resident()),
