@@ -696,7 +696,8 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// tensors become `scale_out * (scale_in_0 t_0 + scale_in_1 t_1 + ... )`, where `t_r` and
     /// `scale_in_r` are rank `r`'s, added in rank order with the product by `scale_out` after
     /// the adds. So the result is, bit for bit, that of downloading `scale_in * t`, summing it
-    /// with `fanout_comm`'s rank-order all-reduce and uploading it multiplied by `scale_out`.
+    /// with `fanout_comm`'s rank-order all-reduce and uploading it multiplied by `scale_out`
+    /// (for finite values; a NaN's payload may differ).
     /// Every rank must call it with the same shapes and `scale_out`. Nothing is read back.
     /// Panics (through [`crate::device_failed`]) on a backend with no group: the default.
     fn sum_over_group(&self, tensors: &mut [&mut Self::Tensor], scale_in: f32, scale_out: f32) {

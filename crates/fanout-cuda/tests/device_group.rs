@@ -1,7 +1,7 @@
 //! The CUDA backend's device group (NCCL) against the host communicator: the rank-order sum
 //! kernel gives `fanout_comm`'s all-reduce bit for bit, and a group of one (all one GPU can
 //! hold: NCCL refuses two ranks on one device) sums, scales and unpacks through NCCL as the
-//! trainer's host path would. Skips itself, printing why, where there is no GPU or no NCCL.
+//! trainer's host path would; backends on one GPU read one UUID. Skips itself, printing why, where there is no GPU or no NCCL.
 #![cfg(feature = "cuda")]
 
 use fanout_comm::{Comm, LocalComm};
@@ -116,6 +116,11 @@ fn a_group_of_one_sums_through_nccl() {
     }
 
     let other = gpu().unwrap();
+    // Two backends on one GPU read one UUID: what tells ranks that they share it.
+    let uuid = be.device_uuid().unwrap();
+    assert_eq!(uuid.len(), 16);
+    assert!(uuid.iter().any(|&b| b != 0), "{uuid:?}");
+    assert_eq!(other.device_uuid().unwrap(), uuid);
     let short = other.join_group(&id[..5], 0, 1).unwrap_err().to_string();
     assert!(
         short.contains("5 bytes") && short.contains("128"),

@@ -151,6 +151,13 @@ pub fn gradient_sum_plan(votes: &[Vec<u8>]) -> Result<GradientSum> {
     }
 }
 
+/// Another rank whose GPU has the same UUID as rank `me`'s (`uuids` indexed by rank; empty
+/// ones match nothing), if any: the lowest.
+pub fn sharing_rank(uuids: &[Vec<u8>], me: usize) -> Option<usize> {
+    let mine = uuids.get(me).filter(|u| !u.is_empty())?;
+    (0..uuids.len()).find(|&r| r != me && uuids[r] == *mine)
+}
+
 /// Decides with the other ranks of `comm` how the group sums its gradients
 /// ([`gradient_sum_plan`]) and, for NCCL, joins `be` to the group: rank 0 makes the id and
 /// broadcasts it. A collective. Returns the note that says how the gradients are summed.
@@ -169,14 +176,16 @@ fn join_device_group(
             )))
         }
     };
-    let (_, node_size) = comm.node_ranks()?;
-    let gpus = gpu_count();
+    // Each rank's GPU by its UUID (empty where it cannot be read), so that ranks sharing a
+    // GPU are found whatever each process sees of the machine (CUDA_VISIBLE_DEVICES).
+    let uuid = be.device_uuid().unwrap_or_default();
+    let uuids = comm.all_gather(&uuid)?;
     let blocker = if !fanout_cuda::nccl_present() {
         "NCCL (libnccl.so) cannot be loaded".to_string()
-    } else if node_size > gpus {
-        format!(
-            "{node_size} ranks share {gpus} GPU(s) on one machine, and NCCL needs a GPU per rank"
-        )
+    } else if uuid.is_empty() {
+        "its GPU's UUID cannot be read".to_string()
+    } else if let Some(other) = sharing_rank(&uuids, comm.rank()) {
+        format!("rank {other} uses the same GPU, and NCCL needs a GPU per rank")
     } else {
         String::new()
     };
@@ -202,6 +211,9 @@ fn join_device_group(
         }
     }
     comm.broadcast(0, &mut id)?;
+    // Every rank has the id before any enters NCCL's blocking join, which makes no MPI
+    // progress (an MPI that finishes a broadcast lazily would wait for it forever).
+    comm.barrier()?;
     if id.first() != Some(&0) {
         let why = format!("rank 0: {}", String::from_utf8_lossy(&id[1..]));
         if votes.iter().any(|v| v.first() == Some(&1)) {
@@ -470,6 +482,18 @@ fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: KHopConfig, _: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ranks share a GPU when their UUIDs are equal; unread ones share nothing.
+    #[test]
+    fn ranks_sharing_a_gpu_are_found() {
+        let u = |b: &[u8]| b.to_vec();
+        let uuids = [u(b"a"), u(b"b"), u(b"a"), u(b""), u(b"")];
+        assert_eq!(sharing_rank(&uuids, 0), Some(2));
+        assert_eq!(sharing_rank(&uuids, 2), Some(0));
+        assert_eq!(sharing_rank(&uuids, 1), None);
+        assert_eq!(sharing_rank(&uuids, 3), None);
+        assert_eq!(sharing_rank(&uuids, 9), None);
+    }
 
     /// NCCL when every rank can use it; the host when one asks for it or, unasked for NCCL,
     /// when one cannot (naming the first such rank); an error when NCCL is asked for and a

@@ -59,8 +59,8 @@ pub use config::{
     TrainConfig,
 };
 pub use device::{
-    device_for_node_rank, gpu_count, gradient_sum_plan, gradient_sum_vote, Compute, DeviceInfo,
-    DeviceSpec, GradientSum, GRADIENT_SUM_VARIABLE,
+    device_for_node_rank, gpu_count, gradient_sum_plan, gradient_sum_vote, sharing_rank, Compute,
+    DeviceInfo, DeviceSpec, GradientSum, GRADIENT_SUM_VARIABLE,
 };
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, evaluate_checkpoint_with, EvalRequest, EvalSplit};

@@ -454,6 +454,8 @@ impl<B: Backend> Trainer<B> {
         }
         let start = Instant::now();
         acc.push(labelled as f32);
+        // Summed on the host even on a backend in a device group: only data-parallel joins
+        // one, and its steps take `compute_reduced_gradients`, so every rank sums the same way.
         if comm.size() > 1 {
             comm.all_reduce_sum_f32(&mut acc)?;
         }

@@ -1188,8 +1188,8 @@ fn auto_places_rows_and_cache_by_the_device_memory() {
 /// CPU group's model bit for bit: each worker's gradients are read from its backend, summed in
 /// rank order through the communicator and written back, or, when the backends joined a device
 /// group (NCCL), summed there (`Backend::sum_over_group`, once a step on every worker); its
-/// steps are read at once (not late). A device failing in one worker ends it with the device's
-/// error, and the group with it, without a panic.
+/// steps are read at once (not late). A device failing in one worker (of a group summing on
+/// the host) ends it with the device's error, and the group with it, without a panic.
 #[test]
 fn a_group_of_workers_on_other_backends_trains_the_cpu_group_model() {
     let (_dir, ds) = saved_tiny(800);

@@ -73,9 +73,9 @@ impl CudaBackend {
     /// Joins rank `rank` of `size` to the NCCL group `id` (from [`nccl_unique_id`] on one
     /// rank); from then on [`fanout_compute::Backend::sum_over_group`] sums over the group on
     /// the devices. A collective: every rank must call it, each on its own GPU, and it returns
-    /// once all have. Errors: a bad id or rank, NCCL missing or refusing (two ranks on one GPU,
-    /// a rank that never joins is a hang NCCL ends with its timeout), a backend that already
-    /// joined a group.
+    /// once all have (a rank that never joins leaves the others waiting: NCCL's blocking join
+    /// has no timeout). Errors: a bad id or rank, NCCL missing or refusing (two ranks on one
+    /// GPU), a backend that already joined a group.
     pub fn join_group(&self, id: &[u8], rank: usize, size: usize) -> Result<(), Error> {
         let bad = |detail: String| Error::Driver {
             call: "ncclCommInitRank",
@@ -111,6 +111,15 @@ impl CudaBackend {
             .group
             .set(group)
             .map_err(|_| bad("this backend already belongs to a group".to_string()))
+    }
+
+    /// The UUID of this backend's GPU (16 bytes, unique to the device), as the driver
+    /// reports it: what tells ranks whether they share a GPU, whatever each one sees of the
+    /// machine. Errors: the driver cannot read it.
+    pub fn device_uuid(&self) -> Result<Vec<u8>, Error> {
+        let ctx = self.stream().context().clone();
+        let uuid = crate::cuda::guarded_any("cuDeviceGetUuid", || ctx.uuid())?;
+        Ok(uuid.bytes.iter().map(|&b| b as u8).collect())
     }
 
     /// `(rank, size)` of the group this backend joined, if any.
