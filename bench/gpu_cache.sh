@@ -13,13 +13,13 @@ G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m5; mkdir -p $M $R
 exec > >(tee $R/gpu_cache.log) 2>&1
 nvidia-smi -L
 step "staging test"
-timeout 120 $G/backend_matches_cpu 2>&1 | grep -E "staging|test result"
+timeout -k 5 120 $G/backend_matches_cpu 2>&1 | grep -E "staging|test result"
 D=/tmp/products
-timeout 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 run() { # name binary args...
   local n=$1 b=$2; shift 2
   step "$n"
-  timeout 100 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda \
+  timeout -k 5 100 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda \
     --sampling-placement host --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^feature|^the feature|^epoch|^test|error" | tail -6
 }
 S="--model sage --fanouts 10,25"
@@ -38,4 +38,4 @@ run gcn-auto $G/fanout $N $C
 step "compare"
 python3 "$(dirname "$0")/metrics_table.py" $M sage gcn
 step "kernels"
-timeout 60 $G/cuda_kernels 2>&1 | tail -12
+timeout -k 5 60 $G/cuda_kernels 2>&1 | tail -12

@@ -13,33 +13,35 @@
 # .gpu/device_group (NCCL) and .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
 # (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two ranks
 # sharing the GPU (one process per GPU on a machine with several).
-# Output: the log on stdout, the metrics JSON of every run in $OUT/metrics.tgz.
+# Output: the log on stdout and in $OUT/gpu_check.log as it goes (a call cut off at its limit
+# still returns what ran), the metrics JSON of every run in $OUT/metrics.tgz.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 R=${OUT:-/tmp/out}
 M=/tmp/m
 mkdir -p $M $R
 . "$(dirname "$0")/gpu_env.sh"
+exec > >(tee $R/gpu_check.log) 2>&1
 nvidia-smi -L; nproc
 F=$G/fanout
 step "1 sampler tests"
-timeout 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15
+timeout -k 5 120 $G/sampler_matches_cpu --nocapture --test-threads 1 2>&1 | tail -15
 step "2 backend tests"
-timeout 120 $G/backend_matches_cpu 2>&1 | tail -4
-[ -x $G/cuda_lib_tests ] && timeout 60 $G/cuda_lib_tests 2>&1 | tail -3
-[ -x $G/device_group ] && timeout 60 $G/device_group 2>&1 | tail -3
+timeout -k 5 120 $G/backend_matches_cpu 2>&1 | tail -4
+[ -x $G/cuda_lib_tests ] && timeout -k 5 60 $G/cuda_lib_tests 2>&1 | tail -3
+[ -x $G/device_group ] && timeout -k 5 60 $G/device_group 2>&1 | tail -3
 step "3 products dataset (2449029)"
 D=/tmp/products
-time timeout 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+time timeout -k 5 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 step "4 sampling bench"
-timeout 60 $G/cuda_sampling $D 8000 15,10,5 20
-timeout 60 $G/cuda_sampling $D 8000 10,25 20
+timeout -k 5 60 $G/cuda_sampling $D 8000 15,10,5 20
+timeout -k 5 60 $G/cuda_sampling $D 8000 10,25 20
 # The extract stage of a cache on the GPU against the plain gather, on every core.
-[ -x $G/split_speed ] && timeout 60 $G/split_speed $D 8000 0.2
+[ -x $G/split_speed ] && timeout -k 5 60 $G/split_speed $D 8000 0.2
 run() { # name, args...
   local n=$1; shift
   step "train $n"
-  timeout 100 $F train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -v '^\s*$' | grep -iv 'progress' | tail -7
+  timeout -k 5 100 $F train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -v '^\s*$' | grep -iv 'progress' | tail -7
 }
 run gcn-sdev --model gcn --fanouts 15,10,5 --sampling-placement device
 run gcn-shost --model gcn --fanouts 15,10,5 --sampling-placement host
@@ -56,7 +58,7 @@ python3 "$(dirname "$0")/metrics_table.py" $M gcn-shost:gcn-sdev sage-shost:sage
 if command -v mpirun > /dev/null && [ -x $G/fanout-mpi ]; then
   # Two data-parallel ranks on one GPU (both take GPU 0): gradients summed through MPI.
   step "two MPI ranks on the GPU"
-  timeout 150 mpirun --allow-run-as-root --oversubscribe -np 2 $G/fanout-mpi train --dataset $D \
+  timeout -k 5 150 mpirun --allow-run-as-root --oversubscribe -np 2 $G/fanout-mpi train --dataset $D \
     --epochs 3 --batch-size 8000 --hidden 256 --device cuda --strategy data-parallel \
     --model sage --fanouts 10,25 --metrics-out $M/sage-mpi2.json 2>&1 | grep -v '^\s*$' | tail -5
 else
@@ -64,11 +66,11 @@ else
 fi
 step "python on the GPU"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $G/*.whl && \
-  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/gpu_check_python.py
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout -k 5 120 python3 bench/gpu_check_python.py
 step "out of memory"
-timeout 120 $F train --dataset $D --epochs 1 --model sage --hidden 8192 --batch-size 200000 --fanouts 25,25 --device cuda --sampling-placement device > $R/oom.txt 2>&1
+timeout -k 5 120 $F train --dataset $D --epochs 1 --model sage --hidden 8192 --batch-size 200000 --fanouts 25,25 --device cuda --sampling-placement device > $R/oom.txt 2>&1
 echo "exit $?"; grep -v '^\s*$' $R/oom.txt | tail -4; grep -c panicked $R/oom.txt
 step "kernels"
-timeout 60 $G/cuda_kernels 2>&1 | tail -12
+timeout -k 5 60 $G/cuda_kernels 2>&1 | tail -12
 tar czf $R/metrics.tgz -C /tmp m
 step done

@@ -10,18 +10,18 @@ G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m; mkdir -p $M $R
 . "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L
 step "lib tests (sorts, transposes)"
-timeout 120 $G/cuda_lib_tests --nocapture --test-threads 1 2>&1 | grep -E "test |result|skipped|panicked|assert" | head -20
+timeout -k 5 120 $G/cuda_lib_tests --nocapture --test-threads 1 2>&1 | grep -E "test |result|skipped|panicked|assert" | head -20
 step "backend tests"
-timeout 120 $G/backend_matches_cpu 2>&1 | grep -E "test |result|panicked|mismatch" | head -20
+timeout -k 5 120 $G/backend_matches_cpu 2>&1 | grep -E "test |result|panicked|mismatch" | head -20
 step "sampler tests"
-timeout 120 $G/sampler_matches_cpu 2>&1 | tail -3
+timeout -k 5 120 $G/sampler_matches_cpu 2>&1 | tail -3
 step "dataset"
 D=/tmp/products
-timeout 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 run() { # name binary args...
   local n=$1 b=$2; shift 2
   step "train $n"
-  timeout 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -5
+  timeout -k 5 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -5
 }
 for model in gcn sage gat; do
   f=10,25; [ $model = gcn ] && f=15,10,5

@@ -11,22 +11,22 @@ G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m3; mkdir -p $M $R
 exec > >(tee $R/gpu_kernels.log) 2>&1
 nvidia-smi -L
 step "backend tests (the Memory-Aware kernels against the plain ones and the CPU)"
-timeout 150 $G/backend_matches_cpu --nocapture --test-threads 1 2>&1 | grep -E "test |result|panicked|mismatch|comparisons|not bit|relative error" | head -40
+timeout -k 5 150 $G/backend_matches_cpu --nocapture --test-threads 1 2>&1 | grep -E "test |result|panicked|mismatch|comparisons|not bit|relative error" | head -40
 step "kernels: DST FANOUT COLS"
 for shape in "100000 10 256" "100000 25 100" "400000 5 100" "120000 10 256" "8000 15 256"; do
   echo "--- $shape"
-  timeout 90 $G/cuda_kernels $shape 2>&1 | grep -v "^gemm\|device copy"
+  timeout -k 5 90 $G/cuda_kernels $shape 2>&1 | grep -v "^gemm\|device copy"
 done
-timeout 90 $G/cuda_kernels 2>&1 | grep "device copy"
+timeout -k 5 90 $G/cuda_kernels 2>&1 | grep "device copy"
 step "torch.index_select"
-timeout 90 python3 bench/gpu_gather_torch.py
+timeout -k 5 90 python3 bench/gpu_gather_torch.py
 step "dataset"
 D=/tmp/products
-timeout 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 run() { # name args...
   local n=$1; shift
   step "train $n"
-  timeout 120 $G/fanout train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -4
+  timeout -k 5 120 $G/fanout train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -4
 }
 for model in gcn sage gat; do
   f=10,25; [ $model = gcn ] && f=15,10,5
@@ -61,7 +61,7 @@ for run in gcn-ma gat-ma; do
   model=${run%-*}; k=plain; [ ${run#*-} = ma ] && k=memory-aware
   f=10,25; [ $model = gcn ] && f=15,10,5
   step "profile $run (2 epochs, events around every call on the backend's stream)"
-  FANOUT_CUDA_GRAPH_KERNELS=$k FANOUT_CUDA_PROFILE=1 timeout 120 $G/fanout train --dataset $D --epochs 2 --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f --metrics-out $M/profile-$run.json 2>&1 | grep -A40 "CUDA profile" | head -42
+  FANOUT_CUDA_GRAPH_KERNELS=$k FANOUT_CUDA_PROFILE=1 timeout -k 5 120 $G/fanout train --dataset $D --epochs 2 --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f --metrics-out $M/profile-$run.json 2>&1 | grep -A40 "CUDA profile" | head -42
   python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print('epochs', [round(e['wall_s'],3) for e in v['epochs']], 'train_s', [round(e['train_s'],3) for e in v['epochs']])" $M/profile-$run.json
 done
 tar czf $R/metrics3.tgz -C /tmp m3

@@ -15,15 +15,15 @@ exec > >(tee $R/gpu_step.log) 2>&1
 nvidia-smi -L
 step "device tests"
 for t in backend_matches_cpu sampler_matches_cpu device_group cuda_lib_tests; do
-  [ -x $G/$t ] && timeout 150 $G/$t --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|mismatch|comparisons|equal to" | head -20
+  [ -x $G/$t ] && timeout -k 5 150 $G/$t --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|panicked|mismatch|comparisons|equal to" | head -20
 done
 step "dataset"
 D=/tmp/products
-timeout 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 run() { # name binary args...
   local n=$1 b=$2; shift 2
   step "train $n"
-  timeout 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -4
+  timeout -k 5 120 $b train --dataset $D --epochs 3 --batch-size 8000 --hidden 256 --device cuda --metrics-out $M/$n.json "$@" 2>&1 | grep -E "^epoch|^test|error" | tail -4
 }
 for model in ${MODELS:-gcn sage gat}; do
   f=10,25; [ $model = gcn ] && f=15,10,5
@@ -37,7 +37,7 @@ python3 "$(dirname "$0")/metrics_table.py" $M gcn-old:gcn-new gcn-olduva:gcn-new
 for model in gcn gat; do
   f=10,25; [ $model = gcn ] && f=15,10,5
   step "profile $model (new build, 2 epochs)"
-  FANOUT_CUDA_PROFILE=1 timeout 120 $G/fanout train --dataset $D --epochs 2 --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f 2>&1 | grep -A12 "CUDA profile"
+  FANOUT_CUDA_PROFILE=1 timeout -k 5 120 $G/fanout train --dataset $D --epochs 2 --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f 2>&1 | grep -A12 "CUDA profile"
 done
 tar czf $R/metrics4.tgz -C /tmp m4
 step done
