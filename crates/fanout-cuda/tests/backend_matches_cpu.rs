@@ -6,33 +6,16 @@
 //! Each test collects every mismatch before failing, so one run on a GPU reports them all.
 #![cfg(feature = "cuda")]
 
+mod common;
+use common::gpu;
 use fanout_compute::{
     Adam, AdamUpdate, Aggregation, Backend, BlockRef, CpuBackend, DropoutSpec, Mode, Model,
     ModelConfig, ModelKind, Optimizer, SgdUpdate, Tensor,
 };
-use fanout_cuda::{CudaBackend, CudaDevice, GraphKernels};
+use fanout_cuda::{CudaBackend, GraphKernels};
 use fanout_rand::Rng;
 
 const CPU: CpuBackend = CpuBackend;
-
-/// The backend on GPU 0, or `None` (printing why) without one.
-fn gpu() -> Option<CudaBackend> {
-    let dev = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("skipped: no GPU here ({e})");
-            return None;
-        }
-    };
-    match CudaBackend::new(&dev) {
-        Ok(b) => Some(b),
-        // A GPU is there but the backend cannot start: that is a failure, not a skip.
-        Err(e) => panic!(
-            "GPU 0 opened ({}) but the CUDA backend did not start: {e}",
-            dev.name()
-        ),
-    }
-}
 
 fn rand(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
     Tensor::from_fn(rows, cols, |_, _| rng.next_f32() * 2.0 - 1.0)

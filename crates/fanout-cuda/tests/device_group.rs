@@ -4,22 +4,12 @@
 //! trainer's host path would; backends on one GPU read one UUID. Skips itself, printing why, where there is no GPU or no NCCL.
 #![cfg(feature = "cuda")]
 
+mod common;
+use common::gpu;
 use fanout_comm::{Comm, LocalComm};
 use fanout_compute::{Backend, Tensor};
-use fanout_cuda::{nccl_present, nccl_unique_id, CudaBackend, CudaDevice};
+use fanout_cuda::{nccl_present, nccl_unique_id};
 use fanout_rand::Rng;
-
-/// The backend on GPU 0 (a new one each call), or `None` (printing why) without one.
-fn gpu() -> Option<CudaBackend> {
-    let dev = match CudaDevice::open(0) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("skipped: no GPU here ({e})");
-            return None;
-        }
-    };
-    Some(CudaBackend::new(&dev).expect("GPU 0 opened but the CUDA backend did not start"))
-}
 
 /// Values over many magnitudes, so that the order of the adds shows in the bits.
 fn spread(n: usize, rng: &mut Rng) -> Vec<f32> {

@@ -6,8 +6,10 @@
 //! printing why, where there is no GPU.
 #![cfg(feature = "cuda")]
 
+mod common;
+use common::gpu;
 use fanout_compute::{Backend, CpuBackend, Tensor};
-use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaKHopSampler};
+use fanout_cuda::{ArcsAt, CudaKHopSampler};
 use fanout_graph::{
     build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
     SliceArcs,
@@ -15,16 +17,6 @@ use fanout_graph::{
 use fanout_rand::Rng;
 use fanout_sample::{BatchKey, KHopConfig, KHopSampler, RemapKind, Sampler, FANOUT_ALL};
 use std::sync::Arc;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaDevice::open(0) {
-        Ok(d) => Some(CudaBackend::new(&d).expect("a GPU opened but its backend did not start")),
-        Err(e) => {
-            eprintln!("skipped: no GPU here ({e})");
-            None
-        }
-    }
-}
 
 /// Vertex 0 has 6,000 in-neighbours (past the 4,096-arc bit map), vertex 1 has 300, vertex 2
 /// none; the others 0 to 40 (a tenth none).
