@@ -129,8 +129,8 @@ impl CudaBackend {
 
     /// The body of `Backend::sum_over_group`: `tensors` packed into one vector and multiplied
     /// by `scale_in`, every rank's vector gathered on every device, summed in rank order and
-    /// multiplied by `scale_out` ([`CudaBackend::sum_rows_in_order`]), and unpacked. All on the stream; no
-    /// host wait.
+    /// multiplied by `scale_out` ([`CudaBackend::sum_rows_in_order`]), and unpacked. All on
+    /// the stream; no host wait.
     pub(super) fn group_sum(&self, tensors: &mut [&mut CudaTensor], scale_in: f32, scale_out: f32) {
         let Some(group) = self.inner.group.get() else {
             device_failed(
