@@ -158,8 +158,9 @@ pub struct TrainArgs {
     /// and uva may take at most three quarters of the GPU's free memory [default: auto].
     #[arg(long, value_enum)]
     pub sampling_placement: Option<SamplingArg>,
-    /// Data-parallel workers in this process (threads, each with its own share of --threads).
-    /// Under mpirun, each process is one worker instead [default: 1].
+    /// Data-parallel workers in this process (threads, each with its own share of --threads;
+    /// with --device cuda, each on a GPU of its own). Under mpirun, each process is one worker
+    /// instead [default: 1].
     #[arg(long)]
     pub workers: Option<usize>,
     /// How the run is spread over workers (default: single for one worker, data-parallel for

@@ -41,7 +41,10 @@ impl Compute {
 
     /// Trains `cfg` here: [`train`] on the CPU, [`crate::train_with_backend`] on a GPU (which
     /// refuses, before the dataset is opened, what runs on the CPU only: see
-    /// [`crate::check_backend`]).
+    /// [`crate::check_backend`]). With `--workers N` on a GPU, N data-parallel workers run in
+    /// this process, one thread and one GPU each: this one and the next N - 1 of the machine
+    /// (see [`device_for_node_rank`]), summing their gradients through NCCL where every worker
+    /// can (as MPI ranks do); a machine with fewer than N GPUs is refused.
     pub fn train(
         self,
         cfg: &TrainConfig,
@@ -50,6 +53,8 @@ impl Compute {
     ) -> Result<TrainOutcome> {
         match self {
             Compute::Cpu => train(cfg, env, obs),
+            #[cfg(feature = "cuda")]
+            Compute::Cuda(be) if cfg.workers > 1 => train_on_gpus(be, cfg, env, obs),
             #[cfg(feature = "cuda")]
             Compute::Cuda(be) => crate::train_with_backend(be, cfg, env, obs),
         }
@@ -156,6 +161,58 @@ pub fn gradient_sum_plan(votes: &[Vec<u8>]) -> Result<GradientSum> {
 pub fn sharing_rank(uuids: &[Vec<u8>], me: usize) -> Option<usize> {
     let mine = uuids.get(me).filter(|u| !u.is_empty())?;
     (0..uuids.len()).find(|&r| r != me && uuids[r] == *mine)
+}
+
+/// `cfg.workers` data-parallel workers in this process, one thread and one GPU each: rank 0
+/// on `be`'s GPU `K`, rank `r` on GPU `K + r` of the machine (modulo its GPUs), each joining
+/// the others' device group ([`join_device_group`]) before training. Refused when the machine
+/// has fewer GPUs than workers: they would share one, which NCCL refuses, and their queues
+/// would compete.
+#[cfg(feature = "cuda")]
+fn train_on_gpus(
+    be: fanout_cuda::CudaBackend,
+    cfg: &TrainConfig,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
+    cfg.validate()?;
+    crate::check_backend(&be, cfg)?;
+    let (n, gpus) = (cfg.workers, gpu_count());
+    if n > gpus {
+        return Err(ExecError::Invalid(format!(
+            "--workers {n} on the GPU needs a GPU for each worker and this machine has {gpus}; \
+             use --workers {gpus} or fewer, or one MPI process per GPU on several machines \
+             (`mpirun -np N fanout train --device cuda --strategy data-parallel`)"
+        )));
+    }
+    let first = DeviceSpec::Cuda(be.index());
+    let ds = crate::open_dataset(cfg, env.progress)?;
+    let worker = |comm: &fanout_comm::LocalComm,
+                  pool: Option<Arc<rayon::ThreadPool>>,
+                  env: &RunEnv,
+                  obs: &mut dyn FitObserver| {
+        let rank = fanout_comm::Comm::rank(comm);
+        let be = match rank {
+            0 => be.clone(),
+            r => match Compute::open(device_for_node_rank(first, r, gpus)) {
+                Ok((Compute::Cuda(b), _)) => b,
+                Ok(_) => return Err(ExecError::Invalid(format!("worker {r}: not a GPU"))),
+                Err(why) => {
+                    let spec = device_for_node_rank(first, r, gpus);
+                    return Err(ExecError::Invalid(format!(
+                        "worker {r}: --device {spec}: {why}"
+                    )));
+                }
+            },
+        };
+        if cfg.strategy_kind() == crate::StrategyKind::DataParallel {
+            let note = join_device_group(&be, comm)?;
+            obs.note(&note);
+        }
+        crate::train_worker_with(be, ds.clone(), cfg, comm, pool, env, obs)
+    };
+    // Each worker's training reports its device's failures itself (`train_worker_with`).
+    crate::run::run_group(n, cfg.threads, env, obs, &worker)
 }
 
 /// Decides with the other ranks of `comm` how the group sums its gradients

@@ -481,11 +481,13 @@ pub fn train_with_backend<B: Backend>(
     cfg.validate()?;
     check_backend(&be, cfg)?;
     if be.name() != "cpu" && cfg.workers > 1 {
-        // Its workers would be threads sharing one device (and one backend's queue).
+        // Its workers would be threads sharing one device (and one backend's queue). GPUs
+        // run several workers through `Compute::train`, one GPU each.
         return Err(ExecError::Invalid(format!(
-            "--workers {} runs on --device cpu only (this run computes on {}): for several \
-             GPUs start one process per GPU with mpirun (`mpirun -np N fanout train --device \
-             cuda --strategy data-parallel`)",
+            "--workers {} on one backend runs on --device cpu only (this run computes on {}): \
+             on GPUs, `--device cuda --workers N` gives each worker a GPU of its own, or start \
+             one process per GPU with mpirun (`mpirun -np N fanout train --device cuda \
+             --strategy data-parallel`)",
             cfg.workers,
             be.name()
         )));
@@ -504,13 +506,30 @@ fn train_on_backend<B: Backend>(
 ) -> Result<TrainOutcome> {
     let ds = open_dataset(cfg, env.progress)?;
     let n = cfg.workers.max(1);
-    let mut group = LocalComm::group(n);
     if n == 1 {
-        let comm = group.pop().expect("a group of one");
+        let comm = crate::solo();
         let pool = single_worker_pool(cfg.threads)?;
         return train_worker_with(be, ds, cfg, &comm, pool, env, obs);
     }
-    let threads = cfg.threads.unwrap_or_else(available_cores);
+    run_group(n, cfg.threads, env, obs, &|comm, pool, env, obs| {
+        train_worker_with(be.clone(), ds.clone(), cfg, comm, pool, env, obs)
+    })
+}
+
+/// Runs a group of `n` (at least 2) workers in this process, one thread each, joined by a
+/// [`LocalComm`]: rank 0 on the calling thread with `env` and `obs`, the others on threads of
+/// their own with no progress bars and no observer. Each gets a pool of `threads / n` threads
+/// (`threads` defaults to every core). A worker that fails tells the others through the
+/// communicator; the error returned is the one that caused the others, not their echoes.
+/// Returns rank 0's outcome.
+pub(crate) fn run_group(
+    n: usize,
+    threads: Option<usize>,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+    worker: &GroupWorker<'_>,
+) -> Result<TrainOutcome> {
+    let threads = threads.unwrap_or_else(available_cores);
     let per_worker = (threads / n).max(1);
     let pools = (0..n)
         .map(|r| worker_pool(per_worker, r))
@@ -520,18 +539,18 @@ fn train_on_backend<B: Backend>(
         ..*env
     };
     std::thread::scope(|s| {
-        let mut members = group.into_iter();
+        let mut members = LocalComm::group(n).into_iter();
         let mut pools = pools.into_iter();
         let comm0 = members.next().expect("rank 0");
         let pool0 = pools.next().expect("rank 0's pool");
         let others: Vec<_> = members
             .zip(pools)
             .map(|(comm, pool)| {
-                let (be, ds, env) = (be.clone(), ds.clone(), &quiet_env);
+                let env = &quiet_env;
                 std::thread::Builder::new()
                     .name(format!("worker-{}", comm.rank()))
                     .spawn_scoped(s, move || {
-                        let r = train_worker_with(be, ds, cfg, &comm, Some(pool), env, &mut ());
+                        let r = worker(&comm, Some(pool), env, &mut ());
                         if let Err(e) = &r {
                             comm.fail(&e.to_string());
                         }
@@ -540,7 +559,7 @@ fn train_on_backend<B: Backend>(
                     .map_err(|e| ExecError::Invalid(format!("cannot start a worker thread: {e}")))
             })
             .collect::<Result<_>>()?;
-        let first = train_worker_with(be, ds.clone(), cfg, &comm0, Some(pool0), env, obs);
+        let first = worker(&comm0, Some(pool0), env, obs);
         if let Err(e) = &first {
             comm0.fail(&e.to_string());
         }
@@ -562,6 +581,17 @@ fn train_on_backend<B: Backend>(
         }
     })
 }
+
+/// One worker of [`run_group`]: its member of the group, its pool, the run's environment and
+/// its observer; returns its outcome.
+pub(crate) type GroupWorker<'a> = dyn Fn(
+        &LocalComm,
+        Option<Arc<rayon::ThreadPool>>,
+        &RunEnv,
+        &mut dyn FitObserver,
+    ) -> Result<TrainOutcome>
+    + Sync
+    + 'a;
 
 /// Of several workers' errors, the one that caused the others: not a "rank R failed" echo.
 fn pick_error(errors: Vec<ExecError>) -> ExecError {
@@ -635,9 +665,10 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 ///
 /// Everything else (single, data-parallel over any number of workers each with its own
 /// backend, caches of a given size, `--fuse-input`, `--resume` and checkpoints) runs on any
-/// backend. Several workers in one process ([`train_with_backend`] with `--workers N`) would
-/// share one device and are refused there; one process per device (MPI ranks, each calling
-/// [`train_worker_with`] with its own backend) is the way to train on several.
+/// backend. Several workers in one process on one backend ([`train_with_backend`] with
+/// `--workers N`) would share one device and are refused there; on GPUs each worker gets a
+/// backend of its own ([`crate::Compute::train`], one thread per GPU, or one MPI process per
+/// GPU, each calling [`train_worker_with`]).
 ///
 /// On any backend, `--sampling-placement device` or `uva` is refused unless the backend is
 /// the CUDA one and the sampler k-hop (the only one with a GPU implementation).

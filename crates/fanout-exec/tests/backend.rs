@@ -774,7 +774,9 @@ fn another_backend_refuses_what_runs_on_the_cpu_only() {
         ..base.clone()
     });
     assert!(
-        e.contains("--workers 2 runs on --device cpu only") && e.contains("mpirun"),
+        e.contains("--workers 2 on one backend runs on --device cpu only")
+            && e.contains("--device cuda --workers N")
+            && e.contains("mpirun"),
         "{e}"
     );
     for s in [
