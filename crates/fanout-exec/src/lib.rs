@@ -43,6 +43,7 @@ pub mod error;
 pub mod eval;
 pub mod factored;
 pub mod floor;
+pub mod gpus;
 pub mod hybrid;
 pub mod memory;
 pub mod metrics;
@@ -58,13 +59,13 @@ pub use config::{
     CacheSpec, FactoredSpec, FeaturePlacement, SampleScope, SamplingPlacement, StrategyKind,
     TrainConfig,
 };
-pub use device::{
-    device_for_node_rank, gpu_count, gradient_sum_plan, gradient_sum_vote, sharing_rank, Compute,
-    DeviceInfo, DeviceSpec, GradientSum, GRADIENT_SUM_VARIABLE,
-};
+pub use device::{device_for_node_rank, gpu_count, Compute, DeviceInfo, DeviceSpec};
 pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, evaluate_checkpoint_with, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};
+pub use gpus::{
+    gradient_sum_plan, gradient_sum_vote, sharing_rank, GradientSum, GRADIENT_SUM_VARIABLE,
+};
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};
 pub use pipeline::{

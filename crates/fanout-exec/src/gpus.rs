@@ -1,0 +1,259 @@
+//! Several GPUs training together: how their workers sum gradients ([`gradient_sum_plan`]:
+//! NCCL where every worker has a GPU of its own and can load it, else the host), joining the
+//! NCCL group, and `--workers N` on GPUs (one thread and one GPU each). One MPI process per
+//! GPU (`src/cmd/mpi.rs`) goes through [`crate::Compute::train_worker`], threads of one
+//! process through [`crate::Compute::train`]; both join the group here.
+
+#[cfg(feature = "cuda")]
+use crate::device::{device_for_node_rank, gpu_count, Compute, DeviceSpec};
+use crate::{ExecError, Result};
+#[cfg(feature = "cuda")]
+use crate::{FitObserver, RunEnv, TrainConfig, TrainOutcome};
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+
+/// How the ranks of a data-parallel group on GPUs sum their gradients, as the ranks agreed
+/// in [`gradient_sum_plan`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GradientSum {
+    /// On the GPUs, through NCCL (see `fanout_cuda::CudaBackend::join_group`).
+    Nccl,
+    /// Read back and summed on the host through the communicator, for the reason given.
+    Host(String),
+}
+
+/// The variable that picks how GPU ranks sum their gradients: `auto` (or unset: NCCL where
+/// every rank can use it, else the host), `nccl` (NCCL or an error saying why not) or `host`.
+pub const GRADIENT_SUM_VARIABLE: &str = "FANOUT_GRADIENT_SUM";
+
+/// What one rank says before the group decides how to sum: the choice it was given
+/// ([`GRADIENT_SUM_VARIABLE`]: 0 auto, 1 nccl, 2 host) and why it cannot use NCCL (empty
+/// when it can), as the bytes [`gradient_sum_plan`] reads.
+pub fn gradient_sum_vote(choice: u8, blocker: &str) -> Vec<u8> {
+    let mut v = vec![choice];
+    v.extend_from_slice(blocker.as_bytes());
+    v
+}
+
+/// The group's decision from every rank's [`gradient_sum_vote`] (indexed by rank), the same
+/// on every rank: the host when a rank asks for it; else NCCL when no rank has a reason it
+/// cannot; else the host with the first such reason, or an error naming it when a rank asks
+/// for NCCL. A vote that is not one of the three choices is an error.
+pub fn gradient_sum_plan(votes: &[Vec<u8>]) -> Result<GradientSum> {
+    let mut nccl_asked = false;
+    let mut blocker = None;
+    for (rank, v) in votes.iter().enumerate() {
+        match v.first() {
+            Some(0) => {}
+            Some(1) => nccl_asked = true,
+            Some(2) => {
+                return Ok(GradientSum::Host(format!(
+                    "{GRADIENT_SUM_VARIABLE}=host on rank {rank}"
+                )))
+            }
+            _ => {
+                return Err(ExecError::Invalid(format!(
+                    "rank {rank} sent a gradient-sum vote of {} bytes starting {:?}; expected \
+                     0, 1 or 2 then a reason",
+                    v.len(),
+                    v.first()
+                )))
+            }
+        }
+        if blocker.is_none() && v.len() > 1 {
+            blocker = Some(format!("rank {rank}: {}", String::from_utf8_lossy(&v[1..])));
+        }
+    }
+    match (blocker, nccl_asked) {
+        (None, _) => Ok(GradientSum::Nccl),
+        (Some(why), false) => Ok(GradientSum::Host(why)),
+        (Some(why), true) => Err(ExecError::Invalid(format!(
+            "{GRADIENT_SUM_VARIABLE}=nccl, but NCCL cannot be used ({why})"
+        ))),
+    }
+}
+
+/// Another rank whose GPU has the same UUID as rank `me`'s (`uuids` indexed by rank; empty
+/// ones match nothing), if any: the lowest.
+pub fn sharing_rank(uuids: &[Vec<u8>], me: usize) -> Option<usize> {
+    let mine = uuids.get(me).filter(|u| !u.is_empty())?;
+    (0..uuids.len()).find(|&r| r != me && uuids[r] == *mine)
+}
+
+/// `cfg.workers` data-parallel workers in this process, one thread and one GPU each: rank 0
+/// on `be`'s GPU `K`, rank `r` on GPU `K + r` of the machine (modulo its GPUs), each joining
+/// the others' device group ([`join_device_group`]) before training. Refused when the machine
+/// has fewer GPUs than workers: they would share one, which NCCL refuses, and their queues
+/// would compete.
+#[cfg(feature = "cuda")]
+pub(crate) fn train_on_gpus(
+    be: fanout_cuda::CudaBackend,
+    cfg: &TrainConfig,
+    env: &RunEnv,
+    obs: &mut dyn FitObserver,
+) -> Result<TrainOutcome> {
+    cfg.validate()?;
+    crate::check_backend(&be, cfg)?;
+    let (n, gpus) = (cfg.workers, gpu_count());
+    if n > gpus {
+        return Err(ExecError::Invalid(format!(
+            "--workers {n} on the GPU needs a GPU for each worker and this machine has {gpus}; \
+             use --workers {gpus} or fewer, or one MPI process per GPU on several machines \
+             (`mpirun -np N fanout train --device cuda --strategy data-parallel`)"
+        )));
+    }
+    let first = DeviceSpec::Cuda(be.index());
+    let ds = crate::open_dataset(cfg, env.progress)?;
+    let worker = |comm: &fanout_comm::LocalComm,
+                  pool: Option<Arc<rayon::ThreadPool>>,
+                  env: &RunEnv,
+                  obs: &mut dyn FitObserver| {
+        let rank = fanout_comm::Comm::rank(comm);
+        let be = match rank {
+            0 => be.clone(),
+            r => match Compute::open(device_for_node_rank(first, r, gpus)) {
+                Ok((Compute::Cuda(b), _)) => b,
+                Ok(_) => return Err(ExecError::Invalid(format!("worker {r}: not a GPU"))),
+                Err(why) => {
+                    let spec = device_for_node_rank(first, r, gpus);
+                    return Err(ExecError::Invalid(format!(
+                        "worker {r}: --device {spec}: {why}"
+                    )));
+                }
+            },
+        };
+        if cfg.strategy_kind() == crate::StrategyKind::DataParallel {
+            let note = join_device_group(&be, comm)?;
+            obs.note(&note);
+        }
+        crate::train_worker_with(be, ds.clone(), cfg, comm, pool, env, obs)
+    };
+    // Each worker's training reports its device's failures itself (`train_worker_with`).
+    crate::run::run_group(n, cfg.threads, env, obs, &worker)
+}
+
+/// Decides with the other ranks of `comm` how the group sums its gradients
+/// ([`gradient_sum_plan`]) and, for NCCL, joins `be` to the group: rank 0 makes the id and
+/// broadcasts it. A collective. Returns the note that says how the gradients are summed.
+#[cfg(feature = "cuda")]
+pub(crate) fn join_device_group(
+    be: &fanout_cuda::CudaBackend,
+    comm: &dyn fanout_comm::Comm,
+) -> Result<String> {
+    let choice = match std::env::var(GRADIENT_SUM_VARIABLE).as_deref() {
+        Err(_) | Ok("") | Ok("auto") => 0,
+        Ok("nccl") => 1,
+        Ok("host") => 2,
+        Ok(other) => {
+            return Err(ExecError::Invalid(format!(
+                "{GRADIENT_SUM_VARIABLE} is {other:?}; expected auto, nccl or host"
+            )))
+        }
+    };
+    // Each rank's GPU by its UUID (empty where it cannot be read), so that ranks sharing a
+    // GPU are found whatever each process sees of the machine (CUDA_VISIBLE_DEVICES).
+    let uuid = be.device_uuid().unwrap_or_default();
+    let uuids = comm.all_gather(&uuid)?;
+    let blocker = if !fanout_cuda::nccl_present() {
+        "NCCL (libnccl.so) cannot be loaded".to_string()
+    } else if uuid.is_empty() {
+        "its GPU's UUID cannot be read".to_string()
+    } else if let Some(other) = sharing_rank(&uuids, comm.rank()) {
+        format!("rank {other} uses the same GPU, and NCCL needs a GPU per rank")
+    } else {
+        String::new()
+    };
+    let votes = comm.all_gather(&gradient_sum_vote(choice, &blocker))?;
+    let host = |why: String| {
+        format!(
+            "gradients read back and summed on the host through {} ({why})",
+            comm.kind()
+        )
+    };
+    if let GradientSum::Host(why) = gradient_sum_plan(&votes)? {
+        return Ok(host(why));
+    }
+    // Rank 0's id, or why it has none (a leading 1), for every rank.
+    let mut id = vec![0u8];
+    if comm.rank() == 0 {
+        match fanout_cuda::nccl_unique_id() {
+            Ok(bytes) => id.extend_from_slice(&bytes),
+            Err(e) => {
+                id = vec![1];
+                id.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+    }
+    comm.broadcast(0, &mut id)?;
+    // Every rank has the id before any enters NCCL's blocking join, which makes no MPI
+    // progress (an MPI that finishes a broadcast lazily would wait for it forever).
+    comm.barrier()?;
+    if id.first() != Some(&0) {
+        let why = format!("rank 0: {}", String::from_utf8_lossy(&id[1..]));
+        if votes.iter().any(|v| v.first() == Some(&1)) {
+            return Err(ExecError::Invalid(format!(
+                "{GRADIENT_SUM_VARIABLE}=nccl, but NCCL cannot be used ({why})"
+            )));
+        }
+        return Ok(host(why));
+    }
+    be.join_group(&id[1..], comm.rank(), comm.size())
+        .map_err(|e| ExecError::Invalid(format!("joining the NCCL group: {e}")))?;
+    Ok(format!(
+        "gradients summed on the GPUs through NCCL ({} ranks: an all-gather, then added in rank \
+         order on each GPU, the host sum's bits)",
+        comm.size()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranks share a GPU when their UUIDs are equal; unread ones share nothing.
+    #[test]
+    fn ranks_sharing_a_gpu_are_found() {
+        let u = |b: &[u8]| b.to_vec();
+        let uuids = [u(b"a"), u(b"b"), u(b"a"), u(b""), u(b"")];
+        assert_eq!(sharing_rank(&uuids, 0), Some(2));
+        assert_eq!(sharing_rank(&uuids, 2), Some(0));
+        assert_eq!(sharing_rank(&uuids, 1), None);
+        assert_eq!(sharing_rank(&uuids, 3), None);
+        assert_eq!(sharing_rank(&uuids, 9), None);
+    }
+
+    /// NCCL when every rank can use it; the host when one asks for it or, unasked for NCCL,
+    /// when one cannot (naming the first such rank); an error when NCCL is asked for and a
+    /// rank cannot, or a vote is malformed.
+    #[test]
+    fn ranks_agree_how_to_sum_gradients() {
+        let v = gradient_sum_vote;
+        assert_eq!(
+            gradient_sum_plan(&[v(0, ""), v(0, "")]).unwrap(),
+            GradientSum::Nccl
+        );
+        assert_eq!(
+            gradient_sum_plan(&[v(1, ""), v(0, "")]).unwrap(),
+            GradientSum::Nccl
+        );
+        let host = gradient_sum_plan(&[v(0, ""), v(2, ""), v(1, "no nccl")]).unwrap();
+        assert_eq!(
+            host,
+            GradientSum::Host("FANOUT_GRADIENT_SUM=host on rank 1".into())
+        );
+        let shared = gradient_sum_plan(&[v(0, ""), v(0, "shared"), v(0, "missing")]).unwrap();
+        assert_eq!(shared, GradientSum::Host("rank 1: shared".into()));
+        let asked = gradient_sum_plan(&[v(1, ""), v(0, "missing")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            asked.contains("=nccl") && asked.contains("rank 1: missing"),
+            "{asked}"
+        );
+        let bad = gradient_sum_plan(&[v(0, ""), vec![]])
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("rank 1"), "{bad}");
+        assert!(gradient_sum_plan(&[v(7, "")]).is_err());
+    }
+}
