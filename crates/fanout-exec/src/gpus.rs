@@ -132,29 +132,73 @@ pub(crate) fn train_on_gpus(
     crate::run::run_group(n, cfg.threads, env, obs, &worker)
 }
 
-/// Decides with the other ranks of `comm` how the group sums its gradients
-/// ([`gradient_sum_plan`]) and, for NCCL, joins `be` to the group: rank 0 makes the id and
-/// broadcasts it. A collective. Returns the note that says how the gradients are summed.
+/// What joining a group of devices needs of one device (NCCL on CUDA): the protocol of
+/// [`join_group_of`] written against it, so that it is tested without GPUs.
+pub trait GroupDevice {
+    /// The device's UUID, unique to it (so ranks find out whether they share one).
+    fn uuid(&self) -> std::result::Result<Vec<u8>, String>;
+    /// Whether the collective library can be loaded here.
+    fn library_present(&self) -> bool;
+    /// A new group id, made on rank 0 and sent to the others.
+    fn new_group_id(&self) -> std::result::Result<Vec<u8>, String>;
+    /// Joins rank `rank` of `size` to the group `id` (a collective).
+    fn join(&self, id: &[u8], rank: usize, size: usize) -> std::result::Result<(), String>;
+}
+
+#[cfg(feature = "cuda")]
+impl GroupDevice for fanout_cuda::CudaBackend {
+    fn uuid(&self) -> std::result::Result<Vec<u8>, String> {
+        self.device_uuid().map_err(|e| e.to_string())
+    }
+    fn library_present(&self) -> bool {
+        fanout_cuda::nccl_present()
+    }
+    fn new_group_id(&self) -> std::result::Result<Vec<u8>, String> {
+        fanout_cuda::nccl_unique_id().map_err(|e| e.to_string())
+    }
+    fn join(&self, id: &[u8], rank: usize, size: usize) -> std::result::Result<(), String> {
+        self.join_group(id, rank, size).map_err(|e| e.to_string())
+    }
+}
+
+/// The choice [`GRADIENT_SUM_VARIABLE`] makes, as a [`gradient_sum_vote`] byte: 0 auto (or
+/// unset), 1 nccl, 2 host; an error for any other value.
+pub fn gradient_sum_choice() -> Result<u8> {
+    match std::env::var(GRADIENT_SUM_VARIABLE).as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Ok(0),
+        Ok("nccl") => Ok(1),
+        Ok("host") => Ok(2),
+        Ok(other) => Err(ExecError::Invalid(format!(
+            "{GRADIENT_SUM_VARIABLE} is {other:?}; expected auto, nccl or host"
+        ))),
+    }
+}
+
+/// [`join_group_of`] for a GPU, with the choice [`GRADIENT_SUM_VARIABLE`] makes.
 #[cfg(feature = "cuda")]
 pub(crate) fn join_device_group(
     be: &fanout_cuda::CudaBackend,
     comm: &dyn fanout_comm::Comm,
 ) -> Result<String> {
-    let choice = match std::env::var(GRADIENT_SUM_VARIABLE).as_deref() {
-        Err(_) | Ok("") | Ok("auto") => 0,
-        Ok("nccl") => 1,
-        Ok("host") => 2,
-        Ok(other) => {
-            return Err(ExecError::Invalid(format!(
-                "{GRADIENT_SUM_VARIABLE} is {other:?}; expected auto, nccl or host"
-            )))
-        }
-    };
+    join_group_of(be, comm, gradient_sum_choice()?)
+}
+
+/// Decides with the other ranks of `comm` how the group sums its gradients
+/// ([`gradient_sum_plan`] of every rank's `choice` and blocker: no library, an unreadable
+/// UUID, a GPU shared with another rank) and, for a device group, joins `dev` to it: rank 0
+/// makes the id and broadcasts it (or why it has none, which every rank then takes as a
+/// blocker), and every rank waits at a barrier before the blocking join. A collective whose
+/// answer is the same on every rank. Returns the note that says how the gradients are summed.
+pub fn join_group_of(
+    dev: &dyn GroupDevice,
+    comm: &dyn fanout_comm::Comm,
+    choice: u8,
+) -> Result<String> {
     // Each rank's GPU by its UUID (empty where it cannot be read), so that ranks sharing a
     // GPU are found whatever each process sees of the machine (CUDA_VISIBLE_DEVICES).
-    let uuid = be.device_uuid().unwrap_or_default();
+    let uuid = dev.uuid().unwrap_or_default();
     let uuids = comm.all_gather(&uuid)?;
-    let blocker = if !fanout_cuda::nccl_present() {
+    let blocker = if !dev.library_present() {
         "NCCL (libnccl.so) cannot be loaded".to_string()
     } else if uuid.is_empty() {
         "its GPU's UUID cannot be read".to_string()
@@ -176,11 +220,11 @@ pub(crate) fn join_device_group(
     // Rank 0's id, or why it has none (a leading 1), for every rank.
     let mut id = vec![0u8];
     if comm.rank() == 0 {
-        match fanout_cuda::nccl_unique_id() {
+        match dev.new_group_id() {
             Ok(bytes) => id.extend_from_slice(&bytes),
             Err(e) => {
                 id = vec![1];
-                id.extend_from_slice(e.to_string().as_bytes());
+                id.extend_from_slice(e.as_bytes());
             }
         }
     }
@@ -197,7 +241,7 @@ pub(crate) fn join_device_group(
         }
         return Ok(host(why));
     }
-    be.join_group(&id[1..], comm.rank(), comm.size())
+    dev.join(&id[1..], comm.rank(), comm.size())
         .map_err(|e| ExecError::Invalid(format!("joining the NCCL group: {e}")))?;
     Ok(format!(
         "gradients summed on the GPUs through NCCL ({} ranks: an all-gather, then added in rank \
@@ -209,6 +253,141 @@ pub(crate) fn join_device_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// The id, rank and size a device was asked to join with.
+    type Joined = (Vec<u8>, usize, usize);
+
+    /// A device for [`join_group_of`]: its UUID (`None`: unreadable), whether the library
+    /// loads, the id it makes as rank 0 (`Err`: why not), and the join it was asked for.
+    struct Fake {
+        uuid: Option<&'static [u8]>,
+        present: bool,
+        id: std::result::Result<&'static [u8], &'static str>,
+        joined: Mutex<Option<Joined>>,
+    }
+
+    impl GroupDevice for Fake {
+        fn uuid(&self) -> std::result::Result<Vec<u8>, String> {
+            self.uuid
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| "unreadable".into())
+        }
+        fn library_present(&self) -> bool {
+            self.present
+        }
+        fn new_group_id(&self) -> std::result::Result<Vec<u8>, String> {
+            self.id.map(<[u8]>::to_vec).map_err(str::to_string)
+        }
+        fn join(&self, id: &[u8], rank: usize, size: usize) -> std::result::Result<(), String> {
+            *self.joined.lock().unwrap() = Some((id.to_vec(), rank, size));
+            Ok(())
+        }
+    }
+
+    fn fake(uuid: &'static [u8]) -> Fake {
+        Fake {
+            uuid: Some(uuid),
+            present: true,
+            id: Ok(b"ID"),
+            joined: Mutex::new(None),
+        }
+    }
+
+    /// Every rank's note (or error) and join, the ranks running the protocol as threads.
+    fn protocol(devs: Vec<Fake>, choices: &[u8]) -> Vec<(String, Option<Joined>)> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = fanout_comm::LocalComm::group(devs.len())
+                .into_iter()
+                .zip(devs)
+                .map(|(comm, dev)| {
+                    let choice = choices[fanout_comm::Comm::rank(&comm)];
+                    s.spawn(move || {
+                        let r = join_group_of(&dev, &comm, choice);
+                        let note = r.unwrap_or_else(|e| format!("error: {e}"));
+                        (note, dev.joined.into_inner().unwrap())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// The protocol gives every rank the same answer and joins all or none of them: NCCL when
+    /// every rank can; the host, naming the first rank that cannot and why (no library, an
+    /// unreadable UUID, a shared GPU, rank 0 without an id, a rank asking for the host);
+    /// an error on every rank when one asks for NCCL and it cannot be had.
+    #[test]
+    fn ranks_join_the_device_group_together_or_not_at_all() {
+        let all_same = |out: &[(String, Option<Joined>)], what: &str| {
+            assert!(out.iter().all(|o| o.0 == out[0].0), "{what}: {out:?}");
+        };
+        let out = protocol(vec![fake(b"a"), fake(b"b"), fake(b"c")], &[0, 0, 0]);
+        all_same(&out, "all can");
+        assert!(out[0].0.contains("through NCCL (3 ranks"), "{out:?}");
+        for (r, o) in out.iter().enumerate() {
+            assert_eq!(o.1, Some((b"ID".to_vec(), r, 3)), "rank {r} joined");
+        }
+        let host_for = |devs: Vec<Fake>, choices: &[u8], why: &str| {
+            let out = protocol(devs, choices);
+            all_same(&out, why);
+            assert!(
+                out[0].0.starts_with("gradients read back"),
+                "{why}: {out:?}"
+            );
+            assert!(out[0].0.contains(why), "{why}: {out:?}");
+            assert!(out.iter().all(|o| o.1.is_none()), "{why}: nobody joins");
+        };
+        host_for(
+            vec![fake(b"a"), fake(b"b"), fake(b"a")],
+            &[0, 0, 0],
+            "rank 0: rank 2 uses the same GPU",
+        );
+        let mut missing = fake(b"b");
+        missing.present = false;
+        host_for(
+            vec![fake(b"a"), missing],
+            &[0, 0],
+            "rank 1: NCCL (libnccl.so) cannot be loaded",
+        );
+        let mut unread = fake(b"b");
+        unread.uuid = None;
+        host_for(
+            vec![fake(b"a"), unread],
+            &[0, 0],
+            "rank 1: its GPU's UUID cannot be read",
+        );
+        let mut no_id = fake(b"a");
+        no_id.id = Err("no network interface");
+        host_for(
+            vec![no_id, fake(b"b")],
+            &[0, 0],
+            "rank 0: no network interface",
+        );
+        host_for(
+            vec![fake(b"a"), fake(b"b")],
+            &[1, 2],
+            "FANOUT_GRADIENT_SUM=host on rank 1",
+        );
+
+        let mut missing = fake(b"b");
+        missing.present = false;
+        let out = protocol(vec![fake(b"a"), missing], &[1, 0]);
+        all_same(&out, "nccl asked");
+        assert!(
+            out[0].0.starts_with("error:") && out[0].0.contains("=nccl"),
+            "{out:?}"
+        );
+        let mut no_id = fake(b"a");
+        no_id.id = Err("no network interface");
+        let out = protocol(vec![no_id, fake(b"b")], &[0, 1]);
+        all_same(&out, "nccl asked, no id");
+        assert!(
+            out[0].0.contains("=nccl") && out[0].0.contains("no network"),
+            "{out:?}"
+        );
+        assert!(out.iter().all(|o| o.1.is_none()), "nobody joins");
+    }
 
     /// Ranks share a GPU when their UUIDs are equal; unread ones share nothing.
     #[test]

@@ -64,7 +64,8 @@ pub use error::{ExecError, Result};
 pub use eval::{evaluate_checkpoint, evaluate_checkpoint_with, EvalRequest, EvalSplit};
 pub use fanout_comm::{Comm, LocalComm};
 pub use gpus::{
-    gradient_sum_plan, gradient_sum_vote, sharing_rank, GradientSum, GRADIENT_SUM_VARIABLE,
+    gradient_sum_choice, gradient_sum_plan, gradient_sum_vote, join_group_of, sharing_rank,
+    GradientSum, GroupDevice, GRADIENT_SUM_VARIABLE,
 };
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};
