@@ -42,9 +42,9 @@ impl Compute {
     /// Trains `cfg` here: [`train`] on the CPU, [`crate::train_with_backend`] on a GPU (which
     /// refuses, before the dataset is opened, what runs on the CPU only: see
     /// [`crate::check_backend`]). With `--workers N` on a GPU, N data-parallel workers run in
-    /// this process, one thread and one GPU each: this one and the next N - 1 of the machine
-    /// (see [`device_for_node_rank`]), summing their gradients through NCCL where every worker
-    /// can (as MPI ranks do); a machine with fewer than N GPUs is refused.
+    /// this process, one thread and one GPU each: this one and the next N - 1 of the machine,
+    /// counted round its GPUs (see [`device_for_node_rank`]), summing their gradients on the
+    /// host; a machine with fewer than N GPUs is refused.
     pub fn train(
         self,
         cfg: &TrainConfig,

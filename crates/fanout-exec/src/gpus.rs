@@ -81,10 +81,14 @@ pub fn sharing_rank(uuids: &[Vec<u8>], me: usize) -> Option<usize> {
 }
 
 /// `cfg.workers` data-parallel workers in this process, one thread and one GPU each: rank 0
-/// on `be`'s GPU `K`, rank `r` on GPU `K + r` of the machine (modulo its GPUs), each joining
-/// the others' device group ([`join_device_group`]) before training. Refused when the machine
-/// has fewer GPUs than workers: they would share one, which NCCL refuses, and their queues
-/// would compete.
+/// on `be`'s GPU `K`, rank `r` on GPU `K + r` of the machine (modulo its GPUs). Refused when
+/// the machine has fewer GPUs than workers: their queues would compete for one.
+///
+/// The workers sum their gradients on the host through their [`fanout_comm::LocalComm`], not
+/// through NCCL. NCCL's join and collectives block without a timeout and do not see the
+/// group's failures: one thread whose GPU fails inside them would leave the others waiting for
+/// ever, where one MPI process per GPU ends the whole job (`MPI_Abort`). One process per GPU
+/// (`mpirun -np N fanout train --device cuda`) sums on the GPUs.
 #[cfg(feature = "cuda")]
 pub(crate) fn train_on_gpus(
     be: fanout_cuda::CudaBackend,
@@ -122,12 +126,12 @@ pub(crate) fn train_on_gpus(
                 }
             },
         };
-        if cfg.strategy_kind() == crate::StrategyKind::DataParallel {
-            let note = join_device_group(&be, comm)?;
-            obs.note(&note);
-        }
         crate::train_worker_with(be, ds.clone(), cfg, comm, pool, env, obs)
     };
+    obs.note(&format!(
+        "{n} workers on {n} GPUs in this process; gradients read back and summed on the host \
+         (one MPI process per GPU sums them on the GPUs through NCCL)"
+    ));
     // Each worker's training reports its device's failures itself (`train_worker_with`).
     crate::run::run_group(n, cfg.threads, env, obs, &worker)
 }

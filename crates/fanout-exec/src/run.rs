@@ -735,7 +735,7 @@ pub fn train_worker(
 /// [`train_worker`] computing on `be` (see [`train_with_backend`]): the model, optimiser,
 /// trial batch and evaluation run on `be`, `pool` holds the host threads that drive it. A
 /// backend other than the CPU is refused what [`check_backend`] names; each worker of a
-/// group needs a backend of its own (one process per GPU), and their gradients are summed on
+/// group needs a backend of its own (one GPU each), and their gradients are summed on
 /// the host through `comm`, or on the devices where the backends joined a device group
 /// ([`Backend::sum_over_group`], which gives the host sum's bits), so a group of workers on
 /// other backends whose kernels give the CPU's results trains the CPU group's model bit for
