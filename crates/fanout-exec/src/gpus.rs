@@ -1,8 +1,9 @@
 //! Several GPUs training together: how their workers sum gradients ([`gradient_sum_plan`]:
 //! NCCL where every worker has a GPU of its own and can load it, else the host), joining the
 //! NCCL group, and `--workers N` on GPUs (one thread and one GPU each). One MPI process per
-//! GPU (`src/cmd/mpi.rs`) goes through [`crate::Compute::train_worker`], threads of one
-//! process through [`crate::Compute::train`]; both join the group here.
+//! GPU (`src/cmd/mpi.rs`) goes through [`crate::Compute::train_worker`] and joins the group
+//! here; threads of one process go through [`crate::Compute::train`] and sum on the host
+//! (`train_on_gpus` says why).
 
 #[cfg(feature = "cuda")]
 use crate::device::{device_for_node_rank, gpu_count, Compute, DeviceSpec};
