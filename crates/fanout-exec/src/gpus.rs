@@ -299,6 +299,22 @@ mod tests {
         }
     }
 
+    /// [`fake`] without the library.
+    fn no_library(uuid: &'static [u8]) -> Fake {
+        Fake {
+            present: false,
+            ..fake(uuid)
+        }
+    }
+
+    /// [`fake`] that cannot make a group id.
+    fn no_id(uuid: &'static [u8]) -> Fake {
+        Fake {
+            id: Err("no network interface"),
+            ..fake(uuid)
+        }
+    }
+
     /// Every rank's note (or error) and join, the ranks running the protocol as threads.
     fn protocol(devs: Vec<Fake>, choices: &[u8]) -> Vec<(String, Option<Joined>)> {
         std::thread::scope(|s| {
@@ -348,24 +364,22 @@ mod tests {
             &[0, 0, 0],
             "rank 0: rank 2 uses the same GPU",
         );
-        let mut missing = fake(b"b");
-        missing.present = false;
         host_for(
-            vec![fake(b"a"), missing],
+            vec![fake(b"a"), no_library(b"b")],
             &[0, 0],
             "rank 1: NCCL (libnccl.so) cannot be loaded",
         );
-        let mut unread = fake(b"b");
-        unread.uuid = None;
+        let unread = Fake {
+            uuid: None,
+            ..fake(b"b")
+        };
         host_for(
             vec![fake(b"a"), unread],
             &[0, 0],
             "rank 1: its GPU's UUID cannot be read",
         );
-        let mut no_id = fake(b"a");
-        no_id.id = Err("no network interface");
         host_for(
-            vec![no_id, fake(b"b")],
+            vec![no_id(b"a"), fake(b"b")],
             &[0, 0],
             "rank 0: no network interface",
         );
@@ -375,17 +389,13 @@ mod tests {
             "FANOUT_GRADIENT_SUM=host on rank 1",
         );
 
-        let mut missing = fake(b"b");
-        missing.present = false;
-        let out = protocol(vec![fake(b"a"), missing], &[1, 0]);
+        let out = protocol(vec![fake(b"a"), no_library(b"b")], &[1, 0]);
         all_same(&out, "nccl asked");
         assert!(
             out[0].0.starts_with("error:") && out[0].0.contains("=nccl"),
             "{out:?}"
         );
-        let mut no_id = fake(b"a");
-        no_id.id = Err("no network interface");
-        let out = protocol(vec![no_id, fake(b"b")], &[0, 1]);
+        let out = protocol(vec![no_id(b"a"), fake(b"b")], &[0, 1]);
         all_same(&out, "nccl asked, no id");
         assert!(
             out[0].0.contains("=nccl") && out[0].0.contains("no network"),

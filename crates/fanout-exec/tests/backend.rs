@@ -380,7 +380,7 @@ impl Backend for Named {
         let comm = self.group.expect("sum_over_group without a group");
         let mut flat: Vec<f32> = tensors
             .iter()
-            .flat_map(|t| t.data().iter().map(|v| v * scale_in).collect::<Vec<_>>())
+            .flat_map(|t| t.data().iter().map(move |v| v * scale_in))
             .collect();
         comm.all_reduce_sum_f32(&mut flat).unwrap();
         let mut at = 0;
