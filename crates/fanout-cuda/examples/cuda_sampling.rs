@@ -1,6 +1,7 @@
 //! Times k-hop sampling on the GPU (`CudaKHopSampler`), with the arcs in device memory and read
 //! from pinned host memory (UVA), against the CPU sampler on all cores, on the same seeds and
-//! keys (run on a GPU machine):
+//! keys; uniform, then weighted when the dataset has `weight.bin` (`fanout dataset weights`)
+//! (run on a GPU machine):
 //!
 //! `cargo run --release --features cuda -p fanout-cuda --example cuda_sampling DATASET [BATCH FANOUTS BATCHES]`
 //!
@@ -12,10 +13,11 @@
 //! they come, and the allocator is `fanout train`'s, so host buffers are reused as in training.
 
 use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaKHopSampler};
-use fanout_graph::Dataset;
+use fanout_graph::{Dataset, NoProgress};
 use fanout_rand::Rng;
 use fanout_sample::{
-    parse_fanouts, BatchKey, KHopConfig, KHopSampler, MiniBatch, RemapKind, Sampler,
+    alias::files, parse_fanouts, AliasTables, BatchKey, KHopConfig, KHopSampler, MiniBatch,
+    RemapKind, Sampler, WeightedConfig, WeightedSampler,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -102,47 +104,83 @@ fn main() {
         replace: false,
         remap: RemapKind::Auto,
     };
-    let t = Instant::now();
-    let gpu = CudaKHopSampler::new(&be, ds.clone(), cfg.clone()).expect("GPU sampler");
-    let setup = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let uva = CudaKHopSampler::with_arcs(&be, ds.clone(), cfg.clone(), ArcsAt::PinnedHost)
-        .expect("GPU sampler, arcs in pinned host memory");
-    let setup_uva = t.elapsed().as_secs_f64();
-    let cpu = KHopSampler::new(ds.clone(), cfg).expect("CPU sampler");
     println!(
         "device: {} | {} vertices, {} arcs | batch {batch}, fanouts {fanouts:?}, {count} batches | \
-         GPU sampler set-up {setup:.3} s (arcs on the device), {setup_uva:.3} s (pinned) | {} CPU threads",
+         {} CPU threads",
         dev.name(),
         ds.num_nodes(),
         ds.meta.num_edge,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    let g = timed(&gpu, &batches);
-    let u = timed(&uva, &batches);
-    let c = timed(&cpu, &batches);
-    let (same_device, edges) = same_batches(&gpu, &cpu, &batches);
-    let (same_pinned, _) = same_batches(&uva, &cpu, &batches);
+    let mut same = compare(
+        "uniform",
+        &|at| CudaKHopSampler::with_arcs(&be, ds.clone(), cfg.clone(), at),
+        &KHopSampler::new(ds.clone(), cfg.clone()).expect("CPU sampler"),
+        &batches,
+    );
+    if ds.dir.join(files::WEIGHT).exists() {
+        let tables = Arc::new(AliasTables::load_or_build(&ds, &NoProgress).expect("alias tables"));
+        let w = WeightedConfig {
+            fanouts: cfg.fanouts.clone(),
+            replace: false,
+            remap: RemapKind::Auto,
+        };
+        let cpu = WeightedSampler::new(ds.clone(), w.clone(), tables.clone()).expect("CPU sampler");
+        same &= compare(
+            "weighted",
+            &|at| CudaKHopSampler::weighted(&be, ds.clone(), w.clone(), tables.clone(), at),
+            &cpu,
+            &batches,
+        );
+    } else {
+        println!("weighted: no {} in the dataset, not timed", files::WEIGHT);
+    }
+    if !same {
+        std::process::exit(1);
+    }
+}
+
+/// Times the GPU sampler `gpu` makes (arcs on the device, then pinned) against `cpu` on
+/// `batches`, prints the figures, and says whether every GPU batch equals the CPU's.
+fn compare(
+    kind: &str,
+    gpu: &dyn Fn(ArcsAt) -> fanout_graph::Result<CudaKHopSampler>,
+    cpu: &dyn Sampler,
+    batches: &[(Vec<u32>, BatchKey)],
+) -> bool {
+    let t = Instant::now();
+    let dev = gpu(ArcsAt::Device).expect("GPU sampler");
+    let setup = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let uva = gpu(ArcsAt::PinnedHost).expect("GPU sampler, arcs in pinned host memory");
+    let setup_uva = t.elapsed().as_secs_f64();
+    let g = timed(&dev, batches);
+    let u = timed(&uva, batches);
+    let c = timed(cpu, batches);
+    let (same_device, edges) = same_batches(&dev, cpu, batches);
+    let (same_pinned, _) = same_batches(&uva, cpu, batches);
     let same = same_device && same_pinned;
+    let batch = batches.first().map_or(0, |b| b.0.len());
+    println!(
+        "{kind}: GPU sampler set-up {setup:.3} s (arcs on the device), {setup_uva:.3} s (pinned)"
+    );
     for (name, t) in [
         ("GPU, arcs on the device", g),
         ("GPU, arcs pinned on the host", u),
         ("CPU", c),
     ] {
         println!(
-            "{name}: median batch {:.2} ms | {:.0} seeds/s | {:.1} M edges/s",
+            "{kind}, {name}: median batch {:.2} ms | {:.0} seeds/s | {:.1} M edges/s",
             t * 1e3,
             batch as f64 / t,
             edges / t / 1e6
         );
     }
     println!(
-        "GPU / CPU speed: {:.1}x (arcs on the device), {:.1}x (pinned) | {edges:.0} edges per batch | \
-         GPU batches equal the CPU's: {same}",
+        "{kind}: GPU / CPU speed: {:.1}x (arcs on the device), {:.1}x (pinned) | {edges:.0} edges \
+         per batch | GPU batches equal the CPU's: {same}",
         c / g,
         c / u
     );
-    if !same {
-        std::process::exit(1);
-    }
+    same
 }

@@ -2,20 +2,26 @@
 //! order, local ids, input vertices, labels) with the arcs on the device or read from pinned
 //! host memory, with and without replacement, for fanouts that
 //! reach every branch of the CPU's Floyd sampling (rows of at most 64 arcs, at most 4096, and
-//! longer; k above and below 64) and "all"; single hops; and the same errors. Skips itself,
-//! printing why, where there is no GPU.
+//! longer; k above and below 64) and "all"; single hops; and the same errors. Weighted
+//! sampling likewise, block weights included, over rows of random, zero and concentrated
+//! weights (the exact scan after rejection gives up), and its device blocks aggregate as the
+//! host's. Skips itself, printing why, where there is no GPU.
 #![cfg(feature = "cuda")]
 
 mod common;
 use common::gpu;
-use fanout_compute::{Backend, CpuBackend, Tensor};
+use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use fanout_cuda::{ArcsAt, CudaKHopSampler};
 use fanout_graph::{
     build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
     SliceArcs,
 };
 use fanout_rand::Rng;
-use fanout_sample::{BatchKey, KHopConfig, KHopSampler, RemapKind, Sampler, FANOUT_ALL};
+use fanout_sample::alias::write_weights;
+use fanout_sample::{
+    AliasTables, BatchKey, KHopConfig, KHopSampler, MiniBatch, RemapKind, Sampler, WeightedConfig,
+    WeightedSampler, FANOUT_ALL,
+};
 use std::sync::Arc;
 
 /// Vertex 0 has 6,000 in-neighbours (past the 4,096-arc bit map), vertex 1 has 300, vertex 2
@@ -217,4 +223,147 @@ fn bad_seeds_are_the_cpu_samplers_errors_and_leave_no_trace() {
     let s = seeds(3_000, 300, 1);
     assert_eq!(gpu.sample(&s, key).unwrap(), cpu.sample(&s, key).unwrap());
     assert_eq!(gpu.sample(&[], key).unwrap(), cpu.sample(&[], key).unwrap());
+}
+
+/// Writes the graph's arc weights: every 7th vertex's row all zero (no draws), every 5th's
+/// one heavy arc among light ones (rejection gives up, the exact scan finishes), the others
+/// random with a tenth zero; returns the alias tables.
+fn weigh(ds: &Dataset) -> Arc<AliasTables> {
+    let mut r = Rng::new(9);
+    let mut w = Vec::new();
+    for v in 0..ds.num_nodes() {
+        for (j, _) in ds.topology.row(v).iter().enumerate() {
+            w.push(if v % 7 == 6 {
+                0.0
+            } else if v % 5 == 4 {
+                if j == 0 {
+                    1e6
+                } else {
+                    1e-3
+                }
+            } else if r.bernoulli(0.1) {
+                0.0
+            } else {
+                r.next_f32() + 0.01
+            });
+        }
+    }
+    write_weights(&ds.dir, &w).unwrap();
+    Arc::new(AliasTables::load_or_build(ds, &NoProgress).unwrap())
+}
+
+fn weighted_config(fanouts: &[u32], replace: bool) -> WeightedConfig {
+    WeightedConfig {
+        fanouts: fanouts.to_vec(),
+        replace,
+        remap: RemapKind::Auto,
+    }
+}
+
+fn block_refs(b: &MiniBatch) -> Vec<BlockRef<'_>> {
+    b.blocks
+        .iter()
+        .map(|b| BlockRef {
+            num_dst: b.num_dst,
+            num_src: b.num_src,
+            indptr: &b.indptr,
+            indices: &b.indices,
+            weights: b.weights.as_deref(),
+        })
+        .collect()
+}
+
+#[test]
+fn weighted_batches_are_the_cpu_samplers_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    let n = 20_000u64;
+    let ds = graph(n);
+    let tables = weigh(&ds);
+    let cases: &[&[u32]] = &[&[25, 10], &[15, 10, 5], &[100, 3], &[2, FANOUT_ALL], &[70]];
+    let mut checked = 0;
+    for (&fanouts, arcs) in cases
+        .iter()
+        .flat_map(|f| [(f, ArcsAt::Device), (f, ArcsAt::PinnedHost)])
+    {
+        for replace in [false, true] {
+            let cfg = weighted_config(fanouts, replace);
+            let what = format!("{arcs:?} fanouts {fanouts:?} replace {replace}");
+            let cpu = WeightedSampler::new(ds.clone(), cfg.clone(), tables.clone()).unwrap();
+            let gpu =
+                CudaKHopSampler::weighted(&dev, ds.clone(), cfg, tables.clone(), arcs).unwrap();
+            assert_eq!(gpu.name(), "weighted");
+            for step in 0..3u64 {
+                let key = BatchKey {
+                    seed: 12,
+                    epoch: 2,
+                    step,
+                };
+                let s = seeds(n, [3, 500, 4000][step as usize], step);
+                let want = cpu.sample(&s, key).unwrap();
+                let got = gpu.sample(&s, key).unwrap();
+                for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
+                    assert!(
+                        g.indptr == w.indptr && g.indices == w.indices,
+                        "{what} step {step} block {l}: edges differ"
+                    );
+                    assert!(
+                        g.weights.is_some() && g.weights == w.weights,
+                        "{what} step {step} block {l}: weights differ"
+                    );
+                }
+                assert_eq!(got, want, "{what} step {step}");
+                got.validate().unwrap();
+                checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
+            }
+            let frontier: Vec<u32> = vec![0, 1, 2, 4, 6, 9, 9, 19_999];
+            let key = BatchKey::default();
+            for hop in 0..fanouts.len() {
+                assert_eq!(
+                    gpu.sample_hop(&frontier, key, hop).unwrap(),
+                    cpu.sample_hop(&frontier, key, hop).unwrap(),
+                    "{what} hop {hop}"
+                );
+            }
+        }
+    }
+    eprintln!("{checked} weighted edges equal to the CPU's");
+}
+
+/// A weighted batch's device blocks, adopted by the backend, carry the weights: weighted
+/// aggregation over them is the aggregation over the host blocks uploaded.
+#[test]
+fn weighted_device_blocks_aggregate_as_the_host_blocks() {
+    let Some(dev) = gpu() else { return };
+    let n = 20_000u64;
+    let ds = graph(n);
+    let tables = weigh(&ds);
+    let gpu = CudaKHopSampler::weighted(
+        &dev,
+        ds.clone(),
+        weighted_config(&[10, 5], false),
+        tables,
+        ArcsAt::Device,
+    )
+    .unwrap();
+    let batch = gpu.sample(&seeds(n, 700, 2), BatchKey::default()).unwrap();
+    let refs = block_refs(&batch);
+    let resident = batch
+        .resident
+        .0
+        .as_deref()
+        .expect("a GPU batch's device copy");
+    let adopted = dev.adopt_blocks(resident, &refs).expect("adopted");
+    for (l, (a, r)) in adopted.iter().zip(&refs).enumerate() {
+        let uploaded = dev.prepare_block(r).unwrap();
+        let x = dev.upload(&Tensor::from_fn(r.num_src, 8, |i, c| {
+            ((i * 8 + c) % 13) as f32 - 6.0
+        }));
+        for agg in [Aggregation::Weighted, Aggregation::WeightedMean] {
+            assert_eq!(
+                dev.download(&dev.aggregate(a, &x, agg)),
+                dev.download(&dev.aggregate(&uploaded, &x, agg)),
+                "block {l} {agg:?}"
+            );
+        }
+    }
 }

@@ -9,7 +9,7 @@ use crate::run::{train, TrainOutcome};
 use crate::{ExecError, FitObserver, Result, RunEnv, SamplingPlacement, TrainConfig};
 use fanout_compute::Backend;
 use fanout_graph::{Dataset, Progress};
-use fanout_sample::{KHopConfig, Sampler, SamplerKind};
+use fanout_sample::{AliasTables, KHopConfig, Sampler, SamplerKind};
 use std::sync::Arc;
 
 /// Where a run computes, as opened by [`Compute::open`].
@@ -144,32 +144,44 @@ fn cuda_backend(device: fanout_cuda::Device) -> std::result::Result<Compute, Str
 /// The sampler this run draws its batches with on the device (see [`SamplingPlacement`]):
 /// `Ok(Some((sampler, note)))` to use instead of the host's, `Ok(None)` to sample on the host,
 /// `Err` when `device` or `uva` is asked for where it cannot be (no GPU backend, a sampler
-/// other than k-hop, a device whose free memory cannot be read, what it would copy there
+/// other than k-hop or weighted, a device whose free memory cannot be read, what it would copy there
 /// taking more than [`TOPOLOGY_SHARE`] of the device's free memory).
 pub(crate) fn device_sampler<B: Backend>(
     be: &B,
     cfg: &TrainConfig,
     ds: &Arc<Dataset>,
     fanouts: &[u32],
+    tables: Option<&Arc<AliasTables>>,
 ) -> Result<Option<(Arc<dyn Sampler>, String)>> {
     check_sampling_placement(be, cfg)?;
     let asked = cfg.sampling_placement;
-    if asked == SamplingPlacement::Host || cfg.sampler_kind() != SamplerKind::Khop {
+    let kind = cfg.sampler_kind();
+    if asked == SamplingPlacement::Host || !samples_on_gpu(kind) {
         return Ok(None);
     }
     let Some(gpu) = cuda_of(be) else {
         return Ok(None);
     };
+    // Weighted draws need the host sampler's alias tables (`SamplerSpec::build_with` hands
+    // them over); without them the host samples.
+    let tables = match (kind, tables) {
+        (SamplerKind::Weighted, None) => return Ok(None),
+        (SamplerKind::Weighted, Some(t)) => Some(t.clone()),
+        _ => None,
+    };
     let n = ds.num_nodes();
     // Always on the device: the offsets (8 bytes a vertex) and the remap words and vertex list
-    // (8 more); the arcs (4 bytes each) where the placement says.
-    let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * 4);
+    // (8 more); the arcs (4 bytes each, and 12 more for the weights and alias tables) where
+    // the placement says.
+    let per_arc = if tables.is_some() { 16 } else { 4 };
+    let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * per_arc);
     let mb = |b: u64| b as f64 / 1e6;
     let memory = TopologyMemory {
         fixed,
         arcs,
         free: be.free_memory(),
         host_available: fanout_graph::available_memory(),
+        auto_uva: tables.is_none(),
     };
     let Some(on_device) = topology_on_device(asked, memory, be.name())? else {
         return Ok(None);
@@ -179,16 +191,21 @@ pub(crate) fn device_sampler<B: Backend>(
         replace: cfg.sampler.replace,
         remap: cfg.sampler.remap,
     };
-    let sampler = new_gpu_sampler(gpu, ds, khop, on_device)?;
+    let what = if tables.is_some() {
+        "weighted k-hop"
+    } else {
+        "k-hop"
+    };
+    let sampler = new_gpu_sampler(gpu, ds, khop, tables, on_device)?;
     let note = if on_device {
         format!(
-            "sampling on the GPU (k-hop with Fused-Map remapping; topology {:.0} MB on the device)",
+            "sampling on the GPU ({what} with Fused-Map remapping; topology {:.0} MB on the device)",
             mb(fixed + arcs)
         )
     } else {
         format!(
-            "sampling on the GPU (k-hop with Fused-Map remapping; {:.0} MB on the device, the arcs' \
-             {:.0} MB read from pinned host memory)",
+            "sampling on the GPU ({what} with Fused-Map remapping; {:.0} MB on the device, the \
+             arcs' {:.0} MB read from pinned host memory)",
             mb(fixed),
             mb(arcs)
         )
@@ -211,14 +228,20 @@ struct TopologyMemory {
     free: Option<u64>,
     /// The host's available memory.
     host_available: u64,
+    /// Whether `auto` may read the arcs over the bus. On an H200 with 16 cores the uniform
+    /// sampler did so 4.7-5.3x as fast as the host's sampler, the weighted one 0.8-0.9x (each
+    /// draw reads its alias entry across the bus too, and its weight), so `auto` leaves weighted
+    /// sampling whose topology does not fit on the device to the host (docs/cuda.md).
+    auto_uva: bool,
 }
 
 /// Where [`device_sampler`] keeps the topology for placement `asked`: `Some(true)` all on the
 /// device, `Some(false)` the arcs in pinned host memory, `None` sampling on the host; `Err`
 /// when `device` or `uva` is asked for and the device's free memory is unknown or what they
 /// copy there would take more than [`TOPOLOGY_SHARE`] of it. `auto` takes the device when
-/// everything fits in a quarter of its free memory, else pinned arcs when the rest fits in a
-/// quarter of it and the arcs in a quarter of the host's available memory, else the host.
+/// everything fits in a quarter of its free memory, else pinned arcs (where
+/// `TopologyMemory::auto_uva` allows) when the rest fits in a quarter of it and the arcs in a
+/// quarter of the host's available memory, else the host.
 fn topology_on_device(
     asked: SamplingPlacement,
     m: TopologyMemory,
@@ -244,10 +267,14 @@ fn topology_on_device(
     Ok(Some(match asked {
         SamplingPlacement::Host => return Ok(None),
         SamplingPlacement::Auto if fixed + arcs <= free / 4 => true,
-        // Arcs that do not fit are read from pinned host memory: on an H200 with 16 cores that
-        // sampled 1.4-2.4x as fast as the host's sampler (docs/cuda.md). Pinned memory cannot
-        // be paged out, so auto takes at most a quarter of what the host has available.
-        SamplingPlacement::Auto if fixed <= free / 4 && arcs <= m.host_available / 4 => false,
+        // Arcs that do not fit are read from pinned host memory where that pays
+        // (`auto_uva`). Pinned memory cannot be paged out, so auto takes at most a quarter of
+        // what the host has available.
+        SamplingPlacement::Auto
+            if m.auto_uva && fixed <= free / 4 && arcs <= m.host_available / 4 =>
+        {
+            false
+        }
         SamplingPlacement::Auto => return Ok(None),
         SamplingPlacement::Device if fixed + arcs > room => {
             return bad(format!(
@@ -275,8 +302,13 @@ fn topology_on_device(
     }))
 }
 
+/// Whether the GPU has a sampler of this kind: k-hop, uniform or weighted.
+fn samples_on_gpu(kind: SamplerKind) -> bool {
+    matches!(kind, SamplerKind::Khop | SamplerKind::Weighted)
+}
+
 /// Refuses `--sampling-placement device` or `uva` where it cannot be: a backend other than
-/// the CUDA one, or a sampler other than k-hop.
+/// the CUDA one, or a sampler the GPU does not have (random walks, layer-wise).
 pub(crate) fn check_sampling_placement<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     let p = cfg.sampling_placement;
     if !matches!(p, SamplingPlacement::Device | SamplingPlacement::Uva) {
@@ -290,10 +322,10 @@ pub(crate) fn check_sampling_placement<B: Backend>(be: &B, cfg: &TrainConfig) ->
         )));
     }
     let kind = cfg.sampler_kind();
-    if kind != SamplerKind::Khop {
+    if !samples_on_gpu(kind) {
         return Err(ExecError::Invalid(format!(
-            "--sampling-placement {} samples k-hop only; the {} sampler runs on the host \
-             (--sampling-placement host)",
+            "--sampling-placement {} samples k-hop and weighted only; the {} sampler runs on \
+             the host (--sampling-placement host)",
             p.name(),
             kind.name()
         )));
@@ -315,30 +347,44 @@ fn cuda_of<B: Backend>(be: &B) -> Option<&Gpu> {
     }
 }
 
-/// The GPU sampler, with the arcs on the device or (`on_device` false) in pinned host memory.
+/// The GPU sampler (weighted with `tables`, else uniform), with the arcs on the device or
+/// (`on_device` false) in pinned host memory.
 #[cfg(feature = "cuda")]
 fn new_gpu_sampler(
     gpu: &Gpu,
     ds: &Arc<Dataset>,
     cfg: KHopConfig,
+    tables: Option<Arc<AliasTables>>,
     on_device: bool,
 ) -> Result<Arc<dyn Sampler>> {
     use fanout_cuda::{ArcsAt, CudaKHopSampler};
+    use fanout_sample::WeightedConfig;
     let at = if on_device {
         ArcsAt::Device
     } else {
         ArcsAt::PinnedHost
     };
-    Ok(Arc::new(CudaKHopSampler::with_arcs(
-        gpu,
-        ds.clone(),
-        cfg,
-        at,
-    )?))
+    Ok(Arc::new(match tables {
+        None => CudaKHopSampler::with_arcs(gpu, ds.clone(), cfg, at)?,
+        Some(t) => {
+            let cfg = WeightedConfig {
+                fanouts: cfg.fanouts,
+                replace: cfg.replace,
+                remap: cfg.remap,
+            };
+            CudaKHopSampler::weighted(gpu, ds.clone(), cfg, t, at)?
+        }
+    }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: KHopConfig, _: bool) -> Result<Arc<dyn Sampler>> {
+fn new_gpu_sampler(
+    _: &Gpu,
+    _: &Arc<Dataset>,
+    _: KHopConfig,
+    _: Option<Arc<AliasTables>>,
+    _: bool,
+) -> Result<Arc<dyn Sampler>> {
     unreachable!("cuda_of finds no GPU backend in a build without CUDA")
 }
 
@@ -375,6 +421,7 @@ mod tests {
             arcs,
             free,
             host_available: 256 * gb,
+            auto_uva: true,
         };
         let at = |asked, mem| topology_on_device(asked, mem, "cuda").map_err(|e| e.to_string());
         // 100 GB free: 10 GB all fits in auto's quarter.
@@ -388,6 +435,15 @@ mod tests {
             at(Device, m(2 * gb, 48 * gb, Some(100 * gb))),
             Ok(Some(true))
         );
+        // Weighted sampling (no uva for auto): auto samples on the host, uva is still taken
+        // when asked for, and what fits goes to the device.
+        let weighted = |fixed, arcs| TopologyMemory {
+            auto_uva: false,
+            ..m(fixed, arcs, Some(100 * gb))
+        };
+        assert_eq!(at(Auto, weighted(2 * gb, 48 * gb)), Ok(None));
+        assert_eq!(at(Uva, weighted(2 * gb, 48 * gb)), Ok(Some(false)));
+        assert_eq!(at(Auto, weighted(2 * gb, 8 * gb)), Ok(Some(true)));
         // Arcs beyond a quarter of the host's memory: auto samples on the host.
         assert_eq!(at(Auto, m(2 * gb, 80 * gb, Some(40 * gb))), Ok(None));
         // 90 of 100 GB: device is refused (it would leave 10% for training), uva is not.

@@ -797,13 +797,14 @@ fn train_worker_on<B: Backend>(
     if let Some(note) = &built.note {
         obs.note(note);
     }
-    let sampler = match crate::device::device_sampler(&be, &cfg, &ds, &fanouts)? {
-        Some((on_device, note)) => {
-            obs.note(&note);
-            on_device
-        }
-        None => built.sampler,
-    };
+    let sampler =
+        match crate::device::device_sampler(&be, &cfg, &ds, &fanouts, built.tables.as_ref())? {
+            Some((on_device, note)) => {
+                obs.note(&note);
+                on_device
+            }
+            None => built.sampler,
+        };
 
     let model_cfg = ModelConfig {
         hidden: cfg.hidden.unwrap_or(1),

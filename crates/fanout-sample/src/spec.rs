@@ -81,6 +81,9 @@ pub struct BuiltSampler {
     pub sampler: Arc<dyn Sampler>,
     /// A line about how it was set up (e.g. whether alias tables were loaded or built).
     pub note: Option<String>,
+    /// The alias tables a weighted sampler draws with (for another sampler of the same
+    /// draws, such as a GPU one); `None` for the other kinds.
+    pub tables: Option<Arc<AliasTables>>,
 }
 
 impl SamplerSpec {
@@ -131,6 +134,7 @@ impl SamplerSpec {
         self.validate()?;
         let (remap, residency) = (self.remap, self.residency);
         let mut note = None;
+        let mut alias = None;
         let sampler: Arc<dyn Sampler> = match self.kind_or(default_kind) {
             SamplerKind::Khop => {
                 let cfg = KHopConfig {
@@ -141,17 +145,15 @@ impl SamplerSpec {
                 Arc::new(KHopSampler::new(ds.clone(), cfg)?.with_residency(residency))
             }
             SamplerKind::Weighted => {
-                let tables = AliasTables::load_or_build(ds, progress)?;
+                let tables = Arc::new(AliasTables::load_or_build(ds, progress)?);
                 note = Some(format!("alias tables: {}", tables.origin));
+                alias = Some(tables.clone());
                 let cfg = WeightedConfig {
                     fanouts,
                     replace: self.replace,
                     remap,
                 };
-                Arc::new(
-                    WeightedSampler::new(ds.clone(), cfg, Arc::new(tables))?
-                        .with_residency(residency),
-                )
+                Arc::new(WeightedSampler::new(ds.clone(), cfg, tables)?.with_residency(residency))
             }
             SamplerKind::Randomwalk => {
                 let cfg = RandomWalkConfig {
@@ -171,7 +173,11 @@ impl SamplerSpec {
                 Arc::new(LayerwiseSampler::new(ds.clone(), cfg)?.with_residency(residency))
             }
         };
-        Ok(BuiltSampler { sampler, note })
+        Ok(BuiltSampler {
+            sampler,
+            note,
+            tables: alias,
+        })
     }
 }
 

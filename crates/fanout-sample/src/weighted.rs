@@ -65,6 +65,12 @@ impl WeightedSampler {
 }
 
 impl WeightedSampler {
+    /// The random stream of hop `hop` of the batch `key` (each vertex's draws are seeded from
+    /// it and the vertex id): for other implementations that must draw the same arcs.
+    pub fn hop_base(key: &BatchKey, hop: usize) -> u64 {
+        hop_stream(key, tag::WEIGHTED, hop)
+    }
+
     /// Reads rows as `r` says ([`Residency::Auto`] by default): a resident huge-page copy of
     /// the topology, or the memory-mapped files.
     pub fn with_residency(mut self, r: Residency) -> Self {
@@ -82,7 +88,7 @@ impl Sampler for WeightedSampler {
                     frontier,
                     k: self.cfg.fanouts[h],
                     replace: self.cfg.replace,
-                    base: hop_stream(&key, tag::WEIGHTED, h),
+                    base: Self::hop_base(&key, h),
                     t: &self.tables,
                 })
             })
@@ -105,7 +111,7 @@ impl Sampler for WeightedSampler {
             frontier,
             k: self.cfg.fanouts[hop],
             replace: self.cfg.replace,
-            base: hop_stream(&key, tag::WEIGHTED, hop),
+            base: Self::hop_base(&key, hop),
             t: &self.tables,
         }))
     }

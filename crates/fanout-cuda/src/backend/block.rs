@@ -3,9 +3,9 @@
 
 use super::kernels::launch;
 use super::{device_failed, CudaBackend};
-use crate::sample::DeviceBlocks;
+use crate::sample::{DeviceBlock, DeviceBlocks};
 use crate::sort::{DeviceSort, Failure};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr};
 #[cfg(doc)]
 use fanout_compute::SourceMajor;
 use fanout_compute::{BlockDims, BlockRef};
@@ -82,10 +82,18 @@ impl CudaBackend {
         // Exactly the shapes the sampler recorded for these blocks (a copy moved onto
         // another batch of other shapes is not adopted), and buffers that hold them.
         let fits = |b: &BlockRef<'_>, &(d, s, e): &(usize, usize, usize)| {
-            b.weights.is_none() && (b.num_dst, b.num_src, b.indices.len()) == (d, s, e)
+            (b.num_dst, b.num_src, b.indices.len()) == (d, s, e)
         };
-        let holds = |b: &BlockRef<'_>, (p, i): &(CudaSlice<u32>, CudaSlice<u32>)| {
-            p.len() > b.num_dst && i.len() >= b.indices.len()
+        // Weighted blocks have their weights there too, and unweighted ones none.
+        let holds = |b: &BlockRef<'_>, d: &DeviceBlock| {
+            let e = b.indices.len();
+            d.offs.len() > b.num_dst
+                && d.ids.len() >= e
+                && match (&b.weights, &d.weights) {
+                    (None, None) => true,
+                    (Some(_), Some(w)) => w.len() >= e,
+                    _ => false,
+                }
         };
         if dev.device != self.index()
             || dev.blocks.len() != blocks.len()
@@ -95,18 +103,18 @@ impl CudaBackend {
         {
             return None;
         }
-        let copy = |s: &CudaSlice<u32>, len: usize| {
-            self.stream()
+        fn copy<T: DeviceRepr>(be: &CudaBackend, s: &CudaSlice<T>, len: usize) -> CudaSlice<T> {
+            be.stream()
                 .clone_dtod(&s.slice(0..len.max(1)))
                 .unwrap_or_else(|e| device_failed("cuMemcpyDtoD (sampled block)", e))
-        };
-        let adopted = blocks.iter().zip(&dev.blocks).map(|(b, (p, i))| {
+        }
+        let adopted = blocks.iter().zip(&dev.blocks).map(|(b, d)| {
             let dims = b.dims();
             self.block_from(
                 dims,
-                copy(p, dims.num_dst + 1),
-                copy(i, dims.num_edges),
-                None,
+                copy(self, &d.offs, dims.num_dst + 1),
+                copy(self, &d.ids, dims.num_edges),
+                d.weights.as_ref().map(|w| copy(self, w, dims.num_edges)),
             )
         });
         Some(adopted.collect())

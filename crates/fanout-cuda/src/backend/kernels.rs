@@ -75,6 +75,8 @@ const NAMES: &[&str] = &[
     // sample.cu
     "khop_counts",
     "khop_sample",
+    "weighted_pick",
+    "weighted_place",
     "remap_seeds",
     "remap_mark",
     "remap_assign",

@@ -1,25 +1,28 @@
-//! GPU sampling (feature `cuda`): [`CudaKHopSampler`], uniform k-hop sampling on one GPU with
-//! the topology in device memory and FastGL's Fused-Map id remapping fused into the sampling
-//! kernel (`sample.cu`).
+//! GPU sampling (feature `cuda`): [`CudaKHopSampler`], uniform or weighted k-hop sampling on
+//! one GPU with the topology in device memory and FastGL's Fused-Map id remapping fused into
+//! the sampling kernel (`sample.cu`).
 //!
-//! Each hop is four kernels and two prefix sums: count each frontier vertex's edges, prefix-sum
-//! them into the block's offsets, draw every vertex's neighbours (one thread per vertex) while
-//! lowering each neighbour's remap word to its first edge position, mark the first occurrences,
-//! prefix-sum them into new local ids, then assign and look up. The host reads back the
-//! duplicate-seed flag, then per hop two sizes (edges, new vertices) and the block, and at the
-//! end the input vertices. The arcs may instead sit in pinned host memory ([`ArcsAt`]).
+//! Each uniform hop is four kernels and two prefix sums: count each frontier vertex's edges,
+//! prefix-sum them into the block's offsets, draw every vertex's neighbours (one thread per
+//! vertex) while lowering each neighbour's remap word to its first edge position, mark the
+//! first occurrences, prefix-sum them into new local ids, then assign and look up. A weighted
+//! hop draws into room for the most each vertex can yield, then prefix-sums what each yielded
+//! and moves the draws into place (lowering the remap words there): one more kernel, prefix sum
+//! and size read back ([`draws`]). The host reads back the duplicate-seed flag, then per hop
+//! the sizes and the block, and at the end the input vertices. The arcs (and alias tables) may
+//! instead sit in pinned host memory ([`ArcsAt`]).
 
 use crate::backend::kernels::{grid, kernels_for, Kernels};
 use crate::cuda::mapped_pinned;
 use crate::sort::DeviceSort;
 use crate::CudaBackend;
-use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use draws::{Draws, HopEdges, Readable};
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
 use fanout_sample::{
-    BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Resident, Sampler, FANOUT_ALL,
+    AliasTables, BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Resident, Sampler,
+    WeightedConfig, WeightedSampler,
 };
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
@@ -27,27 +30,31 @@ use std::sync::{Arc, Mutex};
 /// Tag bit of a remap word that holds an edge position (`sample.cu`'s `FIRST`).
 const FIRST: usize = 1 << 31;
 
-/// Uniform k-hop sampling on a GPU: the [`KHopSampler`] of `fanout-sample`, run on the device.
+/// K-hop sampling on a GPU: the [`KHopSampler`] (uniform, [`CudaKHopSampler::with_arcs`]) or
+/// the [`WeightedSampler`] ([`CudaKHopSampler::weighted`]) of `fanout-sample`, run on the
+/// device.
 ///
 /// Guarantees: for the same dataset, configuration, seeds and key, [`Sampler::sample`] returns
-/// exactly the mini-batch the CPU's `KHopSampler` returns (the same draws, in the same order,
-/// the same local ids in order of first occurrence), and the same errors for seeds out of range
-/// or repeated. A device failure is returned as an error naming the CUDA call. Batches are
+/// exactly the mini-batch the CPU's sampler returns (the same draws, in the same order, the
+/// same local ids in order of first occurrence, the same block weights), and the same errors
+/// for seeds out of range or repeated. A device failure is returned as an error naming the CUDA call. Batches are
 /// sampled one at a time on the sampler's own stream (concurrent callers wait for each other),
 /// so sampling overlaps the training stream's work.
 pub struct CudaKHopSampler {
     ds: Arc<Dataset>,
     cfg: KHopConfig,
+    draws: Draws,
     device: u32,
     stream: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     indptr: CudaSlice<u64>,
-    indices: Arcs,
+    indices: Readable<u32>,
     work: Mutex<Work>,
 }
 
-/// Where a [`CudaKHopSampler`] keeps the graph's arcs (4 bytes each; the offsets, 8 bytes per
-/// vertex, are always on the device).
+/// Where a [`CudaKHopSampler`] keeps the graph's arcs (4 bytes each) and, weighted, their
+/// weights and alias tables (12 bytes more); the offsets, 8 bytes per vertex, are always on
+/// the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArcsAt {
     /// In device memory: the fastest reads.
@@ -55,16 +62,6 @@ pub enum ArcsAt {
     /// In page-locked host memory that the kernels read over the bus (UVA, zero-copy): for
     /// graphs whose arcs do not fit on the device. Each sampled arc is one read across the bus.
     PinnedHost,
-}
-
-/// The arcs as the kernels read them.
-enum Arcs {
-    Device(CudaSlice<u32>),
-    /// The pinned buffer (kept alive here) and its device address.
-    Pinned {
-        _buf: PinnedHostSlice<u32>,
-        addr: u64,
-    },
 }
 
 impl Drop for CudaKHopSampler {
@@ -86,8 +83,8 @@ struct Work {
 }
 
 /// The blocks of a batch as the sampler left them on its device, in model order: each block's
-/// offsets and local source ids (buffers of at least `num_dst + 1` and `max(edges, 1)`
-/// elements), for the compute backend on that device to adopt instead of uploading the host
+/// offsets, local source ids and (weighted) edge weights (buffers of at least `num_dst + 1`,
+/// `max(edges, 1)` and `max(edges, 1)` elements), for the compute backend on that device to adopt instead of uploading the host
 /// copy (`CudaBackend::adopt_blocks`); and the batch's input vertices (global ids, the host
 /// batch's `input_nodes`), for gathering their feature rows without uploading the ids
 /// (`CudaBackend::gather_input_rows`).
@@ -96,11 +93,18 @@ pub(crate) struct DeviceBlocks {
     pub(crate) device: u32,
     /// Each block's destinations, sources and edges, in model order.
     pub(crate) dims: Vec<(usize, usize, usize)>,
-    pub(crate) blocks: Vec<(CudaSlice<u32>, CudaSlice<u32>)>,
+    pub(crate) blocks: Vec<DeviceBlock>,
     /// The input vertices (at least `num_inputs` elements).
     pub(crate) inputs: CudaSlice<u32>,
     /// How many input vertices the batch has.
     pub(crate) num_inputs: usize,
+}
+
+/// One block of [`DeviceBlocks`].
+pub(crate) struct DeviceBlock {
+    pub(crate) offs: CudaSlice<u32>,
+    pub(crate) ids: CudaSlice<u32>,
+    pub(crate) weights: Option<CudaSlice<f32>>,
 }
 
 /// Collects the topology as the device layout: `u64` offsets and `u32` ids, the ids into
@@ -139,6 +143,9 @@ macro_rules! launch {
     }};
 }
 
+// After the macro, which it uses.
+mod draws;
+
 impl CudaKHopSampler {
     /// A sampler over `ds` on `gpu`'s device (on a stream of its own) with the arcs on the
     /// device: [`CudaKHopSampler::with_arcs`] with [`ArcsAt::Device`].
@@ -160,6 +167,37 @@ impl CudaKHopSampler {
     ) -> Result<Self> {
         // The CPU sampler's checks (layout, id width, fanouts), so both refuse the same things.
         KHopSampler::new(ds.clone(), cfg.clone())?;
+        Self::build(gpu, ds, cfg, arcs, None)
+    }
+
+    /// A weighted sampler over `ds` with its alias `tables` (from
+    /// [`AliasTables::load_or_build`]) on `gpu`'s device, the arcs, weights and tables where
+    /// `arcs` says: the batches of the CPU's [`WeightedSampler`]. Errors: those of
+    /// [`CudaKHopSampler::with_arcs`], and the tables and configuration the CPU sampler refuses.
+    pub fn weighted(
+        gpu: &CudaBackend,
+        ds: Arc<Dataset>,
+        cfg: WeightedConfig,
+        tables: Arc<AliasTables>,
+        arcs: ArcsAt,
+    ) -> Result<Self> {
+        WeightedSampler::new(ds.clone(), cfg.clone(), tables.clone())?;
+        let cfg = KHopConfig {
+            fanouts: cfg.fanouts,
+            replace: cfg.replace,
+            remap: cfg.remap,
+        };
+        Self::build(gpu, ds, cfg, arcs, Some(&tables))
+    }
+
+    /// The sampler, after the CPU sampler's checks: weighted with `tables`, else uniform.
+    fn build(
+        gpu: &CudaBackend,
+        ds: Arc<Dataset>,
+        cfg: KHopConfig,
+        arcs: ArcsAt,
+        tables: Option<&AliasTables>,
+    ) -> Result<Self> {
         let n = ds.num_nodes() as usize;
         if n >= FIRST {
             return Err(Error::Invalid(format!(
@@ -180,7 +218,7 @@ impl CudaKHopSampler {
                     p = ds.topology.visit(Topology { into: Some(dst) }).0;
                 })
                 .map_err(|(call, e)| fail(call, &e))?;
-                (p, Arcs::Pinned { _buf: buf, addr })
+                (p, Readable::Pinned { _buf: buf, addr })
             }
             ArcsAt::Device => {
                 let (p, i) = ds.topology.visit(Topology { into: None });
@@ -190,7 +228,21 @@ impl CudaKHopSampler {
                     stream.clone_htod(&i)
                 }
                 .map_err(|e| fail("cuMemcpyHtoD (arcs)", &e))?;
-                (p, Arcs::Device(arcs))
+                (p, Readable::Device(arcs))
+            }
+        };
+        let draws = match tables {
+            None => Draws::Uniform,
+            Some(t) => {
+                let copy = |what: &str, e: (&str, _)| fail(&format!("{} ({what})", e.0), &e.1);
+                Draws::Weighted {
+                    weights: Readable::copy_of(ctx, &stream, arcs, &t.weights)
+                        .map_err(|e| copy("weights", e))?,
+                    prob: Readable::copy_of(ctx, &stream, arcs, &t.prob)
+                        .map_err(|e| copy("alias probabilities", e))?,
+                    idx: Readable::copy_of(ctx, &stream, arcs, &t.idx)
+                        .map_err(|e| copy("aliases", e))?,
+                }
             }
         };
         if let Some(v) = p.windows(2).position(|w| w[1] - w[0] > u32::MAX as u64) {
@@ -216,6 +268,7 @@ impl CudaKHopSampler {
         Ok(CudaKHopSampler {
             ds,
             cfg,
+            draws,
             device: gpu.index(),
             stream,
             kernels,
@@ -225,7 +278,7 @@ impl CudaKHopSampler {
         })
     }
 
-    /// The configuration.
+    /// The configuration (of either kind: a weighted one's fields are these).
     pub fn config(&self) -> &KHopConfig {
         &self.cfg
     }
@@ -250,7 +303,12 @@ impl CudaKHopSampler {
     }
 
     /// Elements `from..to` of `dev`, on the host (waits for the stream).
-    fn download(&self, dev: &CudaSlice<u32>, from: usize, to: usize) -> Result<Vec<u32>> {
+    fn download<T: DeviceRepr>(
+        &self,
+        dev: &CudaSlice<T>,
+        from: usize,
+        to: usize,
+    ) -> Result<Vec<T>> {
         if from == to {
             return Ok(Vec::new());
         }
@@ -267,74 +325,6 @@ impl CudaKHopSampler {
         };
         sort.exclusive_scan(input, n)
             .map_err(|(call, e)| self.failed(call, e))
-    }
-
-    /// Draws hop `hop` for the `n` vertices of `frontier` (device ids): the block's offsets
-    /// (`n + 1`), its sampled global ids, and their count. With `map`, each sampled id's remap
-    /// word is lowered to its first edge position.
-    fn draw_hop(
-        &self,
-        frontier: &CudaSlice<u32>,
-        n: usize,
-        key: &BatchKey,
-        hop: usize,
-        map: Option<&mut CudaSlice<u32>>,
-    ) -> Result<(CudaSlice<u32>, CudaSlice<u32>, usize)> {
-        let k = self.cfg.fanouts[hop];
-        let replace = u32::from(self.cfg.replace && k != FANOUT_ALL);
-        let base = KHopSampler::hop_base(key, hop);
-        let n64 = n as i64;
-        let mut counts = self.alloc::<u32>(n)?;
-        launch!(
-            self,
-            "khop_counts",
-            grid(n),
-            [frontier, &n64, &self.indptr, &k, &replace, &mut counts]
-        )?;
-        // The offsets are u32 sums: when n x k could reach 2^31 (k = all, or a huge
-        // frontier), the counts are summed on the host first so that a total past the
-        // remapper's 2^31 is refused rather than wrapped.
-        if k == FANOUT_ALL || n as u64 * k as u64 >= FIRST as u64 {
-            let total: u64 = self
-                .download(&counts, 0, n)?
-                .iter()
-                .map(|&c| c as u64)
-                .sum();
-            if total >= FIRST as u64 {
-                return Err(Error::Invalid(format!(
-                    "a mini-batch of more than 2^31 edges (hop {hop}: {total} edges)"
-                )));
-            }
-        }
-        let offs = self.exclusive_scan(&counts, n)?;
-        let m = self.download(&offs, n, n + 1)?[0] as usize;
-        let mut ids = self.alloc::<u32>(m)?;
-        let map_addr = match map {
-            Some(m) => m.device_ptr(&self.stream).0,
-            None => 0u64,
-        };
-        let arcs_addr = match &self.indices {
-            Arcs::Device(d) => d.device_ptr(&self.stream).0,
-            Arcs::Pinned { addr, .. } => *addr,
-        };
-        launch!(
-            self,
-            "khop_sample",
-            grid(n),
-            [
-                frontier,
-                &n64,
-                &self.indptr,
-                &arcs_addr,
-                &k,
-                &replace,
-                &base,
-                &offs,
-                &mut ids,
-                &map_addr
-            ]
-        )?;
-        Ok((offs, ids, m))
     }
 
     fn sample_with(&self, w: &mut Work, seeds: &[u32], key: BatchKey) -> Result<MiniBatch> {
@@ -369,8 +359,12 @@ impl CudaKHopSampler {
         let mut on_device = Vec::with_capacity(self.cfg.fanouts.len());
         for hop in 0..self.cfg.fanouts.len() {
             let num_dst = total;
-            let (offs, mut ids, m) =
-                self.draw_hop(&w.nodes, num_dst, &key, hop, Some(&mut w.map))?;
+            let HopEdges {
+                offs,
+                mut ids,
+                weights,
+                m,
+            } = self.draw_hop(&w.nodes, num_dst, &key, hop, Some(&mut w.map))?;
             if m >= FIRST || total + m >= FIRST {
                 return Err(Error::Invalid(format!(
                     "a mini-batch of more than 2^31 edges or vertices (hop {hop}: {m} edges)"
@@ -400,9 +394,12 @@ impl CudaKHopSampler {
                 num_src: total,
                 indptr: self.download(&offs, 0, num_dst + 1)?,
                 indices: self.download(&ids, 0, m)?,
-                weights: None,
+                weights: match &weights {
+                    Some(wt) => Some(self.download(wt, 0, m)?),
+                    None => None,
+                },
             });
-            on_device.push((offs, ids));
+            on_device.push(DeviceBlock { offs, ids, weights });
         }
         blocks.reverse();
         on_device.reverse();
@@ -477,7 +474,10 @@ impl Sampler for CudaKHopSampler {
         &self.ds
     }
     fn name(&self) -> &'static str {
-        "khop"
+        match self.draws {
+            Draws::Uniform => "khop",
+            Draws::Weighted { .. } => "weighted",
+        }
     }
     fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
         check_seeds(frontier, self.ds.num_nodes())?;
@@ -489,11 +489,14 @@ impl Sampler for CudaKHopSampler {
         }
         let _w = self.work.lock().unwrap_or_else(|p| p.into_inner());
         let f = self.upload(frontier)?;
-        let (offs, ids, m) = self.draw_hop(&f, frontier.len(), &key, hop, None)?;
+        let h = self.draw_hop(&f, frontier.len(), &key, hop, None)?;
         Ok(HopSample {
-            indptr: self.download(&offs, 0, frontier.len() + 1)?,
-            ids: self.download(&ids, 0, m)?,
-            weights: None,
+            indptr: self.download(&h.offs, 0, frontier.len() + 1)?,
+            ids: self.download(&h.ids, 0, h.m)?,
+            weights: match &h.weights {
+                Some(wt) => Some(self.download(wt, 0, h.m)?),
+                None => None,
+            },
         })
     }
 }

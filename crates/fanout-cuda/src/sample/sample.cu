@@ -1,4 +1,5 @@
-// fanout's GPU sampling kernels: uniform k-hop sampling with FastGL's Fused-Map remapping.
+// fanout's GPU sampling kernels: uniform and weighted k-hop sampling with FastGL's Fused-Map
+// remapping.
 // Compiled after kernels.cu in the same NVRTC program (its typedefs and GRID_STRIDE are used).
 //
 // The draws are the CPU sampler's (crates/fanout-sample/src/khop.rs) bit for bit: vertex v's
@@ -110,6 +111,110 @@ extern "C" __global__ void khop_sample(const u32* frontier, i64 n, const u64* in
     }
     if (map)
       for (u32 j = 0; j < c; j++) atomicMin(&map[out[j]], FIRST | (o + j));
+  }
+}
+
+// ----- weighted k-hop (crates/fanout-sample/src/weighted.rs, draw for draw) -----
+
+#define NO_ARC 0xFFFFFFFFu
+
+// Rng::next_f32: the top 24 of the next 32 bits, scaled into [0, 1) (exact).
+__device__ __forceinline__ float next_f32(Xoshiro* r) {
+  u32 x = (u32)(next_u64(r) >> 32);
+  return __uint2float_rn(x >> 8) * (1.0f / 16777216.0f);
+}
+
+// Rng::next_f64: the top 53 bits, scaled into [0, 1) (exact).
+__device__ __forceinline__ double next_f64(Xoshiro* r) {
+  return __dmul_rn(__ull2double_rn(next_u64(r) >> 11), 1.0 / 9007199254740992.0);
+}
+
+// One alias draw from a row of d arcs: position i kept with probability prob[i], else its alias.
+__device__ __forceinline__ u32 alias_draw(Xoshiro* r, u64 d, const float* prob, const u32* idx) {
+  u32 i = (u32)below(r, d);
+  return next_f32(r) < prob[i] ? i : idx[i];
+}
+
+__device__ __forceinline__ bool chosen(const u32* out, u32 c, u32 j) {
+  for (u32 y = 0; y < c; y++)
+    if (out[y] == j) return true;
+  return false;
+}
+
+// One thread per frontier vertex: picks its arcs as the CPU's WeightedSampler does and writes
+// their row positions, in pick order, at pos[pad[i]..] (room for khop_counts' bound) and their
+// number at counts[i]. Without replacement: alias draws that reject repeats, then, after
+// 8k + 64 draws, exact successive sampling over the arcs left (its own stream, f64 sums in row
+// order, as the CPU's).
+extern "C" __global__ void weighted_pick(const u32* frontier, i64 n, const u64* indptr,
+                                         const float* w, const float* prob, const u32* idx, u32 k,
+                                         u32 replace, u64 base, const u32* pad, u32* pos,
+                                         u32* counts) {
+  GRID_STRIDE(i, n) {
+    u32 v = frontier[i];
+    u64 a = indptr[v];
+    u64 d = indptr[v + 1] - a;
+    const float* wr = w + a;
+    u32* out = pos + pad[i];
+    u32 c = 0;
+    if (d == 0 || idx[a] == NO_ARC) {
+      // No arcs, or none of positive weight.
+    } else if (k == FANOUT_ALL || (!replace && d <= (u64)k)) {
+      for (u64 j = 0; j < d; j++)
+        if (wr[j] > 0.0f) out[c++] = (u32)j;
+    } else {
+      Xoshiro rng = vertex_rng(base, v);
+      if (replace) {
+        for (; c < k; c++) out[c] = alias_draw(&rng, d, prob + a, idx + a);
+      } else {
+        u64 attempts = 0, most = 8 * (u64)k + 64;
+        while (c < k && attempts < most) {
+          attempts++;
+          u32 j = alias_draw(&rng, d, prob + a, idx + a);
+          if (!chosen(out, c, j)) out[c++] = j;
+        }
+        Xoshiro rest = vertex_rng(base ^ 0x5EEDull, v);
+        while (c < k) {
+          double total = 0.0;
+          for (u64 j = 0; j < d; j++)
+            if (wr[j] > 0.0f && !chosen(out, c, (u32)j)) total = __dadd_rn(total, (double)wr[j]);
+          if (total <= 0.0) break;
+          double r = __dmul_rn(next_f64(&rest), total);
+          u32 pick = NO_ARC;
+          for (u64 j = 0; j < d; j++) {
+            if (!(wr[j] > 0.0f) || chosen(out, c, (u32)j)) continue;
+            pick = (u32)j;
+            r = __dsub_rn(r, (double)wr[j]);
+            if (r < 0.0) break;
+          }
+          if (pick == NO_ARC) break;
+          out[c++] = pick;
+        }
+      }
+    }
+    counts[i] = c;
+  }
+}
+
+// One thread per frontier vertex: moves its picks (row positions at pos[pad[i]..]) into the
+// block as global ids at ids[offs[i]..offs[i+1]] with their stored weights at wout, and
+// lowers each id's remap word to its edge position when map is not null (as khop_sample).
+extern "C" __global__ void weighted_place(const u32* frontier, i64 n, const u64* indptr,
+                                          const u32* indices, const float* w, const u32* pad,
+                                          const u32* pos, const u32* offs, u32* ids, float* wout,
+                                          u32* map) {
+  GRID_STRIDE(i, n) {
+    u64 a = indptr[frontier[i]];
+    const u32* p = pos + pad[i];
+    u32 o = offs[i];
+    u32 c = offs[i + 1] - o;
+    for (u32 j = 0; j < c; j++) {
+      u64 e = a + p[j];
+      u32 u = indices[e];
+      ids[o + j] = u;
+      wout[o + j] = w[e];
+      if (map) atomicMin(&map[u], FIRST | (o + j));
+    }
   }
 }
 
