@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU samplers' checks (docs/cuda.md, "GPU sampling"), run on the GPU machine from the
-# repository root (GUIDE §5): the sampler tests; the sampling bench, uniform and weighted, on
-# the products preset with random arc weights; and a training pair per GPU sampler kind, the
-# batches drawn on the GPU and on the host (the losses must agree). Build here first and carry
+# repository root (GUIDE §5): the sampler tests; the sampling bench, uniform, weighted and
+# random walks, on the products preset with random arc weights; and training runs per GPU
+# sampler kind, the batches drawn on the GPU (arcs on the device, then pinned) and on the host
+# (the losses must agree). Build here first and carry
 # GPU_DIR (default .gpu) with:
 #
 #   cargo build --release --features cuda
@@ -39,7 +40,11 @@ run() { # name, args...
 run sage-w-sdev --model sage --fanouts 10,25 --sampler weighted --sampling-placement device
 run sage-w-suva --model sage --fanouts 10,25 --sampler weighted --sampling-placement uva
 run sage-w-shost --model sage --fanouts 10,25 --sampler weighted --sampling-placement host
+run pinsage-sdev --model pinsage --fanouts 5,5,5 --sampling-placement device
+run pinsage-suva --model pinsage --fanouts 5,5,5 --sampling-placement uva
+run pinsage-shost --model pinsage --fanouts 5,5,5 --sampling-placement host
 step "compare losses"
-python3 "$(dirname "$0")/metrics_table.py" $M sage-w-shost:sage-w-sdev sage-w-shost:sage-w-suva
+python3 "$(dirname "$0")/metrics_table.py" $M sage-w-shost:sage-w-sdev sage-w-shost:sage-w-suva \
+  pinsage-shost:pinsage-sdev pinsage-shost:pinsage-suva
 tar czf $R/sampling-metrics.tgz -C /tmp ms
 step done

@@ -150,12 +150,12 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub feature_placement: Option<PlacementArg>,
     /// Where batches are sampled (with --device cuda): device copies the topology to the GPU
-    /// once and draws each batch there (k-hop and weighted only; the same batches as the host
-    /// sampler, bit for bit); uva does the same with the arcs read from pinned host memory
+    /// once and draws each batch there (khop, weighted and randomwalk; the same batches as the
+    /// host sampler, bit for bit); uva does the same with the arcs read from pinned host memory
     /// (graphs whose arcs do not fit on the GPU); host samples on the CPU threads; auto picks
-    /// device on a GPU for k-hop and weighted sampling when the topology takes at most a
-    /// quarter of its free memory, else (k-hop only) uva when the arcs take at most a quarter
-    /// of the host's available memory; device and uva may take at most three quarters of the
+    /// device on a GPU for those samplers when the topology takes at most a quarter of its
+    /// free memory, else (not weighted) uva when the arcs take at most a quarter of the host's
+    /// available memory; device and uva may take at most three quarters of the
     /// GPU's free memory [default: auto].
     #[arg(long, value_enum)]
     pub sampling_placement: Option<SamplingArg>,

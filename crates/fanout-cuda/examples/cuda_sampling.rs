@@ -1,7 +1,8 @@
-//! Times k-hop sampling on the GPU (`CudaKHopSampler`), with the arcs in device memory and read
+//! Times k-hop sampling on the GPU (`CudaSampler`), with the arcs in device memory and read
 //! from pinned host memory (UVA), against the CPU sampler on all cores, on the same seeds and
-//! keys; uniform, then weighted when the dataset has `weight.bin` (`fanout dataset weights`)
-//! (run on a GPU machine):
+//! keys; uniform, then weighted when the dataset has `weight.bin` (`fanout dataset weights`),
+//! then PinSAGE random walks (GNNLab's setting: top 5 of 4 walks of length 3 per layer, 3
+//! layers, whatever FANOUTS says) (run on a GPU machine):
 //!
 //! `cargo run --release --features cuda -p fanout-cuda --example cuda_sampling DATASET [BATCH FANOUTS BATCHES]`
 //!
@@ -12,12 +13,12 @@
 //! batch equals the CPU's (checked in a second, untimed pass). Timed batches are dropped as
 //! they come, and the allocator is `fanout train`'s, so host buffers are reused as in training.
 
-use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaKHopSampler};
+use fanout_cuda::{ArcsAt, CudaBackend, CudaDevice, CudaSampler};
 use fanout_graph::{Dataset, NoProgress};
 use fanout_rand::Rng;
 use fanout_sample::{
     alias::files, parse_fanouts, AliasTables, BatchKey, KHopConfig, KHopSampler, MiniBatch,
-    RemapKind, Sampler, WeightedConfig, WeightedSampler,
+    RandomWalkConfig, RandomWalkSampler, RemapKind, Sampler, WeightedConfig, WeightedSampler,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -114,7 +115,7 @@ fn main() {
     );
     let mut same = compare(
         "uniform",
-        &|at| CudaKHopSampler::with_arcs(&be, ds.clone(), cfg.clone(), at),
+        &|at| CudaSampler::with_arcs(&be, ds.clone(), cfg.clone(), at),
         &KHopSampler::new(ds.clone(), cfg.clone()).expect("CPU sampler"),
         &batches,
     );
@@ -128,13 +129,21 @@ fn main() {
         let cpu = WeightedSampler::new(ds.clone(), w.clone(), tables.clone()).expect("CPU sampler");
         same &= compare(
             "weighted",
-            &|at| CudaKHopSampler::weighted(&be, ds.clone(), w.clone(), tables.clone(), at),
+            &|at| CudaSampler::weighted(&be, ds.clone(), w.clone(), tables.clone(), at),
             &cpu,
             &batches,
         );
     } else {
         println!("weighted: no {} in the dataset, not timed", files::WEIGHT);
     }
+    let walks = RandomWalkConfig::default();
+    let cpu = RandomWalkSampler::new(ds.clone(), walks.clone()).expect("CPU sampler");
+    same &= compare(
+        "random walks",
+        &|at| CudaSampler::random_walk(&be, ds.clone(), walks.clone(), at),
+        &cpu,
+        &batches,
+    );
     if !same {
         std::process::exit(1);
     }
@@ -144,7 +153,7 @@ fn main() {
 /// `batches`, prints the figures, and says whether every GPU batch equals the CPU's.
 fn compare(
     kind: &str,
-    gpu: &dyn Fn(ArcsAt) -> fanout_graph::Result<CudaKHopSampler>,
+    gpu: &dyn Fn(ArcsAt) -> fanout_graph::Result<CudaSampler>,
     cpu: &dyn Sampler,
     batches: &[(Vec<u32>, BatchKey)],
 ) -> bool {

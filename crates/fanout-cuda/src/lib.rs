@@ -16,8 +16,8 @@
 //! driver API of [`cudarc`](https://docs.rs/cudarc), loaded at run time with `dlopen`, so
 //! building needs no CUDA toolkit), pinned host buffers, streams, and `CudaBackend`: the
 //! compute `Backend` on that GPU (cuBLAS products, CUDA C kernels compiled at run time by
-//! NVRTC), and `CudaKHopSampler`: uniform k-hop sampling on the GPU with Fused-Map remapping,
-//! the CPU sampler's batches bit for bit.
+//! NVRTC), and `CudaSampler`: k-hop (uniform, weighted) and PinSAGE random-walk sampling on
+//! the GPU with Fused-Map remapping, the CPU samplers' batches bit for bit.
 
 mod device;
 mod error;
@@ -41,7 +41,7 @@ pub use backend::{nccl_present, nccl_unique_id, CudaBackend, CudaBlock, CudaTens
 #[cfg(feature = "cuda")]
 pub use cuda::{cuda_device_count, driver_present, CudaDevice, PinnedBuffer, Stream};
 #[cfg(feature = "cuda")]
-pub use sample::{ArcsAt, CudaKHopSampler};
+pub use sample::{ArcsAt, CudaSampler};
 
 /// Whether this build has the CUDA backend (the `cuda` cargo feature). When `false`, [`open`]
 /// of a CUDA spec always returns [`Error::NotBuilt`].

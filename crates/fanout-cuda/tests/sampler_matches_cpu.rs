@@ -1,17 +1,18 @@
-//! GPU k-hop sampling against the CPU sampler: the same mini-batches bit for bit (draws, their
+//! GPU sampling against the CPU samplers: the same mini-batches bit for bit (draws, their
 //! order, local ids, input vertices, labels) with the arcs on the device or read from pinned
 //! host memory, with and without replacement, for fanouts that
 //! reach every branch of the CPU's Floyd sampling (rows of at most 64 arcs, at most 4096, and
 //! longer; k above and below 64) and "all"; single hops; and the same errors. Weighted
 //! sampling likewise, block weights included, over rows of random, zero and concentrated
 //! weights (the exact scan after rejection gives up), and its device blocks aggregate as the
-//! host's. Skips itself, printing why, where there is no GPU.
+//! host's; and PinSAGE random walks, visit counts and their order included. Skips itself,
+//! printing why, where there is no GPU.
 #![cfg(feature = "cuda")]
 
 mod common;
 use common::gpu;
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
-use fanout_cuda::{ArcsAt, CudaKHopSampler};
+use fanout_cuda::{ArcsAt, CudaSampler};
 use fanout_graph::{
     build_topology, files, BuildOptions, Dataset, DatasetWriter, Layout, Meta, NoProgress,
     SliceArcs,
@@ -19,8 +20,8 @@ use fanout_graph::{
 use fanout_rand::Rng;
 use fanout_sample::alias::write_weights;
 use fanout_sample::{
-    AliasTables, BatchKey, KHopConfig, KHopSampler, MiniBatch, RemapKind, Sampler, WeightedConfig,
-    WeightedSampler, FANOUT_ALL,
+    AliasTables, BatchKey, KHopConfig, KHopSampler, MiniBatch, RandomWalkConfig, RandomWalkSampler,
+    RemapKind, Sampler, WeightedConfig, WeightedSampler, FANOUT_ALL,
 };
 use std::sync::Arc;
 
@@ -88,7 +89,7 @@ fn batches_are_the_cpu_samplers_bit_for_bit() {
         for replace in [false, true] {
             let cfg = config(fanouts, replace);
             let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
-            let gpu = CudaKHopSampler::with_arcs(&dev, ds.clone(), cfg, arcs).unwrap();
+            let gpu = CudaSampler::with_arcs(&dev, ds.clone(), cfg, arcs).unwrap();
             for step in 0..3u64 {
                 let key = BatchKey {
                     seed: 11,
@@ -136,8 +137,8 @@ fn input_rows_gathered_with_the_samplers_device_ids() {
     let Some(dev) = gpu() else { return };
     let n = 20_000u64;
     let ds = graph(n);
-    let gpu = CudaKHopSampler::with_arcs(&dev, ds.clone(), config(&[10, 5], false), ArcsAt::Device)
-        .unwrap();
+    let gpu =
+        CudaSampler::with_arcs(&dev, ds.clone(), config(&[10, 5], false), ArcsAt::Device).unwrap();
     let key = BatchKey {
         seed: 3,
         epoch: 0,
@@ -186,7 +187,7 @@ fn single_hops_are_the_cpu_samplers() {
     for replace in [false, true] {
         let cfg = config(&[30, 4], replace);
         let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
-        let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+        let gpu = CudaSampler::new(&dev, ds.clone(), cfg).unwrap();
         let key = BatchKey {
             seed: 3,
             epoch: 0,
@@ -211,7 +212,7 @@ fn bad_seeds_are_the_cpu_samplers_errors_and_leave_no_trace() {
     let ds = graph(3_000);
     let cfg = config(&[10, 10], false);
     let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
-    let gpu = CudaKHopSampler::new(&dev, ds.clone(), cfg).unwrap();
+    let gpu = CudaSampler::new(&dev, ds.clone(), cfg).unwrap();
     let key = BatchKey::default();
     // More seeds than vertices: a repeat the GPU must refuse before writing its vertex list.
     for bad in [vec![4, 8, 4, 9], vec![1, 3_000], vec![7; 3_001]] {
@@ -289,8 +290,7 @@ fn weighted_batches_are_the_cpu_samplers_bit_for_bit() {
             let cfg = weighted_config(fanouts, replace);
             let what = format!("{arcs:?} fanouts {fanouts:?} replace {replace}");
             let cpu = WeightedSampler::new(ds.clone(), cfg.clone(), tables.clone()).unwrap();
-            let gpu =
-                CudaKHopSampler::weighted(&dev, ds.clone(), cfg, tables.clone(), arcs).unwrap();
+            let gpu = CudaSampler::weighted(&dev, ds.clone(), cfg, tables.clone(), arcs).unwrap();
             assert_eq!(gpu.name(), "weighted");
             for step in 0..3u64 {
                 let key = BatchKey {
@@ -337,7 +337,7 @@ fn weighted_device_blocks_aggregate_as_the_host_blocks() {
     let n = 20_000u64;
     let ds = graph(n);
     let tables = weigh(&ds);
-    let gpu = CudaKHopSampler::weighted(
+    let gpu = CudaSampler::weighted(
         &dev,
         ds.clone(),
         weighted_config(&[10, 5], false),
@@ -366,4 +366,63 @@ fn weighted_device_blocks_aggregate_as_the_host_blocks() {
             );
         }
     }
+}
+
+/// Random walks: GNNLab's PinSAGE setting, long walks that rarely stop with every visited
+/// vertex kept, walks that never stop and walks that always stop after one step; on both
+/// placements of the arcs. Single hops are refused as the CPU refuses them.
+#[test]
+fn random_walk_batches_are_the_cpu_samplers_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    let n = 20_000u64;
+    let ds = graph(n);
+    let walk = |top_k: &[u32], walks, length, stop_prob| RandomWalkConfig {
+        top_k: top_k.to_vec(),
+        walks,
+        length,
+        stop_prob,
+        remap: RemapKind::Auto,
+    };
+    let cases = [
+        RandomWalkConfig::default(),
+        walk(&[3, FANOUT_ALL], 10, 6, 0.1),
+        walk(&[8], 5, 4, 0.0),
+        walk(&[2, 2], 3, 5, 1.0),
+    ];
+    let mut checked = 0;
+    for (cfg, arcs) in cases
+        .iter()
+        .flat_map(|c| [(c, ArcsAt::Device), (c, ArcsAt::PinnedHost)])
+    {
+        let what = format!("{arcs:?} {cfg:?}");
+        let cpu = RandomWalkSampler::new(ds.clone(), cfg.clone()).unwrap();
+        let gpu = CudaSampler::random_walk(&dev, ds.clone(), cfg.clone(), arcs).unwrap();
+        assert_eq!(gpu.name(), "randomwalk");
+        for step in 0..3u64 {
+            let key = BatchKey {
+                seed: 13,
+                epoch: 1,
+                step,
+            };
+            let s = seeds(n, [3, 400, 3000][step as usize], step);
+            let want = cpu.sample(&s, key).unwrap();
+            let got = gpu.sample(&s, key).unwrap();
+            for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
+                assert!(
+                    g.indptr == w.indptr && g.indices == w.indices,
+                    "{what} step {step} block {l}: edges differ"
+                );
+                assert_eq!(g.weights, w.weights, "{what} step {step} block {l}");
+            }
+            assert_eq!(got, want, "{what} step {step}");
+            got.validate().unwrap();
+            checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
+        }
+        let key = BatchKey::default();
+        assert_eq!(
+            gpu.sample_hop(&[1, 2], key, 0).unwrap_err().to_string(),
+            cpu.sample_hop(&[1, 2], key, 0).unwrap_err().to_string()
+        );
+    }
+    eprintln!("{checked} random-walk edges equal to the CPU's");
 }

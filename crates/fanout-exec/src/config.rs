@@ -183,17 +183,19 @@ impl FeaturePlacement {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SamplingPlacement {
-    /// On a GPU with k-hop or weighted sampling: `device` when the topology (8 bytes per
-    /// vertex twice and 4 per arc, 16 weighted) takes at most a quarter of the device's free
-    /// memory, else (uniform k-hop only) `uva` when the per-vertex part does and the arcs take
-    /// at most a quarter of the host's available memory; `host` otherwise, and on the CPU.
+    /// On a GPU with k-hop (uniform or weighted) or random-walk sampling: `device` when the
+    /// topology (8 bytes per vertex twice and 4 per arc, 16 weighted) takes at most a quarter
+    /// of the device's free memory, else (not weighted) `uva` when the per-vertex part does
+    /// and the arcs take at most a quarter of the host's available memory; `host` otherwise,
+    /// and on the CPU.
     #[default]
     Auto,
     /// The sampler's threads on the host.
     Host,
-    /// The GPU (k-hop and weighted sampling only): the topology (and alias tables) is copied
-    /// there once and each batch is drawn there, with FastGL's Fused-Map remapping, giving the host sampler's batches bit
-    /// for bit. Needs a GPU backend.
+    /// The GPU (k-hop, weighted and random-walk sampling; not layer-wise): the topology (and
+    /// alias tables) is copied there once and each batch is drawn there, with FastGL's
+    /// Fused-Map remapping, giving the host sampler's batches bit for bit. Needs a GPU
+    /// backend.
     Device,
     /// The GPU, as `device`, with the arcs in pinned host memory that the kernels read over
     /// the bus (UVA, zero-copy): for graphs whose arcs do not fit on the GPU. The same batches.

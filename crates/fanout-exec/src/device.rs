@@ -9,7 +9,9 @@ use crate::run::{train, TrainOutcome};
 use crate::{ExecError, FitObserver, Result, RunEnv, SamplingPlacement, TrainConfig};
 use fanout_compute::Backend;
 use fanout_graph::{Dataset, Progress};
-use fanout_sample::{AliasTables, KHopConfig, Sampler, SamplerKind};
+use fanout_sample::{
+    AliasTables, KHopConfig, RandomWalkConfig, Sampler, SamplerKind, WeightedConfig,
+};
 use std::sync::Arc;
 
 /// Where a run computes, as opened by [`Compute::open`].
@@ -162,18 +164,44 @@ pub(crate) fn device_sampler<B: Backend>(
     let Some(gpu) = cuda_of(be) else {
         return Ok(None);
     };
-    // Weighted draws need the host sampler's alias tables (`SamplerSpec::build_with` hands
-    // them over); without them the host samples.
-    let tables = match (kind, tables) {
-        (SamplerKind::Weighted, None) => return Ok(None),
-        (SamplerKind::Weighted, Some(t)) => Some(t.clone()),
-        _ => None,
+    let (fanouts, spec) = (fanouts.to_vec(), &cfg.sampler);
+    let (replace, remap) = (spec.replace, spec.remap);
+    let draws = match kind {
+        // Weighted draws need the host sampler's alias tables (`SamplerSpec::build_with`
+        // hands them over); without them the host samples.
+        SamplerKind::Weighted => match tables {
+            None => return Ok(None),
+            Some(t) => GpuDraws::Weighted(
+                WeightedConfig {
+                    fanouts,
+                    replace,
+                    remap,
+                },
+                t.clone(),
+            ),
+        },
+        SamplerKind::Randomwalk => GpuDraws::Walks(RandomWalkConfig {
+            top_k: fanouts,
+            walks: spec.walks,
+            length: spec.walk_length,
+            stop_prob: spec.stop_prob,
+            remap,
+        }),
+        _ => GpuDraws::Uniform(KHopConfig {
+            fanouts,
+            replace,
+            remap,
+        }),
     };
     let n = ds.num_nodes();
     // Always on the device: the offsets (8 bytes a vertex) and the remap words and vertex list
     // (8 more); the arcs (4 bytes each, and 12 more for the weights and alias tables) where
     // the placement says.
-    let per_arc = if tables.is_some() { 16 } else { 4 };
+    let per_arc = if matches!(draws, GpuDraws::Weighted(..)) {
+        16
+    } else {
+        4
+    };
     let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * per_arc);
     let mb = |b: u64| b as f64 / 1e6;
     let memory = TopologyMemory {
@@ -181,22 +209,17 @@ pub(crate) fn device_sampler<B: Backend>(
         arcs,
         free: be.free_memory(),
         host_available: fanout_graph::available_memory(),
-        auto_uva: tables.is_none(),
+        auto_uva: !matches!(draws, GpuDraws::Weighted(..)),
     };
     let Some(on_device) = topology_on_device(asked, memory, be.name())? else {
         return Ok(None);
     };
-    let khop = KHopConfig {
-        fanouts: fanouts.to_vec(),
-        replace: cfg.sampler.replace,
-        remap: cfg.sampler.remap,
+    let what = match draws {
+        GpuDraws::Uniform(_) => "k-hop",
+        GpuDraws::Weighted(..) => "weighted k-hop",
+        GpuDraws::Walks(_) => "PinSAGE random walks",
     };
-    let what = if tables.is_some() {
-        "weighted k-hop"
-    } else {
-        "k-hop"
-    };
-    let sampler = new_gpu_sampler(gpu, ds, khop, tables, on_device)?;
+    let sampler = new_gpu_sampler(gpu, ds, draws, on_device)?;
     let note = if on_device {
         format!(
             "sampling on the GPU ({what} with Fused-Map remapping; topology {:.0} MB on the device)",
@@ -228,10 +251,11 @@ struct TopologyMemory {
     free: Option<u64>,
     /// The host's available memory.
     host_available: u64,
-    /// Whether `auto` may read the arcs over the bus. On an H200 with 16 cores the uniform
-    /// sampler did so 4.7-5.3x as fast as the host's sampler, the weighted one 0.8-0.9x (each
-    /// draw reads its alias entry across the bus too, and its weight), so `auto` leaves weighted
-    /// sampling whose topology does not fit on the device to the host (docs/cuda.md).
+    /// Whether `auto` may read the arcs over the bus. On an H200 with 16 cores, sampling so
+    /// was 4.0-6.1x as fast as the host's sampler for uniform draws and 6.7-8.4x for random
+    /// walks, but 0.9-1.0x for weighted draws (each waits for its alias entry to come back
+    /// across the bus), so `auto` leaves weighted sampling whose topology does not fit on the
+    /// device to the host (docs/cuda.md).
     auto_uva: bool,
 }
 
@@ -302,13 +326,24 @@ fn topology_on_device(
     }))
 }
 
-/// Whether the GPU has a sampler of this kind: k-hop, uniform or weighted.
+/// Whether the GPU has a sampler of this kind: k-hop (uniform or weighted) or random walks.
 fn samples_on_gpu(kind: SamplerKind) -> bool {
-    matches!(kind, SamplerKind::Khop | SamplerKind::Weighted)
+    matches!(
+        kind,
+        SamplerKind::Khop | SamplerKind::Weighted | SamplerKind::Randomwalk
+    )
+}
+
+/// What a GPU sampler draws. (A build without CUDA never builds one, so never reads them.)
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum GpuDraws {
+    Uniform(KHopConfig),
+    Weighted(WeightedConfig, Arc<AliasTables>),
+    Walks(RandomWalkConfig),
 }
 
 /// Refuses `--sampling-placement device` or `uva` where it cannot be: a backend other than
-/// the CUDA one, or a sampler the GPU does not have (random walks, layer-wise).
+/// the CUDA one, or a sampler the GPU does not have (layer-wise).
 pub(crate) fn check_sampling_placement<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     let p = cfg.sampling_placement;
     if !matches!(p, SamplingPlacement::Device | SamplingPlacement::Uva) {
@@ -324,8 +359,8 @@ pub(crate) fn check_sampling_placement<B: Backend>(be: &B, cfg: &TrainConfig) ->
     let kind = cfg.sampler_kind();
     if !samples_on_gpu(kind) {
         return Err(ExecError::Invalid(format!(
-            "--sampling-placement {} samples k-hop and weighted only; the {} sampler runs on \
-             the host (--sampling-placement host)",
+            "--sampling-placement {} samples k-hop, weighted and random walks only; the {} \
+             sampler runs on the host (--sampling-placement host)",
             p.name(),
             kind.name()
         )));
@@ -347,44 +382,31 @@ fn cuda_of<B: Backend>(be: &B) -> Option<&Gpu> {
     }
 }
 
-/// The GPU sampler (weighted with `tables`, else uniform), with the arcs on the device or
-/// (`on_device` false) in pinned host memory.
+/// The GPU sampler of `draws`, with the arcs on the device or (`on_device` false) in pinned
+/// host memory.
 #[cfg(feature = "cuda")]
 fn new_gpu_sampler(
     gpu: &Gpu,
     ds: &Arc<Dataset>,
-    cfg: KHopConfig,
-    tables: Option<Arc<AliasTables>>,
+    draws: GpuDraws,
     on_device: bool,
 ) -> Result<Arc<dyn Sampler>> {
-    use fanout_cuda::{ArcsAt, CudaKHopSampler};
-    use fanout_sample::WeightedConfig;
+    use fanout_cuda::{ArcsAt, CudaSampler};
     let at = if on_device {
         ArcsAt::Device
     } else {
         ArcsAt::PinnedHost
     };
-    Ok(Arc::new(match tables {
-        None => CudaKHopSampler::with_arcs(gpu, ds.clone(), cfg, at)?,
-        Some(t) => {
-            let cfg = WeightedConfig {
-                fanouts: cfg.fanouts,
-                replace: cfg.replace,
-                remap: cfg.remap,
-            };
-            CudaKHopSampler::weighted(gpu, ds.clone(), cfg, t, at)?
-        }
+    let ds = ds.clone();
+    Ok(Arc::new(match draws {
+        GpuDraws::Uniform(cfg) => CudaSampler::with_arcs(gpu, ds, cfg, at)?,
+        GpuDraws::Weighted(cfg, t) => CudaSampler::weighted(gpu, ds, cfg, t, at)?,
+        GpuDraws::Walks(cfg) => CudaSampler::random_walk(gpu, ds, cfg, at)?,
     }))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn new_gpu_sampler(
-    _: &Gpu,
-    _: &Arc<Dataset>,
-    _: KHopConfig,
-    _: Option<Arc<AliasTables>>,
-    _: bool,
-) -> Result<Arc<dyn Sampler>> {
+fn new_gpu_sampler(_: &Gpu, _: &Arc<Dataset>, _: GpuDraws, _: bool) -> Result<Arc<dyn Sampler>> {
     unreachable!("cuda_of finds no GPU backend in a build without CUDA")
 }
 

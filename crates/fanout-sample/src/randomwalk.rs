@@ -82,6 +82,12 @@ impl RandomWalkSampler {
 }
 
 impl RandomWalkSampler {
+    /// The random stream of hop `hop` of the batch `key` (each vertex's walks are seeded from
+    /// it and the vertex id): for other implementations that must walk the same steps.
+    pub fn hop_base(key: &BatchKey, hop: usize) -> u64 {
+        hop_stream(key, tag::WALK, hop)
+    }
+
     /// Reads rows as `r` says ([`Residency::Auto`] by default): a resident huge-page copy of
     /// the topology, or the memory-mapped files.
     pub fn with_residency(mut self, r: Residency) -> Self {
@@ -99,7 +105,7 @@ impl Sampler for RandomWalkSampler {
                     frontier,
                     k: self.cfg.top_k[h] as usize,
                     cfg: &self.cfg,
-                    base: hop_stream(&key, tag::WALK, h),
+                    base: Self::hop_base(&key, h),
                 })
             })
     }

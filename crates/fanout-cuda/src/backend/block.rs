@@ -53,7 +53,7 @@ impl CudaBackend {
         self.block_from(b.dims(), indptr, indices, weights)
     }
 
-    /// The input vertices a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device
+    /// The input vertices a [`CudaSampler`](crate::CudaSampler) left on this device
     /// for a batch (`resident`) whose host input vertices are `idx`: `None` when `resident`
     /// is not such a copy, is on another device or holds another number of ids. As for the
     /// blocks, the contents are not compared.
@@ -67,7 +67,7 @@ impl CudaBackend {
             .then_some(&dev.inputs)
     }
 
-    /// The blocks a [`CudaKHopSampler`](crate::CudaKHopSampler) left on this device for a
+    /// The blocks a [`CudaSampler`](crate::CudaSampler) left on this device for a
     /// batch (`resident`), copied on the device instead of uploaded from `blocks` (the same
     /// blocks on the host, made by the sampler with them); `None` when `resident` is not such
     /// a copy, is on another device, or does not have exactly `blocks`' destination, source

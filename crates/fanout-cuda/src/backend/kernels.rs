@@ -77,6 +77,8 @@ const NAMES: &[&str] = &[
     "khop_sample",
     "weighted_pick",
     "weighted_place",
+    "walk_pick",
+    "walk_place",
     "remap_seeds",
     "remap_mark",
     "remap_assign",

@@ -1,4 +1,4 @@
-//! GPU sampling (feature `cuda`): [`CudaKHopSampler`], uniform or weighted k-hop sampling on
+//! GPU sampling (feature `cuda`): [`CudaSampler`], uniform or weighted k-hop sampling on
 //! one GPU with the topology in device memory and FastGL's Fused-Map id remapping fused into
 //! the sampling kernel (`sample.cu`).
 //!
@@ -17,12 +17,12 @@ use crate::cuda::mapped_pinned;
 use crate::sort::DeviceSort;
 use crate::CudaBackend;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use draws::{Draws, HopEdges, Readable};
+use draws::{Draws, HopEdges, Kind, Readable};
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
 use fanout_sample::{
-    AliasTables, BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, Resident, Sampler,
-    WeightedConfig, WeightedSampler,
+    AliasTables, BatchKey, Block, HopSample, KHopConfig, KHopSampler, MiniBatch, RandomWalkConfig,
+    RandomWalkSampler, Resident, Sampler, WeightedConfig, WeightedSampler,
 };
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex};
 /// Tag bit of a remap word that holds an edge position (`sample.cu`'s `FIRST`).
 const FIRST: usize = 1 << 31;
 
-/// K-hop sampling on a GPU: the [`KHopSampler`] (uniform, [`CudaKHopSampler::with_arcs`]) or
-/// the [`WeightedSampler`] ([`CudaKHopSampler::weighted`]) of `fanout-sample`, run on the
+/// K-hop sampling on a GPU: the [`KHopSampler`] (uniform, [`CudaSampler::with_arcs`]) or
+/// the [`WeightedSampler`] ([`CudaSampler::weighted`]) of `fanout-sample`, run on the
 /// device.
 ///
 /// Guarantees: for the same dataset, configuration, seeds and key, [`Sampler::sample`] returns
@@ -40,9 +40,10 @@ const FIRST: usize = 1 << 31;
 /// for seeds out of range or repeated. A device failure is returned as an error naming the CUDA call. Batches are
 /// sampled one at a time on the sampler's own stream (concurrent callers wait for each other),
 /// so sampling overlaps the training stream's work.
-pub struct CudaKHopSampler {
+pub struct CudaSampler {
     ds: Arc<Dataset>,
-    cfg: KHopConfig,
+    /// Per hop from the seeds: neighbours per vertex (k-hop) or top-k (random walks).
+    fanouts: Vec<u32>,
     draws: Draws,
     device: u32,
     stream: Arc<CudaStream>,
@@ -52,7 +53,7 @@ pub struct CudaKHopSampler {
     work: Mutex<Work>,
 }
 
-/// Where a [`CudaKHopSampler`] keeps the graph's arcs (4 bytes each) and, weighted, their
+/// Where a [`CudaSampler`] keeps the graph's arcs (4 bytes each) and, weighted, their
 /// weights and alias tables (12 bytes more); the offsets, 8 bytes per vertex, are always on
 /// the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub enum ArcsAt {
     PinnedHost,
 }
 
-impl Drop for CudaKHopSampler {
+impl Drop for CudaSampler {
     /// Waits for the sampler's queued work: a batch stopped by an error may leave a kernel
     /// reading the pinned arcs by address, which cudarc's event tracking does not see.
     fn drop(&mut self) {
@@ -146,9 +147,9 @@ macro_rules! launch {
 // After the macro, which it uses.
 mod draws;
 
-impl CudaKHopSampler {
+impl CudaSampler {
     /// A sampler over `ds` on `gpu`'s device (on a stream of its own) with the arcs on the
-    /// device: [`CudaKHopSampler::with_arcs`] with [`ArcsAt::Device`].
+    /// device: [`CudaSampler::with_arcs`] with [`ArcsAt::Device`].
     pub fn new(gpu: &CudaBackend, ds: Arc<Dataset>, cfg: KHopConfig) -> Result<Self> {
         Self::with_arcs(gpu, ds, cfg, ArcsAt::Device)
     }
@@ -167,13 +168,14 @@ impl CudaKHopSampler {
     ) -> Result<Self> {
         // The CPU sampler's checks (layout, id width, fanouts), so both refuse the same things.
         KHopSampler::new(ds.clone(), cfg.clone())?;
-        Self::build(gpu, ds, cfg, arcs, None)
+        let replace = cfg.replace;
+        Self::build(gpu, ds, cfg.fanouts, arcs, Kind::Uniform { replace })
     }
 
     /// A weighted sampler over `ds` with its alias `tables` (from
     /// [`AliasTables::load_or_build`]) on `gpu`'s device, the arcs, weights and tables where
     /// `arcs` says: the batches of the CPU's [`WeightedSampler`]. Errors: those of
-    /// [`CudaKHopSampler::with_arcs`], and the tables and configuration the CPU sampler refuses.
+    /// [`CudaSampler::with_arcs`], and the tables and configuration the CPU sampler refuses.
     pub fn weighted(
         gpu: &CudaBackend,
         ds: Arc<Dataset>,
@@ -182,21 +184,40 @@ impl CudaKHopSampler {
         arcs: ArcsAt,
     ) -> Result<Self> {
         WeightedSampler::new(ds.clone(), cfg.clone(), tables.clone())?;
-        let cfg = KHopConfig {
-            fanouts: cfg.fanouts,
+        let kind = Kind::Weighted {
             replace: cfg.replace,
-            remap: cfg.remap,
+            tables: &tables,
         };
-        Self::build(gpu, ds, cfg, arcs, Some(&tables))
+        Self::build(gpu, ds, cfg.fanouts, arcs, kind)
     }
 
-    /// The sampler, after the CPU sampler's checks: weighted with `tables`, else uniform.
+    /// A PinSAGE random-walk sampler over `ds` on `gpu`'s device, the arcs where `arcs` says:
+    /// the batches of the CPU's [`RandomWalkSampler`] (each vertex's walks, their visit
+    /// counts as block weights, the top-k by count). Besides the topology, each hop takes
+    /// `walks x length` pairs of 4-byte words per frontier vertex while it runs. Errors: those
+    /// of [`CudaSampler::with_arcs`] and the configuration the CPU sampler refuses.
+    pub fn random_walk(
+        gpu: &CudaBackend,
+        ds: Arc<Dataset>,
+        cfg: RandomWalkConfig,
+        arcs: ArcsAt,
+    ) -> Result<Self> {
+        RandomWalkSampler::new(ds.clone(), cfg.clone())?;
+        let kind = Kind::Walks {
+            walks: cfg.walks,
+            length: cfg.length,
+            stop_prob: cfg.stop_prob,
+        };
+        Self::build(gpu, ds, cfg.top_k, arcs, kind)
+    }
+
+    /// The sampler of `kind`, after the CPU sampler's checks.
     fn build(
         gpu: &CudaBackend,
         ds: Arc<Dataset>,
-        cfg: KHopConfig,
+        fanouts: Vec<u32>,
         arcs: ArcsAt,
-        tables: Option<&AliasTables>,
+        kind: Kind<'_>,
     ) -> Result<Self> {
         let n = ds.num_nodes() as usize;
         if n >= FIRST {
@@ -231,20 +252,7 @@ impl CudaKHopSampler {
                 (p, Readable::Device(arcs))
             }
         };
-        let draws = match tables {
-            None => Draws::Uniform,
-            Some(t) => {
-                let copy = |what: &str, e: (&str, _)| fail(&format!("{} ({what})", e.0), &e.1);
-                Draws::Weighted {
-                    weights: Readable::copy_of(ctx, &stream, arcs, &t.weights)
-                        .map_err(|e| copy("weights", e))?,
-                    prob: Readable::copy_of(ctx, &stream, arcs, &t.prob)
-                        .map_err(|e| copy("alias probabilities", e))?,
-                    idx: Readable::copy_of(ctx, &stream, arcs, &t.idx)
-                        .map_err(|e| copy("aliases", e))?,
-                }
-            }
-        };
+        let draws = Draws::of(kind, ctx, &stream, arcs).map_err(|(call, e)| fail(&call, &e))?;
         if let Some(v) = p.windows(2).position(|w| w[1] - w[0] > u32::MAX as u64) {
             return Err(Error::Invalid(format!(
                 "GPU sampling takes rows of fewer than 2^32 arcs; vertex {v} has {}",
@@ -265,9 +273,9 @@ impl CudaKHopSampler {
             dup: stream.alloc_zeros(1).map_err(|e| fail("cuMemAlloc", &e))?,
             dirty: true,
         };
-        Ok(CudaKHopSampler {
+        Ok(CudaSampler {
             ds,
-            cfg,
+            fanouts,
             draws,
             device: gpu.index(),
             stream,
@@ -276,11 +284,6 @@ impl CudaKHopSampler {
             indices,
             work: Mutex::new(work),
         })
-    }
-
-    /// The configuration (of either kind: a weighted one's fields are these).
-    pub fn config(&self) -> &KHopConfig {
-        &self.cfg
     }
 
     fn failed(&self, call: &str, e: impl Display) -> Error {
@@ -355,9 +358,9 @@ impl CudaKHopSampler {
             return Err(duplicate_seed(seeds));
         }
         let mut total = b;
-        let mut blocks = Vec::with_capacity(self.cfg.fanouts.len());
-        let mut on_device = Vec::with_capacity(self.cfg.fanouts.len());
-        for hop in 0..self.cfg.fanouts.len() {
+        let mut blocks = Vec::with_capacity(self.fanouts.len());
+        let mut on_device = Vec::with_capacity(self.fanouts.len());
+        for hop in 0..self.fanouts.len() {
             let num_dst = total;
             let HopEdges {
                 offs,
@@ -461,30 +464,39 @@ fn gpu_error(device: u32, call: &str, e: &dyn Display) -> Error {
     ))
 }
 
-impl Sampler for CudaKHopSampler {
+impl Sampler for CudaSampler {
     fn sample(&self, seeds: &[u32], key: BatchKey) -> Result<MiniBatch> {
         check_seeds(seeds, self.ds.num_nodes())?;
         let mut w = self.work.lock().unwrap_or_else(|p| p.into_inner());
         self.sample_with(&mut w, seeds, key)
     }
     fn num_layers(&self) -> usize {
-        self.cfg.fanouts.len()
+        self.fanouts.len()
     }
     fn dataset(&self) -> &Arc<Dataset> {
         &self.ds
     }
     fn name(&self) -> &'static str {
         match self.draws {
-            Draws::Uniform => "khop",
+            Draws::Uniform { .. } => "khop",
             Draws::Weighted { .. } => "weighted",
+            Draws::Walks { .. } => "randomwalk",
         }
     }
     fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
+        if matches!(self.draws, Draws::Walks { .. }) {
+            // The CPU's refusal (the Sampler default), word for word.
+            return Err(Error::Invalid(format!(
+                "the {} sampler draws a hop for the whole frontier at once, so it cannot be \
+                 split across workers; use the khop or weighted sampler",
+                self.name()
+            )));
+        }
         check_seeds(frontier, self.ds.num_nodes())?;
-        if hop >= self.cfg.fanouts.len() {
+        if hop >= self.fanouts.len() {
             return Err(Error::Invalid(format!(
                 "hop {hop} asked of a {}-hop sampler",
-                self.cfg.fanouts.len()
+                self.fanouts.len()
             )));
         }
         let _w = self.work.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,5 +1,5 @@
-// fanout's GPU sampling kernels: uniform and weighted k-hop sampling with FastGL's Fused-Map
-// remapping.
+// fanout's GPU sampling kernels: uniform and weighted k-hop sampling and PinSAGE random walks,
+// with FastGL's Fused-Map remapping.
 // Compiled after kernels.cu in the same NVRTC program (its typedefs and GRID_STRIDE are used).
 //
 // The draws are the CPU sampler's (crates/fanout-sample/src/khop.rs) bit for bit: vertex v's
@@ -129,10 +129,17 @@ __device__ __forceinline__ double next_f64(Xoshiro* r) {
   return __dmul_rn(__ull2double_rn(next_u64(r) >> 11), 1.0 / 9007199254740992.0);
 }
 
-// One alias draw from a row of d arcs: position i kept with probability prob[i], else its alias.
-__device__ __forceinline__ u32 alias_draw(Xoshiro* r, u64 d, const float* prob, const u32* idx) {
+// An arc's alias entry, packed so that one 8-byte read fetches it: the keep-probability's bits
+// in the low word, the alias position in the high word.
+__device__ __forceinline__ float alias_prob(u64 e) { return __uint_as_float((u32)e); }
+__device__ __forceinline__ u32 alias_idx(u64 e) { return (u32)(e >> 32); }
+
+// One alias draw from a row of d arcs: position i kept with probability prob(i), else its alias.
+__device__ __forceinline__ u32 alias_draw(Xoshiro* r, u64 d, const u64* alias) {
   u32 i = (u32)below(r, d);
-  return next_f32(r) < prob[i] ? i : idx[i];
+  float u = next_f32(r);
+  u64 e = alias[i];
+  return u < alias_prob(e) ? i : alias_idx(e);
 }
 
 __device__ __forceinline__ bool chosen(const u32* out, u32 c, u32 j) {
@@ -147,7 +154,7 @@ __device__ __forceinline__ bool chosen(const u32* out, u32 c, u32 j) {
 // 8k + 64 draws, exact successive sampling over the arcs left (its own stream, f64 sums in row
 // order, as the CPU's).
 extern "C" __global__ void weighted_pick(const u32* frontier, i64 n, const u64* indptr,
-                                         const float* w, const float* prob, const u32* idx, u32 k,
+                                         const float* w, const u64* alias, u32 k,
                                          u32 replace, u64 base, const u32* pad, u32* pos,
                                          u32* counts) {
   GRID_STRIDE(i, n) {
@@ -157,7 +164,7 @@ extern "C" __global__ void weighted_pick(const u32* frontier, i64 n, const u64* 
     const float* wr = w + a;
     u32* out = pos + pad[i];
     u32 c = 0;
-    if (d == 0 || idx[a] == NO_ARC) {
+    if (d == 0 || alias_idx(alias[a]) == NO_ARC) {
       // No arcs, or none of positive weight.
     } else if (k == FANOUT_ALL || (!replace && d <= (u64)k)) {
       for (u64 j = 0; j < d; j++)
@@ -165,12 +172,12 @@ extern "C" __global__ void weighted_pick(const u32* frontier, i64 n, const u64* 
     } else {
       Xoshiro rng = vertex_rng(base, v);
       if (replace) {
-        for (; c < k; c++) out[c] = alias_draw(&rng, d, prob + a, idx + a);
+        for (; c < k; c++) out[c] = alias_draw(&rng, d, alias + a);
       } else {
         u64 attempts = 0, most = 8 * (u64)k + 64;
         while (c < k && attempts < most) {
           attempts++;
-          u32 j = alias_draw(&rng, d, prob + a, idx + a);
+          u32 j = alias_draw(&rng, d, alias + a);
           if (!chosen(out, c, j)) out[c++] = j;
         }
         Xoshiro rest = vertex_rng(base ^ 0x5EEDull, v);
@@ -213,6 +220,77 @@ extern "C" __global__ void weighted_place(const u32* frontier, i64 n, const u64*
       u32 u = indices[e];
       ids[o + j] = u;
       wout[o + j] = w[e];
+      if (map) atomicMin(&map[u], FIRST | (o + j));
+    }
+  }
+}
+
+// ----- PinSAGE random walks (crates/fanout-sample/src/randomwalk.rs, step for step) -----
+
+// One thread per frontier vertex v: `walks` walks of at most `length` steps from v, each step
+// to a uniform entry of the current row, counting visits to vertices other than v, stopping
+// with probability stop_prob after each step or at an empty row. The visited vertices and
+// their counts (room for walks x length each, at i x room) are sorted by decreasing count,
+// then increasing id; counts[i] = how many of them the block keeps (at most k).
+extern "C" __global__ void walk_pick(const u32* frontier, i64 n, const u64* indptr,
+                                     const u32* indices, u32 walks, u32 length, double stop_prob,
+                                     u64 base, u64 room, u32 k, u32* vis, u32* hits,
+                                     u32* counts) {
+  GRID_STRIDE(i, n) {
+    u32 v = frontier[i];
+    u32* ids = vis + (u64)i * room;
+    u32* cs = hits + (u64)i * room;
+    u32 c = 0;
+    Xoshiro rng = vertex_rng(base, v);
+    for (u32 w = 0; w < walks; w++) {
+      u32 cur = v;
+      for (u32 s = 0; s < length; s++) {
+        u64 a = indptr[cur];
+        u64 d = indptr[cur + 1] - a;
+        if (d == 0) break;
+        cur = indices[a + below(&rng, d)];
+        if (cur != v) {
+          u32 y = 0;
+          while (y < c && ids[y] != cur) y++;
+          if (y < c) {
+            cs[y]++;
+          } else {
+            ids[c] = cur;
+            cs[c] = 1;
+            c++;
+          }
+        }
+        if (next_f64(&rng) < stop_prob) break;
+      }
+    }
+    // Insertion sort: (count desc, id asc) is a total order on distinct ids, so any sort gives
+    // the CPU's order.
+    for (u32 x = 1; x < c; x++) {
+      u32 id = ids[x], h = cs[x];
+      u32 y = x;
+      while (y > 0 && (cs[y - 1] < h || (cs[y - 1] == h && ids[y - 1] > id))) {
+        ids[y] = ids[y - 1];
+        cs[y] = cs[y - 1];
+        y--;
+      }
+      ids[y] = id;
+      cs[y] = h;
+    }
+    counts[i] = c < k ? c : k;
+  }
+}
+
+// One thread per frontier vertex: moves its kept vertices into the block at ids[offs[i]..]
+// with their visit counts as weights, lowering remap words when map is not null.
+extern "C" __global__ void walk_place(i64 n, u64 room, const u32* vis, const u32* hits,
+                                      const u32* offs, u32* ids, float* wout, u32* map) {
+  GRID_STRIDE(i, n) {
+    u32 o = offs[i];
+    u32 c = offs[i + 1] - o;
+    for (u32 j = 0; j < c; j++) {
+      u32 u = vis[(u64)i * room + j];
+      ids[o + j] = u;
+      wout[o + j] = (float)hits[(u64)i * room + j];
       if (map) atomicMin(&map[u], FIRST | (o + j));
     }
   }
