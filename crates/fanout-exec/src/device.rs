@@ -145,8 +145,8 @@ fn cuda_backend(device: fanout_cuda::Device) -> std::result::Result<Compute, Str
 
 /// The sampler this run draws its batches with on the device (see [`SamplingPlacement`]):
 /// `Ok(Some((sampler, note)))` to use instead of the host's, `Ok(None)` to sample on the host,
-/// `Err` when `device` or `uva` is asked for where it cannot be (no GPU backend, a sampler
-/// other than k-hop or weighted, a device whose free memory cannot be read, what it would copy there
+/// `Err` when `device` or `uva` is asked for where it cannot be (no GPU backend, the
+/// layer-wise sampler, a device whose free memory cannot be read, what it would copy there
 /// taking more than [`TOPOLOGY_SHARE`] of the device's free memory).
 pub(crate) fn device_sampler<B: Backend>(
     be: &B,
@@ -168,9 +168,13 @@ pub(crate) fn device_sampler<B: Backend>(
     let (replace, remap) = (spec.replace, spec.remap);
     let draws = match kind {
         // Weighted draws need the host sampler's alias tables (`SamplerSpec::build_with`
-        // hands them over); without them the host samples.
+        // hands them over).
         SamplerKind::Weighted => match tables {
-            None => return Ok(None),
+            None => {
+                return Err(ExecError::Invalid(
+                    "weighted sampling on the GPU was not given the alias tables".into(),
+                ))
+            }
             Some(t) => GpuDraws::Weighted(
                 WeightedConfig {
                     fanouts,

@@ -671,7 +671,7 @@ fn check_same_config(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
 /// GPU, each calling [`train_worker_with`]).
 ///
 /// On any backend, `--sampling-placement device` or `uva` is refused unless the backend is
-/// the CUDA one and the sampler k-hop (the only one with a GPU implementation).
+/// the CUDA one and the sampler has a GPU implementation (k-hop, weighted, random walks).
 pub fn check_backend<B: Backend>(be: &B, cfg: &TrainConfig) -> Result<()> {
     crate::device::check_sampling_placement(be, cfg)?;
     if be.name() == "cpu" {

@@ -283,7 +283,8 @@ fn vose(
     }
 }
 
-/// Checks loaded tables: probabilities in [0, 1], aliases within their rows (or NO_ARC).
+/// Checks loaded tables: probabilities in [0, 1], aliases within their rows, or a row all
+/// [`NO_ARC`] (as [`vose`] writes them: samplers look at a row's first alias only).
 fn check_tables(ds: &Dataset, prob: &[f32], idx: &[u32]) -> Result<()> {
     struct Check<'a>(&'a [f32], &'a [u32]);
     impl CsrJob for Check<'_> {
@@ -292,9 +293,14 @@ fn check_tables(ds: &Dataset, prob: &[f32], idx: &[u32]) -> Result<()> {
             let n = g.indptr.len().saturating_sub(1) as u32;
             (0..n).into_par_iter().all(|v| {
                 let (a, b) = g.bounds(v);
+                let none = a < b && self.1[a] == NO_ARC;
                 (a..b).all(|e| {
                     (0.0..=1.0).contains(&self.0[e])
-                        && (self.1[e] == NO_ARC || (self.1[e] as usize) < b - a)
+                        && if none {
+                            self.1[e] == NO_ARC
+                        } else {
+                            (self.1[e] as usize) < b - a
+                        }
                 })
             })
         }
@@ -380,6 +386,23 @@ mod tests {
         let t3 = AliasTables::load_or_build(&ds, &NoProgress).unwrap();
         assert_eq!(t3.origin, "built and saved");
         assert_eq!(&t3.idx[..], &want[..]);
+        // An alias that leaves its row, or a row marked empty after its first arc, is rebuilt:
+        // a sampler would index past the row.
+        drop(t3);
+        let row0 = ds.topology.row(0).len();
+        assert!(row0 >= 2, "vertex 0 has a row of several arcs");
+        for bad in [NO_ARC, row0 as u32] {
+            let mut damaged = want.clone();
+            damaged[1] = bad;
+            std::fs::write(
+                ds.dir.join(files::ALIAS_IDX),
+                fanout_graph::array::as_bytes(&damaged),
+            )
+            .unwrap();
+            let t4 = AliasTables::load_or_build(&ds, &NoProgress).unwrap();
+            assert_eq!(t4.origin, "built and saved", "alias {bad}");
+            assert_eq!(&t4.idx[..], &want[..]);
+        }
         // No temporary files are left behind.
         let stray = std::fs::read_dir(&ds.dir)
             .unwrap()

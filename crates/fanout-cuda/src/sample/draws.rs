@@ -218,7 +218,9 @@ impl CudaSampler {
 
     /// The offsets of `counts` (`n + 1`) and their total. The offsets are u32 sums: where
     /// `most` (a bound on the total) could reach 2^31, the counts are summed on the host first
-    /// so that a total past the remapper's 2^31 is refused rather than wrapped.
+    /// so that a total past the remapper's 2^31 is refused rather than wrapped. (A weighted
+    /// hop's counts are bounds themselves, its room: every arc of a row, zero weights
+    /// included, for `FANOUT_ALL`; such a hop may be refused for edges it would not draw.)
     fn offsets(
         &self,
         counts: &CudaSlice<u32>,
@@ -230,7 +232,7 @@ impl CudaSampler {
             let total: u64 = self.download(counts, 0, n)?.iter().map(|&c| c as u64).sum();
             if total >= FIRST as u64 {
                 return Err(Error::Invalid(format!(
-                    "a mini-batch of more than 2^31 edges (hop {hop}: {total} edges)"
+                    "a mini-batch of more than 2^31 edges (hop {hop}: up to {total} edges)"
                 )));
             }
         }
@@ -304,6 +306,7 @@ impl CudaSampler {
                 &mut counts
             ]
         )?;
+        // What each vertex yielded is at most its room, whose total passed the check above.
         let (offs, m) = self.offsets(&counts, h.n, 0, h.hop)?;
         let arcs = self.indices.addr(&self.stream);
         let mut ids = self.alloc::<u32>(m)?;
@@ -342,12 +345,16 @@ impl CudaSampler {
     ) -> Result<HopEdges> {
         // Room for every step's vertex and its count, per frontier vertex.
         let room = walks as u64 * length as u64;
-        let words = usize::try_from(h.n as u64 * room).map_err(|_| {
-            Error::Invalid(format!(
-                "hop {}: {} walks of {length} steps from {} vertices do not fit in memory",
-                h.hop, walks, h.n
-            ))
-        })?;
+        let words = (h.n as u64)
+            .checked_mul(room)
+            .and_then(|w| usize::try_from(w).ok())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "hop {}: {walks} walks of {length} steps from each of {} vertices need \
+                     more room than can be addressed",
+                    h.hop, h.n
+                ))
+            })?;
         let (mut vis, mut hits) = (self.alloc::<u32>(words)?, self.alloc::<u32>(words)?);
         let mut counts = self.alloc::<u32>(h.n)?;
         let base = RandomWalkSampler::hop_base(key, h.hop);

@@ -1,14 +1,14 @@
-//! GPU sampling (feature `cuda`): [`CudaSampler`], uniform or weighted k-hop sampling on
-//! one GPU with the topology in device memory and FastGL's Fused-Map id remapping fused into
-//! the sampling kernel (`sample.cu`).
+//! GPU sampling (feature `cuda`): [`CudaSampler`], uniform or weighted k-hop sampling and
+//! PinSAGE random walks on one GPU with the topology in device memory and FastGL's Fused-Map
+//! id remapping fused into the sampling kernel (`sample.cu`).
 //!
 //! Each uniform hop is four kernels and two prefix sums: count each frontier vertex's edges,
 //! prefix-sum them into the block's offsets, draw every vertex's neighbours (one thread per
 //! vertex) while lowering each neighbour's remap word to its first edge position, mark the
 //! first occurrences, prefix-sum them into new local ids, then assign and look up. A weighted
-//! hop draws into room for the most each vertex can yield, then prefix-sums what each yielded
-//! and moves the draws into place (lowering the remap words there): one more kernel, prefix sum
-//! and size read back ([`draws`]). The host reads back the duplicate-seed flag, then per hop
+//! hop (and a random-walk hop) draws into room set aside per vertex, then prefix-sums what
+//! each yielded and moves the draws into place (lowering the remap words there): one more
+//! kernel, prefix sum and size read back ([`draws`]). The host reads back the duplicate-seed flag, then per hop
 //! the sizes and the block, and at the end the input vertices. The arcs (and alias tables) may
 //! instead sit in pinned host memory ([`ArcsAt`]).
 
@@ -30,9 +30,9 @@ use std::sync::{Arc, Mutex};
 /// Tag bit of a remap word that holds an edge position (`sample.cu`'s `FIRST`).
 const FIRST: usize = 1 << 31;
 
-/// K-hop sampling on a GPU: the [`KHopSampler`] (uniform, [`CudaSampler::with_arcs`]) or
-/// the [`WeightedSampler`] ([`CudaSampler::weighted`]) of `fanout-sample`, run on the
-/// device.
+/// Sampling on a GPU: the [`KHopSampler`] (uniform, [`CudaSampler::with_arcs`]), the
+/// [`WeightedSampler`] ([`CudaSampler::weighted`]) or the [`RandomWalkSampler`]
+/// ([`CudaSampler::random_walk`]) of `fanout-sample`, run on the device.
 ///
 /// Guarantees: for the same dataset, configuration, seeds and key, [`Sampler::sample`] returns
 /// exactly the mini-batch the CPU's sampler returns (the same draws, in the same order, the
