@@ -8,9 +8,9 @@
 //! first occurrences, prefix-sum them into new local ids, then assign and look up. A weighted
 //! hop (and a random-walk hop) draws into room set aside per vertex, then prefix-sums what
 //! each yielded and moves the draws into place (lowering the remap words there): one more
-//! kernel, prefix sum and size read back ([`draws`]). The host reads back the duplicate-seed flag, then per hop
-//! the sizes and the block, and at the end the input vertices. The arcs (and alias tables) may
-//! instead sit in pinned host memory ([`ArcsAt`]).
+//! kernel, prefix sum and size read back ([`draws`]). The host reads back the duplicate-seed
+//! flag, then per hop the sizes and the block, and at the end the input vertices. The arcs
+//! (and alias tables) may instead sit in pinned host memory ([`ArcsAt`]).
 
 use crate::backend::kernels::{grid, kernels_for, Kernels};
 use crate::cuda::mapped_pinned;
@@ -37,9 +37,9 @@ const FIRST: usize = 1 << 31;
 /// Guarantees: for the same dataset, configuration, seeds and key, [`Sampler::sample`] returns
 /// exactly the mini-batch the CPU's sampler returns (the same draws, in the same order, the
 /// same local ids in order of first occurrence, the same block weights), and the same errors
-/// for seeds out of range or repeated. A device failure is returned as an error naming the CUDA call. Batches are
-/// sampled one at a time on the sampler's own stream (concurrent callers wait for each other),
-/// so sampling overlaps the training stream's work.
+/// for seeds out of range or repeated. A device failure is returned as an error naming the
+/// CUDA call. Batches are sampled one at a time on the sampler's own stream (concurrent
+/// callers wait for each other), so sampling overlaps the training stream's work.
 pub struct CudaSampler {
     ds: Arc<Dataset>,
     /// Per hop from the seeds: neighbours per vertex (k-hop) or top-k (random walks).
@@ -85,10 +85,10 @@ struct Work {
 
 /// The blocks of a batch as the sampler left them on its device, in model order: each block's
 /// offsets, local source ids and (weighted) edge weights (buffers of at least `num_dst + 1`,
-/// `max(edges, 1)` and `max(edges, 1)` elements), for the compute backend on that device to adopt instead of uploading the host
-/// copy (`CudaBackend::adopt_blocks`); and the batch's input vertices (global ids, the host
-/// batch's `input_nodes`), for gathering their feature rows without uploading the ids
-/// (`CudaBackend::gather_input_rows`).
+/// `max(edges, 1)` and `max(edges, 1)` elements), for the compute backend on that device to
+/// adopt instead of uploading the host copy (`CudaBackend::adopt_blocks`); and the batch's
+/// input vertices (global ids, the host batch's `input_nodes`), for gathering their feature
+/// rows without uploading the ids (`CudaBackend::gather_input_rows`).
 pub(crate) struct DeviceBlocks {
     /// The device ordinal (`N` of `cuda:N`).
     pub(crate) device: u32,
