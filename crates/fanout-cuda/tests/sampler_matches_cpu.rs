@@ -76,6 +76,47 @@ fn seeds(n: u64, b: usize, step: u64) -> Vec<u32> {
     s
 }
 
+/// Samples three batches (`sizes[step]` seeds, steps 0 to 2 of `seed` and `epoch`) with both
+/// samplers and asserts they are equal: block counts, sizes, edges and weights (weighted
+/// blocks: `weighted`) first for a readable message; returns the edges compared.
+fn same_batches(
+    gpu: &CudaSampler,
+    cpu: &dyn Sampler,
+    n: u64,
+    sizes: [usize; 3],
+    (seed, epoch): (u64, u64),
+    weighted: bool,
+    what: &str,
+) -> usize {
+    let mut checked = 0;
+    for step in 0..3u64 {
+        let key = BatchKey { seed, epoch, step };
+        let s = seeds(n, sizes[step as usize], step);
+        let want = cpu.sample(&s, key).unwrap();
+        let got = gpu.sample(&s, key).unwrap();
+        assert_eq!(got.blocks.len(), want.blocks.len(), "{what} step {step}");
+        for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
+            assert_eq!(
+                (g.num_dst, g.num_src),
+                (w.num_dst, w.num_src),
+                "{what} step {step} block {l}: sizes"
+            );
+            assert!(
+                g.indptr == w.indptr && g.indices == w.indices,
+                "{what} step {step} block {l}: edges differ"
+            );
+            assert!(
+                g.weights.is_some() == weighted && g.weights == w.weights,
+                "{what} step {step} block {l}: weights differ"
+            );
+        }
+        assert_eq!(got, want, "{what} step {step}");
+        got.validate().unwrap();
+        checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
+    }
+    checked
+}
+
 #[test]
 fn batches_are_the_cpu_samplers_bit_for_bit() {
     let Some(dev) = gpu() else { return };
@@ -90,38 +131,8 @@ fn batches_are_the_cpu_samplers_bit_for_bit() {
             let cfg = config(fanouts, replace);
             let cpu = KHopSampler::new(ds.clone(), cfg.clone()).unwrap();
             let gpu = CudaSampler::with_arcs(&dev, ds.clone(), cfg, arcs).unwrap();
-            for step in 0..3u64 {
-                let key = BatchKey {
-                    seed: 11,
-                    epoch: 1,
-                    step,
-                };
-                let s = seeds(20_000, [1, 500, 4000][step as usize].max(3), step);
-                let want = cpu.sample(&s, key).unwrap();
-                let got = gpu.sample(&s, key).unwrap();
-                assert_eq!(
-                    got.blocks.len(),
-                    want.blocks.len(),
-                    "{arcs:?} fanouts {fanouts:?} replace {replace} step {step}"
-                );
-                for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
-                    assert_eq!(
-                        (g.num_dst, g.num_src),
-                        (w.num_dst, w.num_src),
-                        "{arcs:?} fanouts {fanouts:?} replace {replace} step {step} block {l}: sizes"
-                    );
-                    assert!(
-                        g.indptr == w.indptr && g.indices == w.indices,
-                        "{arcs:?} fanouts {fanouts:?} replace {replace} step {step} block {l}: edges differ"
-                    );
-                }
-                assert_eq!(
-                    got, want,
-                    "{arcs:?} fanouts {fanouts:?} replace {replace} step {step}"
-                );
-                got.validate().unwrap();
-                checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
-            }
+            let what = format!("{arcs:?} fanouts {fanouts:?} replace {replace}");
+            checked += same_batches(&gpu, &cpu, 20_000, [3, 500, 4000], (11, 1), false, &what);
         }
     }
     eprintln!("{checked} sampled edges equal to the CPU's");
@@ -261,45 +272,6 @@ fn weighted_config(fanouts: &[u32], replace: bool) -> WeightedConfig {
     }
 }
 
-/// Samples three batches (3, `sizes[1]` and `sizes[2]` seeds) under `seed` with both samplers
-/// and asserts they are equal, edges and weights (weighted blocks: `weighted`) first for a
-/// readable message; returns the edges compared.
-fn same_batches(
-    gpu: &CudaSampler,
-    cpu: &dyn Sampler,
-    n: u64,
-    sizes: [usize; 3],
-    seed: u64,
-    weighted: bool,
-    what: &str,
-) -> usize {
-    let mut checked = 0;
-    for step in 0..3u64 {
-        let key = BatchKey {
-            seed,
-            epoch: 1,
-            step,
-        };
-        let s = seeds(n, sizes[step as usize], step);
-        let want = cpu.sample(&s, key).unwrap();
-        let got = gpu.sample(&s, key).unwrap();
-        for (l, (g, w)) in got.blocks.iter().zip(&want.blocks).enumerate() {
-            assert!(
-                g.indptr == w.indptr && g.indices == w.indices,
-                "{what} step {step} block {l}: edges differ"
-            );
-            assert!(
-                g.weights.is_some() == weighted && g.weights == w.weights,
-                "{what} step {step} block {l}: weights differ"
-            );
-        }
-        assert_eq!(got, want, "{what} step {step}");
-        got.validate().unwrap();
-        checked += got.blocks.iter().map(|b| b.num_edges()).sum::<usize>();
-    }
-    checked
-}
-
 fn block_refs(b: &MiniBatch) -> Vec<BlockRef<'_>> {
     b.blocks
         .iter()
@@ -331,7 +303,7 @@ fn weighted_batches_are_the_cpu_samplers_bit_for_bit() {
             let cpu = WeightedSampler::new(ds.clone(), cfg.clone(), tables.clone()).unwrap();
             let gpu = CudaSampler::weighted(&dev, ds.clone(), cfg, tables.clone(), arcs).unwrap();
             assert_eq!(gpu.name(), "weighted");
-            checked += same_batches(&gpu, &cpu, n, [3, 500, 4000], 12, true, &what);
+            checked += same_batches(&gpu, &cpu, n, [3, 500, 4000], (12, 2), true, &what);
             let frontier: Vec<u32> = vec![0, 1, 2, 4, 6, 9, 9, 19_999];
             let key = BatchKey::default();
             for hop in 0..fanouts.len() {
@@ -415,7 +387,7 @@ fn random_walk_batches_are_the_cpu_samplers_bit_for_bit() {
         let cpu = RandomWalkSampler::new(ds.clone(), cfg.clone()).unwrap();
         let gpu = CudaSampler::random_walk(&dev, ds.clone(), cfg.clone(), arcs).unwrap();
         assert_eq!(gpu.name(), "randomwalk");
-        checked += same_batches(&gpu, &cpu, n, [3, 400, 3000], 13, true, &what);
+        checked += same_batches(&gpu, &cpu, n, [3, 400, 3000], (13, 1), true, &what);
         let key = BatchKey::default();
         assert_eq!(
             gpu.sample_hop(&[1, 2], key, 0).unwrap_err().to_string(),

@@ -172,7 +172,9 @@ pub(crate) fn device_sampler<B: Backend>(
         SamplerKind::Weighted => match tables {
             None => {
                 return Err(ExecError::Invalid(
-                    "weighted sampling on the GPU was not given the alias tables".into(),
+                    "weighted sampling on the GPU was not given the alias tables (a bug in \
+                     fanout; --sampling-placement host samples on the CPU)"
+                        .into(),
                 ))
             }
             Some(t) => GpuDraws::Weighted(

@@ -60,6 +60,22 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Readable<T> {
         }
     }
 
+    /// A copy of `src` where `at` says (on the device straight from `src`).
+    pub(super) fn copy_of(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        at: ArcsAt,
+        src: &[T],
+    ) -> std::result::Result<Self, (&'static str, DriverError)> {
+        match at {
+            ArcsAt::Device if !src.is_empty() => stream
+                .clone_htod(src)
+                .map(Readable::Device)
+                .map_err(|e| ("cuMemcpyHtoD", e)),
+            _ => Self::filled(ctx, stream, at, src.len(), |d| d.copy_from_slice(src)),
+        }
+    }
+
     /// The address the kernels read it at.
     pub(super) fn addr(&self, stream: &CudaStream) -> u64 {
         match self {
@@ -78,11 +94,16 @@ pub(super) enum Kind<'a> {
         replace: bool,
         tables: &'a AliasTables,
     },
-    Walks {
-        walks: u32,
-        length: u32,
-        stop_prob: f64,
-    },
+    Walks(Walks),
+}
+
+/// PinSAGE's walks from each vertex: how many, at most how many steps, and the probability of
+/// stopping after each step (`RandomWalkConfig`'s fields).
+#[derive(Clone, Copy)]
+pub(super) struct Walks {
+    pub(super) walks: u32,
+    pub(super) length: u32,
+    pub(super) stop_prob: f64,
 }
 
 /// How a hop draws a vertex's neighbours.
@@ -98,11 +119,7 @@ pub(super) enum Draws {
         alias: Readable<u64>,
     },
     /// The top-k of random walks, as `fanout-sample`'s `RandomWalkSampler`.
-    Walks {
-        walks: u32,
-        length: u32,
-        stop_prob: f64,
-    },
+    Walks(Walks),
 }
 
 impl Draws {
@@ -116,15 +133,7 @@ impl Draws {
     ) -> std::result::Result<Self, (String, DriverError)> {
         Ok(match kind {
             Kind::Uniform { replace } => Draws::Uniform { replace },
-            Kind::Walks {
-                walks,
-                length,
-                stop_prob,
-            } => Draws::Walks {
-                walks,
-                length,
-                stop_prob,
-            },
+            Kind::Walks(w) => Draws::Walks(w),
             Kind::Weighted { replace, tables } => {
                 fn named(what: &str) -> impl Fn((&str, DriverError)) -> (String, DriverError) + '_ {
                     move |(call, e)| (format!("{call} ({what})"), e)
@@ -132,8 +141,7 @@ impl Draws {
                 let (w, p, x) = (&tables.weights, &tables.prob, &tables.idx);
                 Draws::Weighted {
                     replace,
-                    weights: Readable::filled(ctx, stream, at, w.len(), |d| d.copy_from_slice(w))
-                        .map_err(named("weights"))?,
+                    weights: Readable::copy_of(ctx, stream, at, w).map_err(named("weights"))?,
                     alias: Readable::filled(ctx, stream, at, p.len(), |d| {
                         d.par_iter_mut().enumerate().for_each(|(e, d)| {
                             *d = p[e].to_bits() as u64 | (x[e] as u64) << 32;
@@ -189,11 +197,7 @@ impl CudaSampler {
                 let tables = [weights.addr(&self.stream), alias.addr(&self.stream)];
                 self.weighted_hop(&hop, *replace, tables, key)
             }
-            &Draws::Walks {
-                walks,
-                length,
-                stop_prob,
-            } => self.walk_hop(&hop, (walks, length, stop_prob), key),
+            &Draws::Walks(w) => self.walk_hop(&hop, w, key),
         }
     }
 
@@ -340,7 +344,11 @@ impl CudaSampler {
     fn walk_hop(
         &self,
         h: &Hop<'_>,
-        (walks, length, stop_prob): (u32, u32, f64),
+        Walks {
+            walks,
+            length,
+            stop_prob,
+        }: Walks,
         key: &BatchKey,
     ) -> Result<HopEdges> {
         // Room for every step's vertex and its count, per frontier vertex.

@@ -17,7 +17,7 @@ use crate::cuda::mapped_pinned;
 use crate::sort::DeviceSort;
 use crate::CudaBackend;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use draws::{Draws, HopEdges, Kind, Readable};
+use draws::{Draws, HopEdges, Kind, Readable, Walks};
 use fanout_graph::{CsrVisitor, Dataset, Error, Offset, Result, VertexId};
 use fanout_sample::graph::check_seeds;
 use fanout_sample::{
@@ -203,11 +203,11 @@ impl CudaSampler {
         arcs: ArcsAt,
     ) -> Result<Self> {
         RandomWalkSampler::new(ds.clone(), cfg.clone())?;
-        let kind = Kind::Walks {
+        let kind = Kind::Walks(Walks {
             walks: cfg.walks,
             length: cfg.length,
             stop_prob: cfg.stop_prob,
-        };
+        });
         Self::build(gpu, ds, cfg.top_k, arcs, kind)
     }
 
@@ -480,11 +480,11 @@ impl Sampler for CudaSampler {
         match self.draws {
             Draws::Uniform { .. } => "khop",
             Draws::Weighted { .. } => "weighted",
-            Draws::Walks { .. } => "randomwalk",
+            Draws::Walks(_) => "randomwalk",
         }
     }
     fn sample_hop(&self, frontier: &[u32], key: BatchKey, hop: usize) -> Result<HopSample> {
-        if matches!(self.draws, Draws::Walks { .. }) {
+        if matches!(self.draws, Draws::Walks(_)) {
             // The CPU's refusal (the Sampler default), word for word.
             return Err(Error::Invalid(format!(
                 "the {} sampler draws a hop for the whole frontier at once, so it cannot be \
