@@ -10,7 +10,7 @@ use crate::{ExecError, FitObserver, Result, RunEnv, SamplingPlacement, TrainConf
 use fanout_compute::Backend;
 use fanout_graph::{Dataset, Progress};
 use fanout_sample::{
-    AliasTables, KHopConfig, RandomWalkConfig, Sampler, SamplerKind, WeightedConfig,
+    AliasTables, KHopConfig, RandomWalkConfig, Sampler, SamplerKind, WeightedConfig, FANOUT_ALL,
 };
 use std::sync::Arc;
 
@@ -209,10 +209,17 @@ pub(crate) fn device_sampler<B: Backend>(
         4
     };
     let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * per_arc);
+    let batch = sampling_room(
+        &draws,
+        cfg.batch_size.unwrap_or(1) as u64,
+        n,
+        ds.meta.num_edge,
+    );
     let mb = |b: u64| b as f64 / 1e6;
     let memory = TopologyMemory {
         fixed,
         arcs,
+        batch,
         free: be.free_memory(),
         host_available: fanout_graph::available_memory(),
         auto_uva: !matches!(draws, GpuDraws::Weighted(..)),
@@ -246,6 +253,47 @@ pub(crate) fn device_sampler<B: Backend>(
 /// `uva` (offsets and remap table) may take; `auto` takes at most a quarter.
 pub(crate) const TOPOLOGY_SHARE: f64 = 0.75;
 
+/// A bound on the device memory that sampling one batch of `batch` seeds takes beyond the
+/// topology, on a graph of `nodes` vertices and `edges` arcs: every hop's block (offsets,
+/// source ids, and weights where the draws give them), kept until the batch is read back,
+/// plus the largest hop's transient room: the counts of each frontier vertex, a weighted
+/// hop's picks before they are placed (room for the most each vertex can yield: every arc
+/// for `FANOUT_ALL`), or a walk hop's visits (two words per step of every walk). Each hop's
+/// frontier is bounded by the previous frontier plus its edges, and by `nodes`; a hop's edges
+/// by `k` per vertex, and by `edges` where a vertex draws each arc at most once.
+fn sampling_room(draws: &GpuDraws, batch: u64, nodes: u64, edges: u64) -> u64 {
+    let (ks, replace, weighted): (&[u32], bool, bool) = match draws {
+        GpuDraws::Uniform(c) => (&c.fanouts, c.replace, false),
+        GpuDraws::Weighted(c, _) => (&c.fanouts, c.replace, true),
+        GpuDraws::Walks(c) => (&c.top_k, false, true),
+    };
+    let (mut frontier, mut kept, mut transient) = (batch.min(nodes), 0u64, 0u64);
+    for &k in ks {
+        let n = frontier;
+        let per_vertex = match draws {
+            GpuDraws::Walks(c) => (c.walks as u64 * c.length as u64).min(k as u64),
+            _ => k as u64,
+        };
+        let m = if k == FANOUT_ALL {
+            edges
+        } else if replace {
+            n.saturating_mul(per_vertex)
+        } else {
+            n.saturating_mul(per_vertex).min(edges)
+        };
+        let scratch = match draws {
+            GpuDraws::Uniform(_) => 4 * n,
+            GpuDraws::Weighted(..) => 8 * n + 4 * m,
+            GpuDraws::Walks(c) => 4 * n + n.saturating_mul(8 * c.walks as u64 * c.length as u64),
+        };
+        transient = transient.max(scratch);
+        let per_edge = if weighted { 8 } else { 4 };
+        kept = kept.saturating_add(4 * (n + 1) + m.saturating_mul(per_edge));
+        frontier = n.saturating_add(m).min(nodes);
+    }
+    kept.saturating_add(transient)
+}
+
 /// Bytes a GPU sampler needs, and what the machine has for them.
 #[derive(Clone, Copy, Debug)]
 struct TopologyMemory {
@@ -253,6 +301,8 @@ struct TopologyMemory {
     fixed: u64,
     /// The arcs, on the device or in pinned host memory.
     arcs: u64,
+    /// A bound on what sampling one batch takes on the device ([`sampling_room`]).
+    batch: u64,
     /// The device's free memory, `None` when it could not be read.
     free: Option<u64>,
     /// The host's available memory.
@@ -268,7 +318,7 @@ struct TopologyMemory {
 /// Where [`device_sampler`] keeps the topology for placement `asked`: `Some(true)` all on the
 /// device, `Some(false)` the arcs in pinned host memory, `None` sampling on the host; `Err`
 /// when `device` or `uva` is asked for and the device's free memory is unknown or what they
-/// copy there would take more than [`TOPOLOGY_SHARE`] of it. `auto` takes the device when
+/// copy there, with a batch's sampling room, would take more than [`TOPOLOGY_SHARE`] of it. `auto` takes the device when
 /// everything fits in a quarter of its free memory, else pinned arcs (where
 /// `TopologyMemory::auto_uva` allows) when the rest fits in a quarter of it and the arcs in a
 /// quarter of the host's available memory, else the host.
@@ -293,7 +343,14 @@ fn topology_on_device(
     // What an explicit placement may take: the rest is left to the step's tensors and the
     // features or their cache.
     let room = (free as f64 * TOPOLOGY_SHARE) as u64;
-    let (fixed, arcs) = (m.fixed, m.arcs);
+    // A batch's sampling room is on the device wherever the arcs are.
+    let (fixed, arcs) = (m.fixed.saturating_add(m.batch), m.arcs);
+    // What the refusals name: the batch's room where it is a part worth naming.
+    let batch_part = if m.batch >= fixed / 10 {
+        format!(", {:.0} MB of it for sampling one batch", mb(m.batch))
+    } else {
+        String::new()
+    };
     Ok(Some(match asked {
         SamplingPlacement::Host => return Ok(None),
         SamplingPlacement::Auto if fixed + arcs <= free / 4 => true,
@@ -308,11 +365,12 @@ fn topology_on_device(
         SamplingPlacement::Auto => return Ok(None),
         SamplingPlacement::Device if fixed + arcs > room => {
             return bad(format!(
-                "--sampling-placement device: the topology takes {:.0} MB on the device but \
+                "--sampling-placement device: the topology takes {:.0} MB on the device{} but \
                  {device} has {:.0} MB free (it may take {:.0}%, leaving the rest for \
                  training); use --sampling-placement uva (the arcs read from pinned host \
                  memory) or host",
                 mb(fixed + arcs),
+                batch_part,
                 mb(free),
                 TOPOLOGY_SHARE * 100.0
             ))
@@ -321,9 +379,10 @@ fn topology_on_device(
         SamplingPlacement::Uva if fixed > room => {
             return bad(format!(
                 "--sampling-placement uva: the offsets and remap table take {:.0} MB on the \
-                 device but {device} has {:.0} MB free (they may take {:.0}%, leaving the rest \
-                 for training); use --sampling-placement host",
+                 device{} but {device} has {:.0} MB free (they may take {:.0}%, leaving the \
+                 rest for training); use --sampling-placement host",
                 mb(fixed),
+                batch_part,
                 mb(free),
                 TOPOLOGY_SHARE * 100.0
             ))
@@ -447,6 +506,7 @@ mod tests {
         let m = |fixed: u64, arcs: u64, free: Option<u64>| TopologyMemory {
             fixed,
             arcs,
+            batch: 0,
             free,
             host_available: 256 * gb,
             auto_uva: true,
@@ -480,6 +540,25 @@ mod tests {
         assert_eq!(at(Uva, m(2 * gb, 88 * gb, Some(100 * gb))), Ok(Some(false)));
         let e = at(Uva, m(80 * gb, 8 * gb, Some(100 * gb))).unwrap_err();
         assert!(e.contains("offsets and remap table take"), "{e}");
+        // A batch's sampling room counts with the topology: 60 GB of arcs fit in 75% of
+        // 100 GB, not with 20 GB of room for a batch beside them (the refusal names it);
+        // uva keeps only the offsets and the room on the device.
+        let roomy = |batch| TopologyMemory {
+            batch,
+            ..m(2 * gb, 60 * gb, Some(100 * gb))
+        };
+        assert_eq!(at(Device, roomy(gb)), Ok(Some(true)));
+        let e = at(Device, roomy(20 * gb)).unwrap_err();
+        assert!(e.contains("of it for sampling one batch"), "{e}");
+        assert_eq!(at(Uva, roomy(20 * gb)), Ok(Some(false)));
+        // Auto's quarter: 2 + 8 GB fit in 25 GB, not with 16 GB for a batch.
+        let small = |batch| TopologyMemory {
+            batch,
+            ..m(2 * gb, 8 * gb, Some(100 * gb))
+        };
+        assert_eq!(at(Auto, small(0)), Ok(Some(true)));
+        assert_eq!(at(Auto, small(16 * gb)), Ok(Some(false)));
+        assert_eq!(at(Auto, small(24 * gb)), Ok(None));
         // Free memory unknown: auto and host sample on the host; device and uva say why.
         assert_eq!(at(Auto, m(gb, gb, None)), Ok(None));
         assert_eq!(at(Host, m(gb, gb, Some(100 * gb))), Ok(None));
@@ -488,6 +567,76 @@ mod tests {
             assert!(e.contains("could not report its free memory"), "{e}");
             assert!(!e.contains("0 MB"), "{e}");
         }
+    }
+
+    /// The batch bound, hop by hop, for the three kinds of draws.
+    #[test]
+    fn a_batch_s_sampling_room_is_bounded_hop_by_hop() {
+        use fanout_sample::RemapKind;
+        let remap = RemapKind::default();
+        let uniform = |fanouts: Vec<u32>, replace| {
+            GpuDraws::Uniform(KHopConfig {
+                fanouts,
+                replace,
+                remap,
+            })
+        };
+        // 100 seeds, 10 then 5 each, no repeats, on a large graph: 1,000 then 5,500 edges
+        // (frontiers 100 and 1,100); kept: offsets 4 x (101 + 1,101) and ids 4 x 6,500;
+        // transient: the larger hop's counts, 4 x 1,100.
+        let want = 4 * (101 + 1_101) + 4 * 6_500 + 4 * 1_100;
+        assert_eq!(
+            sampling_room(&uniform(vec![10, 5], false), 100, 1 << 30, 1 << 30),
+            want
+        );
+        // Without repeats a hop yields at most every arc; with them, k per vertex.
+        let few = sampling_room(&uniform(vec![10], false), 100, 1 << 30, 300);
+        assert_eq!(few, 4 * 101 + 4 * 300 + 4 * 100);
+        let many = sampling_room(&uniform(vec![10], true), 100, 1 << 30, 300);
+        assert_eq!(many, 4 * 101 + 4 * 1_000 + 4 * 100);
+        // Every arc: the whole graph's arcs, and the frontier stays within the graph.
+        let all = sampling_room(&uniform(vec![FANOUT_ALL, FANOUT_ALL], false), 10, 50, 400);
+        assert_eq!(all, 4 * 11 + 4 * 400 + 4 * 51 + 4 * 400 + 4 * 50);
+        // Walks: 4 walks of 3 steps, top 2, from 100 seeds: 200 edges with weights; the
+        // visits take 8 x 4 x 3 bytes a vertex.
+        let walks = GpuDraws::Walks(RandomWalkConfig {
+            top_k: vec![2],
+            walks: 4,
+            length: 3,
+            stop_prob: 0.5,
+            remap,
+        });
+        assert_eq!(
+            sampling_room(&walks, 100, 1 << 30, 1 << 30),
+            4 * 101 + 8 * 200 + (4 * 100 + 8 * 12 * 100)
+        );
+        // Weighted: the picks' room (4 bytes an edge of the bound) beside the counts and
+        // their offsets; every arc for FANOUT_ALL.
+        let empty = || fanout_graph::Array::from_vec(Vec::new());
+        let tables = Arc::new(AliasTables {
+            weights: empty(),
+            prob: empty(),
+            idx: fanout_graph::Array::from_vec(Vec::new()),
+            origin: String::new(),
+        });
+        let weighted = |k| {
+            GpuDraws::Weighted(
+                WeightedConfig {
+                    fanouts: vec![k],
+                    replace: false,
+                    remap,
+                },
+                tables.clone(),
+            )
+        };
+        assert_eq!(
+            sampling_room(&weighted(10), 100, 1 << 30, 1 << 30),
+            4 * 101 + 8 * 1_000 + (8 * 100 + 4 * 1_000)
+        );
+        assert_eq!(
+            sampling_room(&weighted(FANOUT_ALL), 100, 1 << 30, 5_000),
+            4 * 101 + 8 * 5_000 + (8 * 100 + 4 * 5_000)
+        );
     }
 
     #[test]
