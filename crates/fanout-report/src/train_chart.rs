@@ -72,6 +72,18 @@ fn stages<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
         parts.push(("all-reduce", |x| x.allreduce_s));
     }
     let stacked = |x: &Epoch| parts.iter().map(|(_, f)| f(x)).sum::<f64>();
+    // The legend sits in the upper right, over the last epochs' bars: the axis reaches far
+    // enough above the data for it, about 6% of the panel's height per entry (the stages,
+    // the epoch, and each floor drawn).
+    let entries = parts.len()
+        + 1
+        + usize::from(e.iter().any(|x| x.compute_floor_s.is_some()))
+        + usize::from(e.iter().any(|x| x.memory_floor_s.is_some()))
+        + usize::from(
+            e.iter()
+                .any(|x| x.performed_floor_s.is_some() && x.performed_floor_s != x.compute_floor_s),
+        );
+    let legend_share = 0.04 + 0.062 * entries as f64;
     let top = e
         .iter()
         .map(|x| {
@@ -82,7 +94,7 @@ fn stages<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
         })
         .fold(0.0, f64::max)
         .max(1e-3)
-        * 1.45;
+        / (1.0 - legend_share);
     let caption = if e.iter().any(|x| x.compute_floor_s.is_some()) {
         "Busy time per stage (stacked) and epoch time, against the floors"
     } else {
