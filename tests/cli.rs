@@ -389,6 +389,17 @@ fn report_draws_a_training_run_and_cache_sim_rows_and_refuses_bad_input_in_one_l
         &["expected a name ending in .svg or .png"],
     );
     assert!(!t.path().join("bad.svg").exists() && !t.path().join("bad.gif").exists());
+    // Metrics saved under a picture's name are not drawn over (by default or by -o).
+    let odd = t.path().join("metrics.svg");
+    std::fs::copy(&m, &odd).unwrap();
+    fails(&["report", s(&odd)], 1, &["would replace the metrics"]);
+    let same = t.path().join(".").join("metrics.svg");
+    fails(
+        &["report", s(&odd), "-o", s(&same)],
+        1,
+        &["would replace the metrics"],
+    );
+    assert_eq!(std::fs::read(&odd).unwrap(), std::fs::read(&m).unwrap());
 }
 
 #[test]

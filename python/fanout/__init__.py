@@ -15,7 +15,7 @@ can train on fanout's mini-batches the way it would on DGL's ``DataLoader`` or P
 
 ``fanout.torch`` turns batches into torch tensors (PyG ``edge_index`` or DGL blocks) and loads
 fanout checkpoints into plain PyTorch modules; ``fanout.train`` / ``fanout.evaluate`` run
-fanout's own trainer. Every error from Rust is raised as a subclass of :class:`FanoutError`
+fanout's own trainer, and ``fanout.report`` draws a run's metrics as a picture. Every error from Rust is raised as a subclass of :class:`FanoutError`
 with the Rust message. See docs/python.md in the repository.
 """
 
@@ -38,7 +38,7 @@ from ._fanout import (
     __version__,
 )
 from .loader import Block, MiniBatch, NeighborLoader
-from .run import evaluate, read_checkpoint, train
+from .run import evaluate, read_checkpoint, report, train
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -61,6 +61,7 @@ __all__ = [
     "import_npy",
     "import_ogb",
     "read_checkpoint",
+    "report",
     "train",
     "verify",
 ]

@@ -134,3 +134,9 @@ def evaluate(
 def read_checkpoint(
     path: str,
 ) -> Tuple[Dict[str, str], Dict[str, Any], Dict[str, npt.NDArray[np.float32]]]: ...
+def report(
+    out: str,
+    text: Optional[str] = None,
+    path: Optional[str] = None,
+    origin: str = "metrics",
+) -> str: ...

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _fanout
 from ._fanout import InvalidArgumentError
 
-__all__ = ["evaluate", "read_checkpoint", "train"]
+__all__ = ["evaluate", "read_checkpoint", "report", "train"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -148,3 +149,49 @@ def read_checkpoint(
     ``fanout eval`` checks it.
     """
     return _fanout.read_checkpoint(os.fspath(path))
+
+
+def report(
+    metrics: Union[Mapping[str, Any], List[Mapping[str, Any]], PathLike],
+    out: Optional[PathLike] = None,
+) -> str:
+    """Draws a run's metrics as a picture, as ``fanout report`` does, and returns its path.
+
+    ``metrics`` is what :func:`train` returned, the path of a metrics JSON (``metrics_out=``,
+    ``fanout train --metrics-out``), or cache-sim rows (the dicts of ``fanout cache-sim
+    --json``, or the path of its output). A training run becomes four panels: the stages'
+    busy time per epoch, stacked, with the epoch's wall time and its compute and memory
+    floors as lines; the loss; train and validation accuracy; the share of feature bytes
+    served by the cache and by Match-Reorder's reuse. Cache-sim rows become hit rate against
+    cache ratio, one line per policy.
+
+    ``out`` is the picture: a name ending in ``.svg`` or ``.png`` (default: the metrics
+    path with ``.svg``; required when ``metrics`` is not a path). It is written under a
+    temporary name and renamed, so an existing picture is never left half-written. A bad
+    name, or metrics missing a field the pictures need, raise :class:`InvalidArgumentError`
+    (naming the field) before anything is written; a missing metrics file
+    :class:`NotFoundError`; a file that cannot be read or a picture that cannot be written
+    :class:`FanoutIOError`.
+    """
+    text: Optional[str] = None
+    path: Optional[str] = None
+    if isinstance(metrics, (str, os.PathLike)):
+        path = os.fspath(metrics)
+        if out is None:
+            out = os.path.splitext(path)[0] + ".svg"
+    elif isinstance(metrics, Mapping):
+        text = json.dumps(dict(metrics))
+    elif isinstance(metrics, list) and all(isinstance(r, Mapping) for r in metrics):
+        text = "\n".join(json.dumps(dict(r)) for r in metrics)
+    else:
+        raise InvalidArgumentError(
+            "metrics: expected the dict fanout.train returned, cache-sim rows (a list of "
+            f"dicts) or a path, got {type(metrics).__name__}"
+        )
+    if out is None:
+        raise InvalidArgumentError(
+            "out: a picture name ending in .svg or .png is needed when the metrics are not a file"
+        )
+    out = os.fspath(out)
+    _fanout.report(out, text, path)
+    return out

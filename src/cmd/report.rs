@@ -29,8 +29,8 @@ pub fn run(a: &ReportArgs) -> Result<(), String> {
         .output
         .clone()
         .unwrap_or_else(|| a.input.with_extension("svg"));
-    // Refuse a bad name before reading anything.
-    fanout_report::Format::of(&out).map_err(|e| e.to_string())?;
+    // Refuse a bad name (or the input's own) before reading anything.
+    fanout_report::check_output(&out, Some(&a.input)).map_err(|e| e.to_string())?;
     let report = fanout_report::load(&a.input).map_err(|e| e.to_string())?;
     let what = fanout_report::render(&report, &out).map_err(|e| e.to_string())?;
     println!("wrote {}: {what}", out.display());

@@ -89,8 +89,14 @@ pub enum Report {
 pub fn load(path: &Path) -> Result<Report, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::new(format!("{}: cannot read: {e}", path.display())))?;
-    let at = |what: String| Error::new(format!("{}: {what}", path.display()));
-    let values: Vec<Value> = match serde_json::from_str::<Value>(&text) {
+    parse(&text, &path.display().to_string())
+}
+
+/// [`load`] on a text already read: `origin` (a file name, or what the text is) begins every
+/// error.
+pub fn parse(text: &str, origin: &str) -> Result<Report, Error> {
+    let at = |what: String| Error::new(format!("{origin}: {what}"));
+    let values: Vec<Value> = match serde_json::from_str::<Value>(text) {
         Ok(v) => vec![v],
         Err(_) => text
             .lines()

@@ -11,7 +11,7 @@ pub mod input;
 mod sim_chart;
 mod train_chart;
 
-pub use input::{load, Report};
+pub use input::{load, parse, Report};
 
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -83,6 +83,23 @@ impl Format {
             ))),
         }
     }
+}
+
+/// Checks the picture's name `out` before anything is read: an extension naming a format, and
+/// not the metrics file `input` itself (drawing over it would lose the metrics).
+pub fn check_output(out: &Path, input: Option<&Path>) -> Result<Format, Error> {
+    let format = Format::of(out)?;
+    let same = |i: &Path| match (out.canonicalize(), i.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => out == i,
+    };
+    if input.is_some_and(same) {
+        return Err(Error::new(format!(
+            "{}: the picture would replace the metrics it is drawn from; name another picture",
+            out.display()
+        )));
+    }
+    Ok(format)
 }
 
 /// Draws `report` into `out` (format from its extension), through a temporary file renamed
