@@ -6,7 +6,9 @@
 pub use fanout_cuda::{DeviceInfo, DeviceSpec, CUDA_BUILT};
 
 use crate::run::{train, TrainOutcome};
-use crate::{ExecError, FitObserver, Result, RunEnv, SamplingPlacement, TrainConfig};
+use crate::{
+    ExecError, FitObserver, PipelineConfig, Result, RunEnv, SamplingPlacement, TrainConfig,
+};
 use fanout_compute::Backend;
 use fanout_graph::{Dataset, Progress};
 use fanout_sample::{
@@ -209,17 +211,54 @@ pub(crate) fn device_sampler<B: Backend>(
         4
     };
     let (fixed, arcs) = ((n + 1) * 8 + n * 8, ds.meta.num_edge * per_arc);
+    // A bound on the rows of a k-hop's FANOUT_ALL draws (a pass over the offsets, made only
+    // for those).
+    let all_arcs = match &draws {
+        GpuDraws::Uniform(KHopConfig { fanouts, .. })
+        | GpuDraws::Weighted(WeightedConfig { fanouts, .. }, _) => fanouts.contains(&FANOUT_ALL),
+        GpuDraws::Walks(_) => false,
+    };
+    let max_degree = if all_arcs {
+        let t = &ds.topology;
+        (0..n)
+            .map(|v| {
+                let (a, b) = t.row_range(v);
+                b - a
+            })
+            .max()
+            .unwrap_or(0)
+    } else {
+        u64::MAX
+    };
+    // The batches whose blocks are on the device at once: sampled and waiting, prepared and
+    // waiting, and the one training.
+    let (sampled, prepared) = PipelineConfig {
+        prefetch: cfg.prefetch.max(1),
+        reorder_window: if cfg.cache.match_reorder {
+            cfg.cache.reorder_window
+        } else {
+            0
+        },
+        ..PipelineConfig::default()
+    }
+    .batches_in_flight();
+    let batches = sampled + prepared + 1;
     let batch = sampling_room(
         &draws,
+        Graph {
+            nodes: n,
+            edges: ds.meta.num_edge,
+            max_degree,
+        },
         cfg.batch_size.unwrap_or(1) as u64,
-        n,
-        ds.meta.num_edge,
-    );
+    )
+    .total(batches as u64);
     let mb = |b: u64| b as f64 / 1e6;
     let memory = TopologyMemory {
         fixed,
         arcs,
         batch,
+        batches,
         free: be.free_memory(),
         host_available: fanout_graph::available_memory(),
         auto_uva: !matches!(draws, GpuDraws::Weighted(..)),
@@ -253,45 +292,90 @@ pub(crate) fn device_sampler<B: Backend>(
 /// `uva` (offsets and remap table) may take; `auto` takes at most a quarter.
 pub(crate) const TOPOLOGY_SHARE: f64 = 0.75;
 
-/// A bound on the device memory that sampling one batch of `batch` seeds takes beyond the
-/// topology, on a graph of `nodes` vertices and `edges` arcs: every hop's block (offsets,
-/// source ids, and weights where the draws give them), kept until the batch is read back,
-/// plus the largest hop's transient room: the counts of each frontier vertex, a weighted
-/// hop's picks before they are placed (room for the most each vertex can yield: every arc
-/// for `FANOUT_ALL`), or a walk hop's visits (two words per step of every walk). Each hop's
-/// frontier is bounded by the previous frontier plus its edges, and by `nodes`; a hop's edges
-/// by `k` per vertex, and by `edges` where a vertex draws each arc at most once.
-fn sampling_room(draws: &GpuDraws, batch: u64, nodes: u64, edges: u64) -> u64 {
+/// What [`sampling_room`] bounds a batch's draws by.
+#[derive(Clone, Copy, Debug)]
+struct Graph {
+    nodes: u64,
+    edges: u64,
+    /// The longest row's arcs (only read for `FANOUT_ALL` k-hops).
+    max_degree: u64,
+}
+
+/// What [`sampling_room`] bounds: per batch on the device, and for the one being sampled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Room {
+    /// Kept by each batch until its step.
+    kept: u64,
+    /// Taken while a batch is sampled.
+    transient: u64,
+}
+
+impl Room {
+    /// The bound with `batches` on the device at once.
+    fn total(self, batches: u64) -> u64 {
+        self.kept
+            .saturating_mul(batches)
+            .saturating_add(self.transient)
+    }
+}
+
+/// A bound on the device memory that GPU sampling takes beyond the topology, for batches of
+/// `batch` seeds ([`Room::total`]: with several on the device at once). Each keeps its
+/// blocks (offsets, source ids, and weights where the draws give them), its seeds and its
+/// input vertices until its step; the batch being sampled also needs its largest hop's
+/// transient room: the draw's (counts and their scan, a weighted hop's picks before they are
+/// placed, a walk hop's visits: two words per step of every walk) or the remap's that follows
+/// it (a flag and a position per drawn edge, and their scan's tile sums), whichever is larger. Each hop's frontier is bounded by the previous frontier plus its
+/// edges, and by the graph's vertices; a k-hop's edges by `k` per vertex, and where each arc
+/// is drawn at most once by the longest row per vertex and by the graph's arcs; a walk hop's
+/// by its top-k (or every step of its walks) per vertex, not by arcs: walks reach past a
+/// vertex's own arcs. All sums saturate.
+fn sampling_room(draws: &GpuDraws, g: Graph, batch: u64) -> Room {
     let (ks, replace, weighted): (&[u32], bool, bool) = match draws {
         GpuDraws::Uniform(c) => (&c.fanouts, c.replace, false),
         GpuDraws::Weighted(c, _) => (&c.fanouts, c.replace, true),
         GpuDraws::Walks(c) => (&c.top_k, false, true),
     };
-    let (mut frontier, mut kept, mut transient) = (batch.min(nodes), 0u64, 0u64);
+    let per_edge = if weighted { 8 } else { 4 };
+    // A batch's seeds, then its hops.
+    let (mut frontier, mut kept, mut transient) =
+        (batch.min(g.nodes), batch.saturating_mul(4), 0u64);
     for &k in ks {
         let n = frontier;
-        let per_vertex = match draws {
-            GpuDraws::Walks(c) => (c.walks as u64 * c.length as u64).min(k as u64),
-            _ => k as u64,
+        let m = match draws {
+            GpuDraws::Walks(c) => {
+                n.saturating_mul((c.walks as u64 * c.length as u64).min(k as u64))
+            }
+            _ if k == FANOUT_ALL => n.saturating_mul(g.max_degree).min(g.edges),
+            _ if replace => n.saturating_mul(k as u64),
+            _ => n.saturating_mul((k as u64).min(g.max_degree)).min(g.edges),
         };
-        let m = if k == FANOUT_ALL {
-            edges
-        } else if replace {
-            n.saturating_mul(per_vertex)
-        } else {
-            n.saturating_mul(per_vertex).min(edges)
+        // Counts, their offsets' scan (tile sums at most a word per element) and what each
+        // kind of draw adds.
+        let draw = match draws {
+            GpuDraws::Uniform(_) => n.saturating_mul(8).saturating_add(8),
+            // Also the room's offsets and the picks, one word per edge of the bound.
+            GpuDraws::Weighted(..) => n
+                .saturating_mul(16)
+                .saturating_add(16)
+                .saturating_add(m.saturating_mul(4)),
+            GpuDraws::Walks(c) => n
+                .saturating_mul(8 * c.walks as u64)
+                .saturating_mul(c.length as u64)
+                .saturating_add(n.saturating_mul(8))
+                .saturating_add(8),
         };
-        let scratch = match draws {
-            GpuDraws::Uniform(_) => 4 * n,
-            GpuDraws::Weighted(..) => 8 * n + 4 * m,
-            GpuDraws::Walks(c) => 4 * n + n.saturating_mul(8 * c.walks as u64 * c.length as u64),
-        };
-        transient = transient.max(scratch);
-        let per_edge = if weighted { 8 } else { 4 };
-        kept = kept.saturating_add(4 * (n + 1) + m.saturating_mul(per_edge));
-        frontier = n.saturating_add(m).min(nodes);
+        // The remap: a flag, a position and (at most) a tile sum per drawn edge.
+        let remap = m.saturating_mul(12).saturating_add(8);
+        transient = transient.max(draw).max(remap);
+        kept = kept
+            .saturating_add(n.saturating_add(1).saturating_mul(4))
+            .saturating_add(m.saturating_mul(per_edge));
+        frontier = n.saturating_add(m).min(g.nodes);
     }
-    kept.saturating_add(transient)
+    // The input vertices.
+    kept = kept.saturating_add(frontier.saturating_mul(4));
+    Room { kept, transient }
 }
 
 /// Bytes a GPU sampler needs, and what the machine has for them.
@@ -301,8 +385,10 @@ struct TopologyMemory {
     fixed: u64,
     /// The arcs, on the device or in pinned host memory.
     arcs: u64,
-    /// A bound on what sampling one batch takes on the device ([`sampling_room`]).
+    /// A bound on what sampling takes on the device ([`sampling_room`]).
     batch: u64,
+    /// The batches that bound counts (on the device at once).
+    batches: usize,
     /// The device's free memory, `None` when it could not be read.
     free: Option<u64>,
     /// The host's available memory.
@@ -343,49 +429,59 @@ fn topology_on_device(
     // What an explicit placement may take: the rest is left to the step's tensors and the
     // features or their cache.
     let room = (free as f64 * TOPOLOGY_SHARE) as u64;
-    // A batch's sampling room is on the device wherever the arcs are.
-    let (fixed, arcs) = (m.fixed.saturating_add(m.batch), m.arcs);
-    // What the refusals name: the batch's room where it is a part worth naming.
-    let batch_part = if m.batch >= fixed / 10 {
-        format!(", {:.0} MB of it for sampling one batch", mb(m.batch))
-    } else {
-        String::new()
+    // Sampling's room is on the device wherever the arcs are.
+    let (fixed, arcs, batch) = (m.fixed, m.arcs, m.batch);
+    let on_device = fixed.saturating_add(batch);
+    let all = on_device.saturating_add(arcs);
+    // What a refusal says about sampling's part, and what shrinks it where it weighs.
+    let sampling = |what: &str, total: u64| {
+        let part = format!(
+            "{what} take {:.0} MB and sampling up to {:.0} MB more ({} batches in flight), \
+             {:.0} MB in all on the device",
+            mb(total - batch),
+            mb(batch),
+            m.batches,
+            mb(total)
+        );
+        let smaller = if batch >= total / 10 {
+            ", or a smaller --batch-size or fanouts"
+        } else {
+            ""
+        };
+        (part, smaller)
     };
     Ok(Some(match asked {
         SamplingPlacement::Host => return Ok(None),
-        SamplingPlacement::Auto if fixed + arcs <= free / 4 => true,
+        SamplingPlacement::Auto if all <= free / 4 => true,
         // Arcs that do not fit are read from pinned host memory where that pays
         // (`auto_uva`). Pinned memory cannot be paged out, so auto takes at most a quarter of
         // what the host has available.
         SamplingPlacement::Auto
-            if m.auto_uva && fixed <= free / 4 && arcs <= m.host_available / 4 =>
+            if m.auto_uva && on_device <= free / 4 && arcs <= m.host_available / 4 =>
         {
             false
         }
         SamplingPlacement::Auto => return Ok(None),
-        SamplingPlacement::Device if fixed + arcs > room => {
+        SamplingPlacement::Device if all > room => {
+            let (part, smaller) = sampling("the topology's arrays", all);
             return bad(format!(
-                "--sampling-placement device: the topology takes {:.0} MB on the device{} but \
-                 {device} has {:.0} MB free (it may take {:.0}%, leaving the rest for \
-                 training); use --sampling-placement uva (the arcs read from pinned host \
-                 memory) or host",
-                mb(fixed + arcs),
-                batch_part,
+                "--sampling-placement device: {part}, but {device} has {:.0} MB free (they may \
+                 take {:.0}%, leaving the rest for training); use --sampling-placement uva \
+                 (the arcs read from pinned host memory) or host{smaller}",
                 mb(free),
                 TOPOLOGY_SHARE * 100.0
-            ))
+            ));
         }
         SamplingPlacement::Device => true,
-        SamplingPlacement::Uva if fixed > room => {
+        SamplingPlacement::Uva if on_device > room => {
+            let (part, smaller) = sampling("the offsets and remap table", on_device);
             return bad(format!(
-                "--sampling-placement uva: the offsets and remap table take {:.0} MB on the \
-                 device{} but {device} has {:.0} MB free (they may take {:.0}%, leaving the \
-                 rest for training); use --sampling-placement host",
-                mb(fixed),
-                batch_part,
+                "--sampling-placement uva: {part}, but {device} has {:.0} MB free (they may \
+                 take {:.0}%, leaving the rest for training); use --sampling-placement \
+                 host{smaller}",
                 mb(free),
                 TOPOLOGY_SHARE * 100.0
-            ))
+            ));
         }
         SamplingPlacement::Uva => false,
     }))
@@ -507,6 +603,7 @@ mod tests {
             fixed,
             arcs,
             batch: 0,
+            batches: 4,
             free,
             host_available: 256 * gb,
             auto_uva: true,
@@ -549,7 +646,22 @@ mod tests {
         };
         assert_eq!(at(Device, roomy(gb)), Ok(Some(true)));
         let e = at(Device, roomy(20 * gb)).unwrap_err();
-        assert!(e.contains("of it for sampling one batch"), "{e}");
+        assert!(
+            e.contains("sampling up to 21475 MB more (4 batches in flight)")
+                && e.contains("MB in all on the device")
+                && e.contains("a smaller --batch-size"),
+            "{e}"
+        );
+        // A small part for sampling is named but not blamed.
+        let long = TopologyMemory {
+            batch: 5 * gb,
+            ..m(2 * gb, 70 * gb, Some(100 * gb))
+        };
+        let e = at(Device, long).unwrap_err();
+        assert!(
+            e.contains("sampling up to") && !e.contains("--batch-size"),
+            "{e}"
+        );
         assert_eq!(at(Uva, roomy(20 * gb)), Ok(Some(false)));
         // Auto's quarter: 2 + 8 GB fit in 25 GB, not with 16 GB for a batch.
         let small = |batch| TopologyMemory {
@@ -569,11 +681,16 @@ mod tests {
         }
     }
 
-    /// The batch bound, hop by hop, for the three kinds of draws.
+    /// The batch bound, hop by hop, for the three kinds of draws, worked out by hand.
     #[test]
     fn a_batch_s_sampling_room_is_bounded_hop_by_hop() {
         use fanout_sample::RemapKind;
         let remap = RemapKind::default();
+        let big = Graph {
+            nodes: 1 << 30,
+            edges: 1 << 30,
+            max_degree: u64::MAX,
+        };
         let uniform = |fanouts: Vec<u32>, replace| {
             GpuDraws::Uniform(KHopConfig {
                 fanouts,
@@ -581,37 +698,74 @@ mod tests {
                 remap,
             })
         };
-        // 100 seeds, 10 then 5 each, no repeats, on a large graph: 1,000 then 5,500 edges
-        // (frontiers 100 and 1,100); kept: offsets 4 x (101 + 1,101) and ids 4 x 6,500;
-        // transient: the larger hop's counts, 4 x 1,100.
-        let want = 4 * (101 + 1_101) + 4 * 6_500 + 4 * 1_100;
+        // 100 seeds, 10 then 5 each: 1,000 then 5,500 edges from frontiers of 100 and 1,100,
+        // 6,600 input vertices. Kept: the seeds, the offsets, the ids, the inputs; transient:
+        // the second hop's remap (a flag, a position and a tile sum per edge).
+        let room = sampling_room(&uniform(vec![10, 5], false), big, 100);
+        let kept = 4 * 100 + 4 * (101 + 1_101) + 4 * (1_000 + 5_500) + 4 * 6_600;
         assert_eq!(
-            sampling_room(&uniform(vec![10, 5], false), 100, 1 << 30, 1 << 30),
-            want
+            room,
+            Room {
+                kept,
+                transient: 12 * 5_500 + 8
+            }
         );
-        // Without repeats a hop yields at most every arc; with them, k per vertex.
-        let few = sampling_room(&uniform(vec![10], false), 100, 1 << 30, 300);
-        assert_eq!(few, 4 * 101 + 4 * 300 + 4 * 100);
-        let many = sampling_room(&uniform(vec![10], true), 100, 1 << 30, 300);
-        assert_eq!(many, 4 * 101 + 4 * 1_000 + 4 * 100);
-        // Every arc: the whole graph's arcs, and the frontier stays within the graph.
-        let all = sampling_room(&uniform(vec![FANOUT_ALL, FANOUT_ALL], false), 10, 50, 400);
-        assert_eq!(all, 4 * 11 + 4 * 400 + 4 * 51 + 4 * 400 + 4 * 50);
-        // Walks: 4 walks of 3 steps, top 2, from 100 seeds: 200 edges with weights; the
-        // visits take 8 x 4 x 3 bytes a vertex.
-        let walks = GpuDraws::Walks(RandomWalkConfig {
-            top_k: vec![2],
-            walks: 4,
-            length: 3,
-            stop_prob: 0.5,
-            remap,
-        });
+        assert_eq!(room.total(3), 3 * kept + 12 * 5_500 + 8);
+        // Without repeats a hop yields at most every arc, and at most the longest row per
+        // vertex; with them, k per vertex.
+        let few = Graph { edges: 300, ..big };
+        let capped = Room {
+            kept: 4 * 100 + 4 * 101 + 4 * 300 + 4 * 400,
+            transient: 12 * 300 + 8,
+        };
+        assert_eq!(sampling_room(&uniform(vec![10], false), few, 100), capped);
+        let short = Graph {
+            max_degree: 3,
+            ..big
+        };
+        assert_eq!(sampling_room(&uniform(vec![10], false), short, 100), capped);
+        let repeats = sampling_room(&uniform(vec![10], true), few, 100);
+        assert_eq!(repeats.kept, 4 * 100 + 4 * 101 + 4 * 1_000 + 4 * 1_100);
+        // Every arc: rows of at most 20 arcs, 400 arcs in all, 50 vertices.
+        let small = Graph {
+            nodes: 50,
+            edges: 400,
+            max_degree: 20,
+        };
+        let all = sampling_room(&uniform(vec![FANOUT_ALL, FANOUT_ALL], false), small, 10);
         assert_eq!(
-            sampling_room(&walks, 100, 1 << 30, 1 << 30),
-            4 * 101 + 8 * 200 + (4 * 100 + 8 * 12 * 100)
+            all,
+            Room {
+                kept: 4 * 10 + 4 * (11 + 51) + 4 * (200 + 400) + 4 * 50,
+                transient: 12 * 400 + 8,
+            }
         );
-        // Weighted: the picks' room (4 bytes an edge of the bound) beside the counts and
-        // their offsets; every arc for FANOUT_ALL.
+        // Walks: 4 walks of 3 steps, top 2, from 100 seeds: 200 weighted edges, though the
+        // graph has only 50 arcs (walks go past a vertex's own arcs); the visits, 8 bytes a
+        // step of every walk, outweigh the remap. Top-k "all": every step's vertex.
+        let walks = |k| {
+            GpuDraws::Walks(RandomWalkConfig {
+                top_k: vec![k],
+                walks: 4,
+                length: 3,
+                stop_prob: 0.5,
+                remap,
+            })
+        };
+        let tiny = Graph { edges: 50, ..big };
+        assert_eq!(
+            sampling_room(&walks(2), tiny, 100),
+            Room {
+                kept: 4 * 100 + 4 * 101 + 8 * 200 + 4 * 300,
+                transient: 8 * 12 * 100 + 8 * 100 + 8,
+            }
+        );
+        assert_eq!(
+            sampling_room(&walks(FANOUT_ALL), tiny, 100).kept,
+            4 * 100 + 4 * 101 + 8 * 1_200 + 4 * 1_300
+        );
+        // Weighted: the picks' room (a word per edge of the bound) with the counts, the
+        // room's offsets and their scans; every arc of rows of at most 30 for FANOUT_ALL.
         let empty = || fanout_graph::Array::from_vec(Vec::new());
         let tables = Arc::new(AliasTables {
             weights: empty(),
@@ -630,13 +784,116 @@ mod tests {
             )
         };
         assert_eq!(
-            sampling_room(&weighted(10), 100, 1 << 30, 1 << 30),
-            4 * 101 + 8 * 1_000 + (8 * 100 + 4 * 1_000)
+            sampling_room(&weighted(10), big, 100),
+            Room {
+                kept: 4 * 100 + 4 * 101 + 8 * 1_000 + 4 * 1_100,
+                transient: 12 * 1_000 + 8,
+            }
         );
-        assert_eq!(
-            sampling_room(&weighted(FANOUT_ALL), 100, 1 << 30, 5_000),
-            4 * 101 + 8 * 5_000 + (8 * 100 + 4 * 5_000)
-        );
+        let rows30 = Graph {
+            edges: 5_000,
+            max_degree: 30,
+            ..big
+        };
+        let w = sampling_room(&weighted(FANOUT_ALL), rows30, 100);
+        assert_eq!(w.kept, 4 * 100 + 4 * 101 + 8 * 3_000 + 4 * 3_100);
+        assert_eq!(w.transient, 12 * 3_000 + 8);
+    }
+
+    /// The bound against real batches: the GPU samplers draw the CPU samplers' batches
+    /// (`fanout-cuda`'s sampler tests), so what a batch keeps on the device is what these
+    /// blocks hold; every one of them must be within the bound, and every hop's remap within
+    /// its transient room.
+    #[test]
+    fn sampled_batches_stay_within_the_bound() {
+        use fanout_sample::{BatchKey, KHopSampler, RandomWalkSampler, RemapKind};
+        use fanout_synth::{generate, GenOptions, Preset};
+        let (ds, _) = generate(
+            &Preset::Products.config(Some(3_000)),
+            &GenOptions::default(),
+            None,
+            &fanout_graph::NoProgress,
+        )
+        .unwrap();
+        let ds = Arc::new(ds);
+        let t = &ds.topology;
+        let n = ds.num_nodes();
+        let g = Graph {
+            nodes: n,
+            edges: ds.meta.num_edge,
+            max_degree: (0..n)
+                .map(|v| t.row_range(v).1 - t.row_range(v).0)
+                .max()
+                .unwrap(),
+        };
+        let remap = RemapKind::default();
+        let khop = |fanouts: Vec<u32>, replace| KHopConfig {
+            fanouts,
+            replace,
+            remap,
+        };
+        let mut cases: Vec<(GpuDraws, Box<dyn Sampler>)> = vec![
+            (
+                GpuDraws::Uniform(khop(vec![10, 5], false)),
+                Box::new(KHopSampler::new(ds.clone(), khop(vec![10, 5], false)).unwrap()),
+            ),
+            (
+                GpuDraws::Uniform(khop(vec![25, 10], true)),
+                Box::new(KHopSampler::new(ds.clone(), khop(vec![25, 10], true)).unwrap()),
+            ),
+            (
+                GpuDraws::Uniform(khop(vec![FANOUT_ALL, 3], false)),
+                Box::new(KHopSampler::new(ds.clone(), khop(vec![FANOUT_ALL, 3], false)).unwrap()),
+            ),
+        ];
+        let walk = |top_k: Vec<u32>| RandomWalkConfig {
+            top_k,
+            walks: 6,
+            length: 4,
+            stop_prob: 0.2,
+            remap,
+        };
+        for k in [vec![5, 5], vec![FANOUT_ALL]] {
+            cases.push((
+                GpuDraws::Walks(walk(k.clone())),
+                Box::new(RandomWalkSampler::new(ds.clone(), walk(k)).unwrap()),
+            ));
+        }
+        for (draws, sampler) in &cases {
+            for (batch, step) in [(1usize, 0u64), (64, 1), (512, 2), (3_000, 3)] {
+                // Distinct seeds spread over the graph (7 is prime to its 3,000 vertices).
+                let seeds: Vec<u32> = (0..batch as u32).map(|i| (i * 7) % n as u32).collect();
+                let key = BatchKey {
+                    seed: 5,
+                    epoch: 0,
+                    step,
+                };
+                let b = sampler.sample(&seeds, key).unwrap();
+                let room = sampling_room(draws, g, seeds.len() as u64);
+                let per_edge = if matches!(draws, GpuDraws::Walks(_)) {
+                    8
+                } else {
+                    4
+                };
+                let kept: u64 = 4 * seeds.len() as u64
+                    + b.blocks
+                        .iter()
+                        .map(|k| 4 * (k.num_dst as u64 + 1) + per_edge * k.num_edges() as u64)
+                        .sum::<u64>()
+                    + 4 * b.input_nodes.len() as u64;
+                assert!(
+                    kept <= room.kept,
+                    "batch {batch}: keeps {kept} > {}",
+                    room.kept
+                );
+                for k in &b.blocks {
+                    assert!(
+                        12 * k.num_edges() as u64 + 8 <= room.transient,
+                        "batch {batch}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
