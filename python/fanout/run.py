@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -152,7 +152,7 @@ def read_checkpoint(
 
 
 def report(
-    metrics: Union[Mapping[str, Any], List[Mapping[str, Any]], PathLike],
+    metrics: Union[Mapping[str, Any], Sequence[Mapping[str, Any]], PathLike],
     out: Optional[PathLike] = None,
 ) -> str:
     """Draws a run's metrics as a picture, as ``fanout report`` does, and returns its path.
@@ -175,23 +175,28 @@ def report(
     """
     text: Optional[str] = None
     path: Optional[str] = None
-    if isinstance(metrics, (str, os.PathLike)):
-        path = os.fspath(metrics)
-        if out is None:
-            out = os.path.splitext(path)[0] + ".svg"
-    elif isinstance(metrics, Mapping):
-        text = json.dumps(dict(metrics))
-    elif isinstance(metrics, list) and all(isinstance(r, Mapping) for r in metrics):
-        text = "\n".join(json.dumps(dict(r)) for r in metrics)
-    else:
-        raise InvalidArgumentError(
-            "metrics: expected the dict fanout.train returned, cache-sim rows (a list of "
-            f"dicts) or a path, got {type(metrics).__name__}"
-        )
+    try:
+        if isinstance(metrics, (str, bytes, os.PathLike)):
+            path = os.fsdecode(metrics)
+            if out is None:
+                out = os.path.splitext(path)[0] + ".svg"
+        elif isinstance(metrics, Mapping):
+            text = json.dumps(dict(metrics))
+        elif isinstance(metrics, (list, tuple)) and all(isinstance(r, Mapping) for r in metrics):
+            text = "\n".join(json.dumps(dict(r)) for r in metrics)
+        else:
+            raise InvalidArgumentError(
+                "metrics: expected the dict fanout.train returned, cache-sim rows (a list of "
+                f"dicts) or a path, got {type(metrics).__name__}"
+            )
+    except (TypeError, ValueError) as e:
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(f"metrics: not JSON ({e})") from None
     if out is None:
         raise InvalidArgumentError(
             "out: a picture name ending in .svg or .png is needed when the metrics are not a file"
         )
-    out = os.fspath(out)
+    out = os.fsdecode(out)
     _fanout.report(out, text, path)
     return out

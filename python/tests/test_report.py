@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -49,8 +50,8 @@ def test_cache_sim_rows_become_hit_rate_curves(cora_path, fanout_cli, tmp_path):
     svg = (tmp_path / "sim.svg").read_text()
     for p in policies:
         assert p in svg, p
-    # The same rows as dicts give the same picture.
-    fanout.report(rows, tmp_path / "rows.svg")
+    # The same rows as dicts (a list or a tuple) give the same picture.
+    fanout.report(tuple(rows), tmp_path / "rows.svg")
     assert (tmp_path / "rows.svg").read_text() == svg
 
 
@@ -82,4 +83,17 @@ def test_bad_metrics_and_names_are_refused_before_writing(run, tmp_path):
     assert json.loads(odd.read_text()) == json.loads(json.dumps(metrics))
     with pytest.raises(fanout.FanoutIOError):
         fanout.report(metrics, tmp_path / "no" / "such" / "dir.svg")
+    # A picture that cannot be renamed into place (a folder holds its name) leaves no
+    # temporary behind.
+    (tmp_path / "taken.svg").mkdir()
+    (tmp_path / "taken.svg" / "x").write_text("kept")
+    with pytest.raises(fanout.FanoutIOError, match="cannot rename"):
+        fanout.report(metrics, tmp_path / "taken.svg")
+    assert (tmp_path / "taken.svg" / "x").read_text() == "kept"
     assert not list(tmp_path.glob(".*tmp*"))
+    # A path as bytes; values JSON cannot hold are refused in one line.
+    (tmp_path / "metrics2.json").write_text(json.dumps(metrics))
+    assert fanout.report(os.fsencode(tmp_path / "metrics2.json")) == str(tmp_path / "metrics2.svg")
+    assert (tmp_path / "metrics2.svg").read_text().lstrip().startswith("<svg")
+    with pytest.raises(fanout.InvalidArgumentError, match="not JSON"):
+        fanout.report(dict(metrics, extra=object()), tmp_path / "x.svg")
