@@ -15,8 +15,9 @@ can train on fanout's mini-batches the way it would on DGL's ``DataLoader`` or P
 
 ``fanout.torch`` turns batches into torch tensors (PyG ``edge_index`` or DGL blocks) and loads
 fanout checkpoints into plain PyTorch modules; ``fanout.train`` / ``fanout.evaluate`` run
-fanout's own trainer, and ``fanout.report`` draws a run's metrics as a picture. Every error from Rust is raised as a subclass of :class:`FanoutError`
-with the Rust message. See docs/python.md in the repository.
+fanout's own trainer, and ``fanout.report`` draws a run's metrics as a picture. Every error
+from Rust is raised as a subclass of :class:`FanoutError` with the Rust message. See
+docs/python.md in the repository.
 """
 
 from __future__ import annotations

@@ -168,10 +168,10 @@ def report(
     ``out`` is the picture: a name ending in ``.svg`` or ``.png`` (default: the metrics
     path with ``.svg``; required when ``metrics`` is not a path). It is written under a
     temporary name and renamed, so an existing picture is never left half-written. A bad
-    name, or metrics missing a field the pictures need, raise :class:`InvalidArgumentError`
-    (naming the field) before anything is written; a missing metrics file
-    :class:`NotFoundError`; a file that cannot be read or a picture that cannot be written
-    :class:`FanoutIOError`.
+    name, a name that is the metrics file's own, or metrics missing a field the pictures
+    need raise :class:`InvalidArgumentError` (naming the field) before anything is written;
+    a missing metrics file :class:`NotFoundError`; a file that cannot be read or a picture
+    that cannot be written :class:`FanoutIOError`.
     """
     text: Optional[str] = None
     path: Optional[str] = None

@@ -18,7 +18,8 @@ use std::path::PathBuf;
 pub struct ReportArgs {
     /// Metrics JSON of `fanout train --metrics-out`, or the output of `fanout cache-sim --json`.
     pub input: PathBuf,
-    /// The picture to write: a name ending in .svg or .png (default: INPUT with .svg).
+    /// The picture to write: a name ending in .svg or .png (default: INPUT with .svg), never
+    /// INPUT itself.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
 }

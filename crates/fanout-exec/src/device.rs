@@ -325,11 +325,12 @@ impl Room {
 /// input vertices until its step; the batch being sampled also needs its largest hop's
 /// transient room: the draw's (counts and their scan, a weighted hop's picks before they are
 /// placed, a walk hop's visits: two words per step of every walk) or the remap's that follows
-/// it (a flag and a position per drawn edge, and their scan's tile sums), whichever is larger. Each hop's frontier is bounded by the previous frontier plus its
-/// edges, and by the graph's vertices; a k-hop's edges by `k` per vertex, and where each arc
-/// is drawn at most once by the longest row per vertex and by the graph's arcs; a walk hop's
-/// by its top-k (or every step of its walks) per vertex, not by arcs: walks reach past a
-/// vertex's own arcs. All sums saturate.
+/// it (a flag and a position per drawn edge, and their scan's tile sums), whichever is larger.
+/// Each hop's frontier is bounded by the previous frontier plus its edges, and by the graph's
+/// vertices; a k-hop's edges by `k` per vertex, and where each arc is drawn at most once by
+/// the longest row per vertex and by the graph's arcs; a walk hop's by its top-k (or every
+/// step of its walks) per vertex, not by arcs: walks reach past a vertex's own arcs. All sums
+/// saturate.
 fn sampling_room(draws: &GpuDraws, g: Graph, batch: u64) -> Room {
     let (ks, replace, weighted): (&[u32], bool, bool) = match draws {
         GpuDraws::Uniform(c) => (&c.fanouts, c.replace, false),
@@ -404,10 +405,11 @@ struct TopologyMemory {
 /// Where [`device_sampler`] keeps the topology for placement `asked`: `Some(true)` all on the
 /// device, `Some(false)` the arcs in pinned host memory, `None` sampling on the host; `Err`
 /// when `device` or `uva` is asked for and the device's free memory is unknown or what they
-/// copy there, with a batch's sampling room, would take more than [`TOPOLOGY_SHARE`] of it. `auto` takes the device when
-/// everything fits in a quarter of its free memory, else pinned arcs (where
-/// `TopologyMemory::auto_uva` allows) when the rest fits in a quarter of it and the arcs in a
-/// quarter of the host's available memory, else the host.
+/// copy there, with sampling's room ([`sampling_room`]), would take more than
+/// [`TOPOLOGY_SHARE`] of it. `auto` takes the device when everything fits in a quarter of its
+/// free memory, else pinned arcs (where `TopologyMemory::auto_uva` allows) when the rest fits
+/// in a quarter of it and the arcs in a quarter of the host's available memory, else the
+/// host.
 fn topology_on_device(
     asked: SamplingPlacement,
     m: TopologyMemory,
