@@ -399,6 +399,16 @@ fn report_draws_a_training_run_and_cache_sim_rows_and_refuses_bad_input_in_one_l
         1,
         &["would replace the metrics"],
     );
+    #[cfg(unix)]
+    {
+        let linked = t.path().join("linked.svg");
+        std::fs::hard_link(&odd, &linked).unwrap();
+        fails(
+            &["report", s(&odd), "-o", s(&linked)],
+            1,
+            &["would replace the metrics"],
+        );
+    }
     assert_eq!(std::fs::read(&odd).unwrap(), std::fs::read(&m).unwrap());
 }
 

@@ -89,10 +89,7 @@ impl Format {
 /// not the metrics file `input` itself (drawing over it would lose the metrics).
 pub fn check_output(out: &Path, input: Option<&Path>) -> Result<Format, Error> {
     let format = Format::of(out)?;
-    let same = |i: &Path| match (out.canonicalize(), i.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => out == i,
-    };
+    let same = |i: &Path| same_file(out, i);
     if input.is_some_and(same) {
         return Err(Error::new(format!(
             "{}: the picture would replace the metrics it is drawn from; name another picture",
@@ -100,6 +97,22 @@ pub fn check_output(out: &Path, input: Option<&Path>) -> Result<Format, Error> {
         )));
     }
     Ok(format)
+}
+
+/// Whether `a` and `b` name one file: the same device and inode where both exist on Unix (so
+/// a hard link counts), else the same canonical path, else the same path as given.
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return (x.dev(), x.ino()) == (y.dev(), y.ino());
+        }
+    }
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// Draws `report` into `out` (format from its extension), through a temporary file renamed
