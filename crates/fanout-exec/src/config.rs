@@ -345,6 +345,16 @@ impl TrainConfig {
         })
     }
 
+    /// The FastGL Greedy Reorder window the training pipeline uses: `cache.reorder_window`
+    /// with Match-Reorder on, else 0 (batches in sampled order).
+    pub fn reorder_window(&self) -> usize {
+        if self.cache.match_reorder {
+            self.cache.reorder_window
+        } else {
+            0
+        }
+    }
+
     /// The sampler kind in effect (random walks for PinSAGE unless set).
     pub fn sampler_kind(&self) -> SamplerKind {
         self.sampler

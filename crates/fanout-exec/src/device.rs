@@ -219,14 +219,7 @@ pub(crate) fn device_sampler<B: Backend>(
         GpuDraws::Walks(_) => false,
     };
     let max_degree = if all_arcs {
-        let t = &ds.topology;
-        (0..n)
-            .map(|v| {
-                let (a, b) = t.row_range(v);
-                b - a
-            })
-            .max()
-            .unwrap_or(0)
+        ds.topology.max_row_length()
     } else {
         u64::MAX
     };
@@ -234,11 +227,7 @@ pub(crate) fn device_sampler<B: Backend>(
     // waiting, and the one training.
     let (sampled, prepared) = PipelineConfig {
         prefetch: cfg.prefetch.max(1),
-        reorder_window: if cfg.cache.match_reorder {
-            cfg.cache.reorder_window
-        } else {
-            0
-        },
+        reorder_window: cfg.reorder_window(),
         ..PipelineConfig::default()
     }
     .batches_in_flight();
@@ -818,15 +807,11 @@ mod tests {
         )
         .unwrap();
         let ds = Arc::new(ds);
-        let t = &ds.topology;
         let n = ds.num_nodes();
         let g = Graph {
             nodes: n,
             edges: ds.meta.num_edge,
-            max_degree: (0..n)
-                .map(|v| t.row_range(v).1 - t.row_range(v).0)
-                .max()
-                .unwrap(),
+            max_degree: ds.topology.max_row_length(),
         };
         let remap = RemapKind::default();
         let khop = |fanouts: Vec<u32>, replace| KHopConfig {

@@ -932,11 +932,7 @@ fn train_worker_on<B: Backend>(
         seed: cfg.seed,
         prefetch: cfg.prefetch.max(1),
         sample_workers: 1,
-        reorder_window: if cfg.cache.match_reorder {
-            cfg.cache.reorder_window
-        } else {
-            0
-        },
+        reorder_window: cfg.reorder_window(),
         plan: plan.train_plan,
         pool: pool.clone(),
         input_plan: if cfg.fuse_input && rows_at == RowsAt::Host {

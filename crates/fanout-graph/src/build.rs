@@ -329,6 +329,7 @@ mod tests {
         assert_eq!(st.num_arcs, 6);
         assert_eq!(ds.topology.in_degrees(), vec![0, 3, 2, 1]);
         assert_eq!(ds.topology.out_degrees(), vec![3, 1, 1, 1]);
+        assert_eq!(ds.topology.max_row_length(), 3);
     }
 
     #[test]
@@ -350,6 +351,7 @@ mod tests {
         assert_eq!(st.duplicates_dropped, 4);
         assert_eq!(st.num_arcs, 6);
         assert_eq!(ds.topology.in_degrees(), ds.topology.out_degrees());
+        assert_eq!(ds.topology.max_row_length(), 2);
     }
 
     #[test]

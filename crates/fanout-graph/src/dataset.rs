@@ -207,6 +207,22 @@ impl Topology {
         self.visit(V)
     }
 
+    /// The longest stored row's length (0 without vertices), in one pass over the offsets
+    /// that allocates nothing.
+    pub fn max_row_length(&self) -> u64 {
+        struct V;
+        impl CsrVisitor for V {
+            type Output = u64;
+            fn visit<O: Offset, I: VertexId>(self, p: &[O], _: &[I]) -> u64 {
+                p.par_windows(2)
+                    .map(|w| w[1].into() - w[0].into())
+                    .max()
+                    .unwrap_or(0)
+            }
+        }
+        self.visit(V)
+    }
+
     /// How often each vertex appears in `indices` (out-degree for CSC, in-degree for CSR).
     /// Ids out of range are ignored (verify reports them).
     pub fn column_counts(&self) -> Vec<u64> {
