@@ -138,5 +138,4 @@ def report(
     out: str,
     text: Optional[str] = None,
     path: Optional[str] = None,
-    origin: str = "metrics",
 ) -> str: ...

@@ -173,26 +173,27 @@ def report(
     a missing metrics file :class:`NotFoundError`; a file that cannot be read or a picture
     that cannot be written :class:`FanoutIOError`.
     """
+    def as_json(obj: Mapping[str, Any]) -> str:
+        try:
+            return json.dumps(dict(obj))
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"metrics: not JSON ({e})") from None
+
     text: Optional[str] = None
     path: Optional[str] = None
-    try:
-        if isinstance(metrics, (str, bytes, os.PathLike)):
-            path = os.fsdecode(metrics)
-            if out is None:
-                out = os.path.splitext(path)[0] + ".svg"
-        elif isinstance(metrics, Mapping):
-            text = json.dumps(dict(metrics))
-        elif isinstance(metrics, (list, tuple)) and all(isinstance(r, Mapping) for r in metrics):
-            text = "\n".join(json.dumps(dict(r)) for r in metrics)
-        else:
-            raise InvalidArgumentError(
-                "metrics: expected the dict fanout.train returned, cache-sim rows (a list of "
-                f"dicts) or a path, got {type(metrics).__name__}"
-            )
-    except (TypeError, ValueError) as e:
-        if isinstance(e, InvalidArgumentError):
-            raise
-        raise InvalidArgumentError(f"metrics: not JSON ({e})") from None
+    if isinstance(metrics, (str, bytes, os.PathLike)):
+        path = os.fsdecode(metrics)
+        if out is None:
+            out = os.path.splitext(path)[0] + ".svg"
+    elif isinstance(metrics, Mapping):
+        text = as_json(metrics)
+    elif isinstance(metrics, (list, tuple)) and all(isinstance(r, Mapping) for r in metrics):
+        text = "\n".join(as_json(r) for r in metrics)
+    else:
+        raise InvalidArgumentError(
+            "metrics: expected the dict fanout.train returned, cache-sim rows (a list of "
+            f"dicts) or a path, got {type(metrics).__name__}"
+        )
     if out is None:
         raise InvalidArgumentError(
             "out: a picture name ending in .svg or .png is needed when the metrics are not a file"

@@ -72,17 +72,41 @@ fn stages<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
         parts.push(("all-reduce", |x| x.allreduce_s));
     }
     let stacked = |x: &Epoch| parts.iter().map(|(_, f)| f(x)).sum::<f64>();
+    let line = |f: MaybeStat| -> Vec<(f64, f64)> {
+        e.iter()
+            .filter_map(|x| f(x).map(|v| (x.epoch as f64, v)))
+            .collect()
+    };
+    // The floor of the flops done is below the compute floor where weight gradients skipped
+    // zeros (not drawn where it coincides with it everywhere); drawn last, with short dashes,
+    // so that a memory floor of the same height still shows between them.
+    let floors: [(&str, MaybeStat, RGBColor, (u32, u32)); 3] = [
+        (
+            "compute floor",
+            |x| x.compute_floor_s,
+            RGBColor(200, 0, 0),
+            (8, 5),
+        ),
+        (
+            "memory floor",
+            |x| x.memory_floor_s,
+            RGBColor(120, 60, 160),
+            (8, 5),
+        ),
+        (
+            "floor of the flops done",
+            |x| {
+                x.performed_floor_s
+                    .filter(|&p| Some(p) != x.compute_floor_s)
+            },
+            RGBColor(240, 110, 110),
+            (4, 9),
+        ),
+    ];
     // The legend sits in the upper right, over the last epochs' bars: the axis reaches far
     // enough above the data for it, about 6% of the panel's height per entry (the stages,
     // the epoch, and each floor drawn).
-    let entries = parts.len()
-        + 1
-        + usize::from(e.iter().any(|x| x.compute_floor_s.is_some()))
-        + usize::from(e.iter().any(|x| x.memory_floor_s.is_some()))
-        + usize::from(
-            e.iter()
-                .any(|x| x.performed_floor_s.is_some() && x.performed_floor_s != x.compute_floor_s),
-        );
+    let entries = parts.len() + 1 + floors.iter().filter(|fl| !line(fl.1).is_empty()).count();
     let legend_share = 0.04 + 0.062 * entries as f64;
     let top = e
         .iter()
@@ -126,43 +150,12 @@ fn stages<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
             .label(*name)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
     }
-    let line = |f: MaybeStat| -> Vec<(f64, f64)> {
-        e.iter()
-            .filter_map(|x| f(x).map(|v| (x.epoch as f64, v)))
-            .collect()
-    };
     let wall = line(|x| Some(x.wall_s));
     chart
         .draw_series(LineSeries::new(wall.clone(), BLACK.stroke_width(2)))?
         .label("epoch (wall)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     chart.draw_series(wall.iter().map(|&p| Circle::new(p, 3, BLACK.filled())))?;
-    // The floor of the flops done is below the compute floor where weight gradients skipped
-    // zeros (not drawn where it coincides with it everywhere); drawn last, with short dashes,
-    // so that a memory floor of the same height still shows between them.
-    let floors: [(&str, MaybeStat, RGBColor, (u32, u32)); 3] = [
-        (
-            "compute floor",
-            |x| x.compute_floor_s,
-            RGBColor(200, 0, 0),
-            (8, 5),
-        ),
-        (
-            "memory floor",
-            |x| x.memory_floor_s,
-            RGBColor(120, 60, 160),
-            (8, 5),
-        ),
-        (
-            "floor of the flops done",
-            |x| {
-                x.performed_floor_s
-                    .filter(|&p| Some(p) != x.compute_floor_s)
-            },
-            RGBColor(240, 110, 110),
-            (4, 9),
-        ),
-    ];
     for (name, f, colour, (dash, gap)) in floors {
         let pts = line(f);
         if pts.is_empty() {
