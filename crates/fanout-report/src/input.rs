@@ -98,14 +98,23 @@ pub fn parse(text: &str, origin: &str) -> Result<Report, Error> {
     let at = |what: String| Error::new(format!("{origin}: {what}"));
     let values: Vec<Value> = match serde_json::from_str::<Value>(text) {
         Ok(v) => vec![v],
-        Err(_) => text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| {
-                serde_json::from_str(l).map_err(|e| at(format!("line {}: not JSON ({e})", i + 1)))
-            })
-            .collect::<Result<_, _>>()?,
+        Err(whole) => {
+            let mut lines = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty());
+            let mut values = Vec::new();
+            for (i, l) in lines.by_ref() {
+                match serde_json::from_str(l) {
+                    Ok(v) => values.push(v),
+                    // Not even the first line is a JSON value: the text is one document (a
+                    // pretty-printed, cut-off metrics file, say), and serde's error says where.
+                    Err(_) if values.is_empty() => return Err(at(format!("not JSON ({whole})"))),
+                    Err(e) => return Err(at(format!("line {}: not JSON ({e})", i + 1))),
+                }
+            }
+            values
+        }
     };
     let first = values
         .first()
@@ -263,6 +272,11 @@ mod tests {
                 "garbage.json",
                 "{\"a\": 1}\n{oops\n",
                 "garbage.json: line 2: not JSON",
+            ),
+            (
+                "cut.json",
+                "{\n  \"epochs\": [\n    {\"epoch\": 0,",
+                "cut.json: not JSON (EOF while parsing a value at line 3 column",
             ),
             (
                 "other.json",

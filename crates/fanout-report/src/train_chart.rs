@@ -30,9 +30,10 @@ pub(crate) fn draw<DB: DrawingBackend>(run: &TrainRun, root: &Area<DB>) -> Resul
     loss(&run.epochs, &panels[1]).map_err(|e| e.to_string())?;
     accuracy(run, &panels[2]).map_err(|e| e.to_string())?;
     bytes(&run.epochs, &panels[3]).map_err(|e| e.to_string())?;
+    let n = run.epochs.len();
     Ok(format!(
-        "{} epochs: stage times and floors, loss, accuracy, cache hit rate",
-        run.epochs.len()
+        "{n} epoch{}: stage times and floors, loss, accuracy, cache hit rate",
+        if n == 1 { "" } else { "s" }
     ))
 }
 
