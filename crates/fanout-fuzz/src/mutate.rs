@@ -70,7 +70,9 @@ pub fn mutate_bundle(seed: &Bundle, rng: &mut Rng) -> Bundle {
 
 /// Whether a file is text (its edits favour text bytes and numbers).
 fn is_text(name: &str) -> bool {
-    [".txt", ".csv", ".tsv"].iter().any(|e| name.ends_with(e))
+    [".txt", ".csv", ".tsv", ".json"]
+        .iter()
+        .any(|e| name.ends_with(e))
 }
 
 /// One random edit of `d`.

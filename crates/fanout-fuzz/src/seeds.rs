@@ -127,6 +127,53 @@ pub fn seeds(target: Target) -> Result<Vec<(String, Bundle)>, String> {
             };
             vec![("small".into(), b)]
         }
+        Target::Report => {
+            // A training run's metrics as `fanout train --metrics-out` writes them (the fields
+            // the report draws and some it does not), and cache-sim rows as JSON lines.
+            let mut epochs = Vec::new();
+            for e in 0..3u32 {
+                let f = f64::from(e);
+                let val = if e == 0 {
+                    "null".to_string()
+                } else {
+                    format!("{}", 0.5 + 0.125 * f)
+                };
+                epochs.push(format!(
+                    "    {{\"epoch\": {e}, \"wall_s\": {}, \"sample_s\": 0.25, \"extract_s\": 0.375, \
+                     \"train_s\": {}, \"allreduce_s\": 0.0625, \"compute_floor_s\": 0.5, \
+                     \"performed_floor_s\": 0.375, \"memory_floor_s\": 0.125, \"loss\": {}, \
+                     \"train_acc\": {}, \"val_acc\": {val}, \"extract\": {{\"rows\": 4096, \
+                     \"bytes_total\": 1048576, \"bytes_from_cache\": 524288, \"bytes_reused\": \
+                     262144, \"bytes_from_host\": 262144}}}}",
+                    1.5 - 0.25 * f,
+                    1.25 - 0.25 * f,
+                    2.0 / (1.0 + f),
+                    0.25 + 0.25 * f,
+                ));
+            }
+            let run = format!(
+                "{{\n  \"model\": \"sage\",\n  \"dataset\": \"embedded\",\n  \"strategy\": \
+                 \"data-parallel\",\n  \"workers\": 2,\n  \"test_acc\": 0.75,\n  \
+                 \"median_epoch_s\": 1.25,\n  \"median_floor_s\": 0.5,\n  \"epochs\": [\n{}\n  ]\n}}\n",
+                epochs.join(",\n")
+            );
+            let mut rows = String::new();
+            for policy in ["random", "degree", "presc1", "optimal"] {
+                for (i, ratio) in [0.0, 0.125, 0.25, 0.5].into_iter().enumerate() {
+                    let _ = writeln!(
+                        rows,
+                        "{{\"dataset\": \"cora\", \"policy\": \"{policy}\", \"ratio\": {ratio}, \
+                         \"hit_rate\": {}, \"batch_size\": 1024, \"sampler\": \"khop\", \
+                         \"fanouts_hop_order\": \"25,10\"}}",
+                        0.25 * i as f64
+                    );
+                }
+            }
+            let one = |text: String| Bundle {
+                files: vec![("metrics.json".into(), text.into_bytes())],
+            };
+            vec![("train".into(), one(run)), ("cache-sim".into(), one(rows))]
+        }
         Target::Checkpoint => {
             let mut out = Vec::new();
             for kind in [

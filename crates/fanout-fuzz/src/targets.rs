@@ -23,16 +23,20 @@ pub enum Target {
     Edgelist,
     /// A checkpoint (safetensors with fanout's metadata), loaded into a model.
     Checkpoint,
+    /// The JSON `fanout report` reads (a training run's metrics, or cache-sim rows), drawn as
+    /// SVG and, for every 4th input, PNG.
+    Report,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::Dataset,
         Target::Npy,
         Target::Ogb,
         Target::Edgelist,
         Target::Checkpoint,
+        Target::Report,
     ];
 
     /// The name used for corpus folders and on the command line.
@@ -43,6 +47,7 @@ impl Target {
             Target::Ogb => "ogb",
             Target::Edgelist => "edgelist",
             Target::Checkpoint => "checkpoint",
+            Target::Report => "report",
         }
     }
 }
@@ -79,6 +84,7 @@ pub fn run(target: Target, input: &Bundle) -> Outcome {
         Target::Ogb => import(Format::Ogb, &src, &out),
         Target::Edgelist => import(Format::EdgeList, &src.join("edges.txt"), &out),
         Target::Checkpoint => checkpoint(&src.join("model.safetensors")),
+        Target::Report => report(&src.join("metrics.json"), &out),
     }));
     match r {
         Ok(Ok(())) => Outcome::Ok,
@@ -181,6 +187,35 @@ fn checkpoint(path: &Path) -> Result<(), Failure> {
     let bytes = std::fs::read(path).map_err(err)?;
     io::read_config(&bytes).map_err(err)?;
     io::from_bytes(CpuBackend, &bytes).map_err(err)?;
+    Ok(())
+}
+
+/// Draws the metrics as `fanout report` does: the output is checked, the file read, then drawn
+/// as SVG and, for every 4th input (PNG is the slower backend), as PNG. A drawing that
+/// succeeds must leave a non-empty picture of its format.
+fn report(input: &Path, out: &Path) -> Result<(), Failure> {
+    std::fs::create_dir_all(out).map_err(err)?;
+    let pictures = [("run.svg", &b"<svg"[..]), ("run.png", &b"\x89PNG"[..])];
+    let draw = if dir_hash(input.parent().unwrap_or(input)) & 3 == 0 {
+        &pictures[..]
+    } else {
+        &pictures[..1]
+    };
+    for (name, magic) in draw {
+        let pic = out.join(name);
+        fanout_report::check_output(&pic, Some(input)).map_err(err)?;
+        let r = fanout_report::load(input).map_err(err)?;
+        fanout_report::render(&r, &pic).map_err(err)?;
+        let bytes = std::fs::read(&pic).map_err(|e| {
+            Failure::Broken(format!("render succeeded but {name} cannot be read: {e}"))
+        })?;
+        if !bytes.windows(magic.len()).take(64).any(|w| w == *magic) {
+            return Err(Failure::Broken(format!(
+                "render succeeded but {name} ({} bytes) is not a picture of its format",
+                bytes.len()
+            )));
+        }
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! What `.ci/run` fuzzes: every committed input (seeds and regressions) replayed, then a bounded
-//! pass over every target (`FANOUT_FUZZ_SECONDS` per target, default 12; 5 targets, so at most
-//! a minute or so, well inside the two-minute budget). Any crash fails the test with its message.
+//! pass over every target (`FANOUT_FUZZ_SECONDS` per target, default 12; 6 targets, so at most
+//! a minute and a quarter, inside the two-minute budget). Any crash fails the test with its message.
 
 use fanout_fuzz::{committed_inputs, fuzz, seeds, targets, Bundle, Outcome, Target};
 use std::time::Duration;
