@@ -226,3 +226,82 @@ fn pagraph_partitions_train_each_worker_on_its_part_and_damage_stops_the_run() {
     let out = ok(&["dataset", "info", &ds]);
     assert!(out.contains("partition pagraph-2: damaged"), "{out}");
 }
+
+#[test]
+fn factored_and_hybrid_runs_report_floors_over_the_whole_group() {
+    // Every strategy's epochs carry both floors at the rates the run reports. Workers in one
+    // process share its flop counters, so the compute floor is the group's products at the
+    // rate of all its threads and the memory floor the group's bytes at the copy bandwidth.
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let run = |name: &str, extra: &[&str]| -> Value {
+        let m = t.path().join(format!("{name}.json"));
+        let mut args = small(&ds, extra);
+        args.extend_from_slice(&["--metrics-out", s(&m)]);
+        let out = ok(&args);
+        assert!(out.contains("x its floor ("), "{name}: {out}");
+        read_json(&m)
+    };
+    let single = run("single", &[]);
+    let factored1 = run("factored1", &["--strategy", "factored"]);
+    let runs = [
+        run("dp2", &["--workers", "2"]),
+        run(
+            "factored2",
+            &[
+                "--workers",
+                "2",
+                "--strategy",
+                "factored",
+                "--samplers",
+                "1",
+            ],
+        ),
+        run(
+            "hybrid3",
+            &["--workers", "3", "--strategy", "hybrid", "--samplers", "1"],
+        ),
+    ];
+    for j in runs.iter().chain([&single, &factored1]) {
+        let what = j["strategy"].to_string();
+        let gemm = j["machine_rates"]["gemm_flops_per_s"].as_f64().unwrap();
+        let copy = j["machine_rates"]["copy_bytes_per_s"].as_f64().unwrap();
+        for e in j["epochs"].as_array().unwrap() {
+            let flops = e["gemm_flops"].as_u64().unwrap();
+            assert!(flops > 0, "{what}: {e}");
+            let floor = e["compute_floor_s"].as_f64().unwrap();
+            assert!(
+                (floor - flops as f64 / gemm).abs() <= 1e-9 * floor,
+                "{what}: {e}"
+            );
+            let workers = e["workers"].as_array().unwrap();
+            let bytes: u64 = if workers.is_empty() {
+                e["extract"]["bytes_from_host"].as_u64().unwrap()
+            } else {
+                workers
+                    .iter()
+                    .map(|w| w["bytes_from_host"].as_u64().unwrap())
+                    .sum()
+            };
+            assert!(bytes > 0, "{what}: {e}");
+            let mem = e["memory_floor_s"].as_f64().unwrap();
+            assert!(
+                (mem - bytes as f64 / copy).abs() <= 1e-9 * mem,
+                "{what}: {e}"
+            );
+        }
+    }
+    // One factored worker trains the single run's batches with the same products (its
+    // bytes differ: it gathers whole input rows where the single run aggregates the first
+    // layer from the store).
+    for (a, b) in factored1["epochs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(single["epochs"].as_array().unwrap())
+    {
+        for k in ["gemm_flops", "gemm_flops_skipped", "compute_floor_s"] {
+            assert_eq!(a[k], b[k], "{k}");
+        }
+    }
+}

@@ -72,7 +72,7 @@ def test_bad_metrics_and_names_are_refused_before_writing(run, tmp_path):
     with pytest.raises(fanout.NotFoundError, match="none.json"):
         fanout.report(tmp_path / "none.json")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(fanout.InvalidArgumentError, match=r"bad\.json: line 1: not JSON"):
+    with pytest.raises(fanout.InvalidArgumentError, match=r"bad\.json: not JSON \(.* at line 1 column 2\)"):
         fanout.report(tmp_path / "bad.json", keep)
     assert keep.read_text() == "an earlier picture"
     # Metrics saved under a picture's name are not drawn over.

@@ -13,6 +13,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
+/// The rates a CPU run's floors are computed with: [`machine_rates`] on the run's `threads`
+/// (all of them, every in-process worker's share included, since the flop counters the floors
+/// divide are process-wide), defaulting to every core. `None` where they cannot be measured.
+pub(crate) fn run_rates(threads: Option<usize>) -> Option<MachineRates> {
+    machine_rates(
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    )
+}
+
 /// The cache file's name.
 const CACHE_FILE: &str = "machine-rates.json";
 

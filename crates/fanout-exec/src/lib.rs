@@ -70,7 +70,8 @@ pub use gpus::{
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};
 pub use pipeline::{
-    BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, TimedSampler,
+    BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, RemoteWork,
+    TimedSampler,
 };
 pub use run::{
     check_backend, checkpoint_meta, open_dataset, train, train_with_backend, train_worker,

@@ -511,6 +511,36 @@ pub struct RemoteGradient {
     pub labelled: usize,
     /// The parameter gradient of `loss_sum`, in [`crate::Trainer::gradients_into`]'s layout.
     pub gradient: Vec<f32>,
+    /// What the batch cost the remote worker, for the epoch's metrics.
+    pub work: RemoteWork,
+}
+
+/// What a remote worker's batch cost (see [`RemoteGradient`]): the counts an epoch's metrics
+/// take from a batch it trains itself, so that an epoch counts every batch trained for it
+/// wherever it was trained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteWork {
+    /// Sampled edges over the batch's blocks.
+    pub edges: u64,
+    /// Input vertices of the batch.
+    pub input_nodes: u64,
+    /// The batch's feature extraction.
+    pub extract: ExtractStats,
+    /// Nominal flops of the step's products ([`fanout_compute::cpu::gemm::nominal_flops`]).
+    pub gemm_flops: u64,
+    /// The part of `gemm_flops` that zero-skipping products did not perform.
+    pub gemm_flops_skipped: u64,
+}
+
+impl RemoteWork {
+    /// Adds another batch's counts.
+    pub fn add(&mut self, o: &RemoteWork) {
+        self.edges += o.edges;
+        self.input_nodes += o.input_nodes;
+        self.extract.add(&o.extract);
+        self.gemm_flops += o.gemm_flops;
+        self.gemm_flops_skipped += o.gemm_flops_skipped;
+    }
 }
 
 impl BatchSource for Pipeline {

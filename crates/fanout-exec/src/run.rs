@@ -1083,7 +1083,7 @@ fn train_worker_on<B: Backend>(
             // The floors are the CPU's GEMM rate and copy bandwidth: meaningless for another
             // backend's steps, so they are neither measured nor reported there.
             rates: if be.name() == "cpu" {
-                crate::floor::machine_rates(cfg.threads.unwrap_or_else(available_cores))
+                crate::floor::run_rates(cfg.threads)
             } else {
                 None
             },

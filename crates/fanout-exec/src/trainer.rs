@@ -3,7 +3,7 @@
 
 use crate::error::{ExecError, Result};
 use crate::metrics::{EpochMetrics, RunMetrics, SplitEpoch, WorkerEpochMetrics};
-use crate::pipeline::{BatchSource, EpochStream, Prepared};
+use crate::pipeline::{BatchSource, EpochStream, Prepared, RemoteWork};
 use fanout_cache::ExtractStats;
 use fanout_comm::Comm;
 use fanout_compute::{Backend, BlockRef, MappedRows, Mode, Model, OptimState, Optimizer, Tensor};
@@ -41,6 +41,9 @@ pub struct ReducedStep {
     pub sync_s: f64,
     /// Bytes this worker contributed to it.
     pub sync_bytes: u64,
+    /// What the step's batches computed by other workers cost them (none but in
+    /// [`Trainer::compute_group_gradients`] with remote batches).
+    pub remote: RemoteWork,
 }
 
 /// A model with its optimiser on one backend: the train stage of a pipeline. Guarantee: given
@@ -348,6 +351,7 @@ impl<B: Backend> Trainer<B> {
             step_labelled: step_labelled as usize,
             sync_s: start.elapsed().as_secs_f64(),
             sync_bytes: 4 * (scratch.len() as u64 + 1),
+            remote: RemoteWork::default(),
         })
     }
 
@@ -394,6 +398,7 @@ impl<B: Backend> Trainer<B> {
             step_labelled: step_labelled as usize,
             sync_s: start.elapsed().as_secs_f64(),
             sync_bytes: 4 * (self.model.num_params() as u64 + 1),
+            remote: RemoteWork::default(),
         })
     }
 
@@ -445,12 +450,14 @@ impl<B: Backend> Trainer<B> {
             correct += o.correct;
             labelled += o.labelled;
         }
+        let mut work = RemoteWork::default();
         for p in &remote {
             let r = src.remote_finish(p)?;
             add(&mut acc, &r.gradient)?;
             loss_sum += r.loss_sum;
             correct += r.correct;
             labelled += r.labelled;
+            work.add(&r.work);
         }
         let start = Instant::now();
         acc.push(labelled as f32);
@@ -479,6 +486,7 @@ impl<B: Backend> Trainer<B> {
             step_labelled: step_labelled as usize,
             sync_s: start.elapsed().as_secs_f64(),
             sync_bytes: 4 * (acc.len() as u64 + 1),
+            remote: work,
         })
     }
 
@@ -909,6 +917,8 @@ pub fn fit_with<B: Backend + Send>(
         let (mut batches, mut edges, mut inputs) = (0u64, 0u64, 0u64);
         let (mut sync_s, mut sync_bytes) = (0.0, 0u64);
         let mut extract = ExtractStats::default();
+        // Batches trained for this worker by others (a factored run's standby samplers).
+        let mut remote = RemoteWork::default();
         let mut split: Option<SplitEpoch> = None;
         let mut stream = next.take().unwrap_or_else(|| train.epoch(epoch));
         let total = stream.len() as u64;
@@ -1039,6 +1049,7 @@ pub fn fit_with<B: Backend + Send>(
                 };
                 sync_s += r.sync_s;
                 sync_bytes += r.sync_bytes;
+                remote.add(&r.remote);
                 // The gradients are the all-reduced ones, the same on every worker, so every
                 // worker stops at the same step; a worker's own non-finite loss stops it alone
                 // (the others learn of it through the communicator).
@@ -1061,9 +1072,18 @@ pub fn fit_with<B: Backend + Send>(
         }
         drop(stream);
         let mut wall_s = start.elapsed().as_secs_f64();
-        let gemm_flops = fanout_compute::cpu::gemm::nominal_flops() - flops_start;
-        let gemm_flops_skipped = fanout_compute::cpu::gemm::skipped_flops() - skipped_start;
-        let memory_floor_s = ctl.rates.map(|r| r.memory_floor_s(extract.bytes_from_host));
+        let mut gemm_flops = fanout_compute::cpu::gemm::nominal_flops() - flops_start;
+        let mut gemm_flops_skipped = fanout_compute::cpu::gemm::skipped_flops() - skipped_start;
+        // Batches others trained for this worker count as its own: their edges, inputs and
+        // bytes, and their products where this process's counters did not see them.
+        edges += remote.edges;
+        inputs += remote.input_nodes;
+        extract.add(&remote.extract);
+        if !shares_flop_counters(comm) {
+            gemm_flops += remote.gemm_flops;
+            gemm_flops_skipped += remote.gemm_flops_skipped;
+        }
+        let mut floor_bytes = extract.bytes_from_host;
         // Busy times of the stages since the last call: with the next epoch started early,
         // its first batches' sampling and extraction count here (they ran in this epoch's
         // wall time). Bytes are summed per batch above, so they belong to their own epoch.
@@ -1095,7 +1115,14 @@ pub fn fit_with<B: Backend + Send>(
             per_worker = gather_workers(comm, &mine)?;
             // The epoch lasts as long as its slowest worker.
             wall_s = per_worker.iter().map(|w| w.wall_s).fold(wall_s, f64::max);
+            // Workers in one process share its flop counters, so the compute floor is the
+            // whole group's products at the rate of all its threads; the memory floor then
+            // takes the whole group's bytes too. Under MPI both are this process's own.
+            if shares_flop_counters(comm) {
+                floor_bytes = per_worker.iter().map(|w| w.bytes_from_host).sum();
+            }
         }
+        let memory_floor_s = ctl.rates.map(|r| r.memory_floor_s(floor_bytes));
         let mut m = EpochMetrics {
             epoch,
             wall_s,
@@ -1191,6 +1218,13 @@ fn ratio(a: f64, b: f64) -> f64 {
     } else {
         a / b
     }
+}
+
+/// Whether the workers of `comm` run in this process, so that the process-wide flop counters
+/// ([`fanout_compute::cpu::gemm::nominal_flops`]) count every worker's products (under MPI
+/// each process counts its own).
+fn shares_flop_counters(comm: &dyn Comm) -> bool {
+    comm.kind() == "local"
 }
 
 /// Every worker's epoch figures, in rank order (an all-gather of their JSON).

@@ -114,6 +114,15 @@ fn switching_trains_every_slice_once_and_changes_no_step() {
     for e in &f.metrics.epochs {
         assert_eq!(e.seeds, ds.train.len() as u64, "epoch {}", e.epoch);
     }
+    // A slice a standby trained counts in the owner's epoch like one it trained itself: the
+    // same edges, input vertices and feature bytes as without switching.
+    let still = run(&factored(&ds, 2, Some(1), false));
+    for (a, b) in f.metrics.epochs.iter().zip(&still.metrics.epochs) {
+        let what = format!("epoch {}", a.epoch);
+        assert_eq!((a.edges, a.input_nodes), (b.edges, b.input_nodes), "{what}");
+        assert_eq!(a.extract, b.extract, "{what}");
+        assert!(a.extract.bytes_from_host > 0, "{what}");
+    }
     // The cost model picks an allocation of its own and still trains the same steps.
     let auto = run(&factored(&ds, 3, None, true));
     let dp3 = run(&config(&ds, 3, StrategyKind::DataParallel));

@@ -4,7 +4,7 @@
 use super::{tag, Layout};
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
-use crate::pipeline::{BatchSource, EpochStream, Prepared, RemoteGradient};
+use crate::pipeline::{BatchSource, EpochStream, Prepared, RemoteGradient, RemoteWork};
 use fanout_cache::{ExtractStats, Extractor};
 use fanout_comm::Comm;
 use fanout_sample::{wire, BatchKey, MiniBatch};
@@ -272,28 +272,62 @@ impl BatchSource for QueueSource<'_> {
     }
 }
 
-/// A standby's result as bytes: loss sum (f64), correct and labelled (u64), gradient (f32s).
+/// A standby's result as bytes: loss sum (f64); correct and labelled; the work's edges, input
+/// vertices, the five extraction counts, nominal and skipped flops (u64 each); then the
+/// gradient (f32s).
 pub(crate) fn encode_gradient(g: &RemoteGradient) -> Vec<u8> {
-    let mut m = Vec::with_capacity(24 + 4 * g.gradient.len());
+    let w = &g.work;
+    let x = &w.extract;
+    let counts = [
+        g.correct as u64,
+        g.labelled as u64,
+        w.edges,
+        w.input_nodes,
+        x.rows,
+        x.bytes_total,
+        x.bytes_from_cache,
+        x.bytes_reused,
+        x.bytes_from_host,
+        w.gemm_flops,
+        w.gemm_flops_skipped,
+    ];
+    let mut m = Vec::with_capacity(GRADIENT_HEADER + 4 * g.gradient.len());
     m.extend_from_slice(&g.loss_sum.to_le_bytes());
-    m.extend_from_slice(&(g.correct as u64).to_le_bytes());
-    m.extend_from_slice(&(g.labelled as u64).to_le_bytes());
+    for c in counts {
+        m.extend_from_slice(&c.to_le_bytes());
+    }
     for v in &g.gradient {
         m.extend_from_slice(&v.to_le_bytes());
     }
     m
 }
 
+/// Bytes of a gradient message before its gradient: the loss sum and eleven counts.
+const GRADIENT_HEADER: usize = 8 * 12;
+
 fn decode_gradient(m: &[u8]) -> Option<RemoteGradient> {
-    if m.len() < 24 || !(m.len() - 24).is_multiple_of(4) {
+    if m.len() < GRADIENT_HEADER || !(m.len() - GRADIENT_HEADER).is_multiple_of(4) {
         return None;
     }
-    let u = |i: usize| u64::from_le_bytes(m[i..i + 8].try_into().unwrap_or([0; 8]));
+    let u = |i: usize| u64::from_le_bytes(m[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
     Some(RemoteGradient {
         loss_sum: f64::from_bits(u(0)),
-        correct: u(8) as usize,
-        labelled: u(16) as usize,
-        gradient: m[24..]
+        correct: u(1) as usize,
+        labelled: u(2) as usize,
+        work: RemoteWork {
+            edges: u(3),
+            input_nodes: u(4),
+            extract: ExtractStats {
+                rows: u(5),
+                bytes_total: u(6),
+                bytes_from_cache: u(7),
+                bytes_reused: u(8),
+                bytes_from_host: u(9),
+            },
+            gemm_flops: u(10),
+            gemm_flops_skipped: u(11),
+        },
+        gradient: m[GRADIENT_HEADER..]
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
             .collect(),
@@ -324,10 +358,25 @@ mod tests {
             correct: 7,
             labelled: 9,
             gradient: vec![1.0, -2.5, 0.125],
+            work: RemoteWork {
+                edges: 11,
+                input_nodes: 12,
+                extract: ExtractStats {
+                    rows: 13,
+                    bytes_total: 14,
+                    bytes_from_cache: 15,
+                    bytes_reused: 16,
+                    bytes_from_host: 17,
+                },
+                gemm_flops: 18,
+                gemm_flops_skipped: 19,
+            },
         };
-        assert_eq!(decode_gradient(&encode_gradient(&g)), Some(g));
-        assert_eq!(decode_gradient(&[0; 23]), None);
-        assert_eq!(decode_gradient(&[0; 26]), None);
+        let m = encode_gradient(&g);
+        assert_eq!(m.len(), GRADIENT_HEADER + 12);
+        assert_eq!(decode_gradient(&m), Some(g));
+        assert_eq!(decode_gradient(&m[..GRADIENT_HEADER - 1]), None);
+        assert_eq!(decode_gradient(&m[..GRADIENT_HEADER + 2]), None);
         assert_eq!(decode_params(&[0; 15]), None);
         let mut m = 5u64.to_le_bytes().to_vec();
         m.extend_from_slice(&6u64.to_le_bytes());

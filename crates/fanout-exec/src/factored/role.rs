@@ -7,12 +7,13 @@ use crate::config::{StrategyKind, TrainConfig};
 use crate::error::{ExecError, Result};
 use crate::hybrid::{tune, RouteCosts, RouteSplit};
 use crate::metrics::RunMetrics;
-use crate::pipeline::{PipelineConfig, Prepared, RemoteGradient};
+use crate::pipeline::{PipelineConfig, Prepared, RemoteGradient, RemoteWork};
 use crate::run::{build_cache, eval_pipelines, RunEnv, TrainOutcome};
 use crate::strategy::WorkerPlan;
 use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, Trainer};
 use fanout_cache::{Extractor, PlainExtractor};
 use fanout_comm::Comm;
+use fanout_compute::cpu::gemm;
 use fanout_compute::CpuBackend;
 use fanout_graph::Dataset;
 use fanout_sample::{
@@ -222,6 +223,9 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
                 .then(|| s.spawn(|| sampling.run(None)));
             let ctl = FitControl {
                 cancel: env.cancel,
+                // Factored trainers compute on the CPU: their epochs report the floors a
+                // single or data-parallel run would (the samplers do no products).
+                rates: crate::floor::run_rates(cfg.threads),
                 ..FitControl::default()
             };
             let res = fit_with(
@@ -642,6 +646,7 @@ impl SamplingJob<'_> {
             let mut features = Vec::new();
             let ex = &mut sb.extractor;
             let extract = on_pool(&self.pool, || ex.extract(&mb.input_nodes, &mut features))?;
+            let (edges, input_nodes) = (mb.num_edges() as u64, mb.input_nodes.len() as u64);
             let p = Prepared {
                 batch: mb,
                 features,
@@ -654,6 +659,9 @@ impl SamplingJob<'_> {
             };
             let key = (epoch << 32) | step as u64;
             let trainer = &mut *sb.trainer;
+            // The step's products, for the owner's compute floor where it cannot count them
+            // itself (a process of its own; in-process the counters are shared).
+            let flops = (gemm::nominal_flops(), gemm::skipped_flops());
             let o = on_pool(&self.pool, || trainer.compute_gradients(p, key))?;
             let mut gradient = Vec::new();
             sb.trainer.gradients_into(o.labelled as f32, &mut gradient);
@@ -662,6 +670,13 @@ impl SamplingJob<'_> {
                 correct: o.correct,
                 labelled: o.labelled,
                 gradient,
+                work: RemoteWork {
+                    edges,
+                    input_nodes,
+                    extract,
+                    gemm_flops: gemm::nominal_flops().saturating_sub(flops.0),
+                    gemm_flops_skipped: gemm::skipped_flops().saturating_sub(flops.1),
+                },
             };
             self.comm.send(owner, tag::GRAD, &encode_gradient(&g))?;
             claimed += 1;
