@@ -202,6 +202,27 @@ fn bad_flags_and_bad_data_fail_cleanly() {
     fails(&small(&ds, &["--batch-size", "0"]), 1, &["batch"]);
     fails(&small(&ds, &["--dropout", "1.5"]), 1, &["dropout"]);
     fails(&small(&ds, &["--epochs", "0"]), 1, &["epochs"]);
+    // Sizes that would abort on allocation or start a hundred thousand threads are refused.
+    fails(
+        &small(&ds, &["--prefetch", "1099511627776"]),
+        1,
+        &["--prefetch 1099511627776: at most 1024 batches"],
+    );
+    fails(
+        &small(&ds, &["--match-reorder", "--reorder-window", "100000000"]),
+        1,
+        &["--reorder-window 100000000: at most 1024"],
+    );
+    fails(
+        &small(&ds, &["--hidden", "10000000000"]),
+        1,
+        &["--hidden 10000000000: at most 65536"],
+    );
+    fails(
+        &small(&ds, &["--threads", "100000"]),
+        1,
+        &["--threads 100000: at most 4096"],
+    );
     fails(&["train", "--dataset", s(t.path())], 1, &["meta.txt"]);
     // Topology only: no features, no labels.
     let el = t.path().join("g.txt");

@@ -89,6 +89,15 @@ def _import(fmt: str, src: PathLike, dst: PathLike, **options: Any) -> Dict[str,
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         raise InvalidArgumentError(f"unknown import option(s): {', '.join(unknown)}")
+    # As on the command line: the random labels' settings mean nothing without random features.
+    random_only = sorted(
+        k for k in ("classes", "train_frac", "valid_frac", "test_frac", "signal") if k in options
+    )
+    if random_only and options.get("random_features") is None:
+        raise InvalidArgumentError(
+            f"{', '.join(random_only)}: only with random_features=DIM (they set the random "
+            "labels and split that come with random features)"
+        )
     defaults.update(options)
     return _fanout.import_dataset(fmt, os.fspath(src), os.fspath(dst), defaults)
 

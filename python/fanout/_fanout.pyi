@@ -1,5 +1,6 @@
 """Type stubs of fanout's native module (PyO3). Use the names re-exported by ``fanout``."""
 
+import pathlib
 from os import PathLike
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -42,7 +43,7 @@ class Dataset:
 
     def __init__(self, path: _Path) -> None: ...
     @property
-    def path(self) -> str: ...
+    def path(self) -> pathlib.Path: ...
     @property
     def num_nodes(self) -> int: ...
     @property

@@ -185,12 +185,17 @@ class NeighborLoader:
         self.seeds = _seed_array(dataset, seeds)
         sampler_spec = {"kind": sampler} if isinstance(sampler, str) else dict(sampler)
         cache_spec = _cache_spec(cache)
-        if self.batch_size < 1:
-            raise InvalidArgumentError("batch_size must be at least 1")
-        if prefetch < 1:
+        # Ranges checked here, so that a value the native call cannot take is an
+        # InvalidArgumentError rather than an OverflowError from the conversion.
+        if not 1 <= self.batch_size < 2**63:
+            raise InvalidArgumentError(f"batch_size {self.batch_size}: expected 1 to 2**63 - 1")
+        if int(prefetch) < 1:
             raise InvalidArgumentError("prefetch must be at least 1")
-        if self.seed < 0:
-            raise InvalidArgumentError("seed must be non-negative")
+        if not 0 <= self.seed < 2**64:
+            raise InvalidArgumentError(f"seed {self.seed}: expected 0 to 2**64 - 1")
+        if num_threads is not None and not 1 <= int(num_threads) <= 4096:
+            raise InvalidArgumentError(f"num_threads {num_threads}: expected 1 to 4096")
+        prefetch = min(int(prefetch), 2**63)  # the native check names the real bound
         self._inner = _fanout._Loader(
             dataset,
             self.seeds,

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _fanout
 from ._fanout import InvalidArgumentError
+from .loader import _cache_spec
 
 __all__ = ["evaluate", "read_checkpoint", "report", "train"]
 
@@ -58,10 +59,11 @@ def train(
     ``save_model`` (also accepted as a config key) writes the best-validation model as a
     safetensors checkpoint (``fanout eval``, :func:`evaluate`,
     :func:`fanout.torch.load_checkpoint`); ``metrics_out`` (also a key) writes the metrics
-    JSON. ``on_epoch(metrics)`` is called after every epoch; ``verbose`` prints a line per
-    epoch on stderr. Training runs on Rust threads with the GIL released; an exception
-    raised by ``on_epoch`` (or a Ctrl-C, ``KeyboardInterrupt``) takes effect when the run
-    ends: the run itself cannot be interrupted from Python.
+    JSON; given both ways, the keyword must agree with the key. ``on_epoch(metrics)`` is
+    called after every epoch; ``verbose`` prints a line per epoch on stderr. Training runs on
+    Rust threads with the GIL released; Ctrl-C (``KeyboardInterrupt``), or an exception
+    raised by ``on_epoch``, stops the run before its next training step and is raised here
+    (so ``on_epoch`` can end a run early).
 
     Returns the metrics report: ``test_acc`` (of the best-validation epoch), ``best_val_acc``,
     ``best_epoch``, ``median_epoch_s``, ``epochs`` (per-epoch figures), the resolved
@@ -85,11 +87,14 @@ def train(
         )
     if cfg is not None:
         cfg.update(settings)
-        save_model = cfg.pop("save_model", save_model)
-        metrics_out = cfg.pop("metrics_out", metrics_out)
+        save_model = _one_output(cfg, "save_model", save_model)
+        metrics_out = _one_output(cfg, "metrics_out", metrics_out)
         for k in ("dataset",):
             if cfg.get(k) is not None:
                 cfg[k] = os.fspath(cfg[k])
+        if cfg.get("cache") is not None:
+            # The loader's cache dict, a float ratio included, is a run config's [cache] too.
+            cfg["cache"] = _cache_spec(cfg["cache"])
     callbacks = []
     if on_epoch is not None:
         callbacks.append(on_epoch)
@@ -112,6 +117,20 @@ def train(
         note if verbose else None,
         device,
     )
+
+
+def _one_output(cfg: Dict[str, Any], key: str, keyword: Optional[PathLike]) -> Optional[PathLike]:
+    """The output path given as config key ``key`` or as the keyword of the same name (taken
+    out of ``cfg``); refuses two different ones rather than silently writing only one."""
+    in_cfg = cfg.pop(key, None)
+    if in_cfg is None:
+        return keyword
+    if keyword is not None and os.fspath(keyword) != os.fspath(in_cfg):
+        raise InvalidArgumentError(
+            f"{key} given twice: {os.fspath(in_cfg)!r} in the config and {os.fspath(keyword)!r} "
+            "as a keyword; give one"
+        )
+    return in_cfg
 
 
 def evaluate(

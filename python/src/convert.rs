@@ -4,7 +4,7 @@
 
 use crate::errors::{raise, Kind};
 use numpy::ndarray::{ArrayView, Dimension};
-use numpy::{Element, PyArray, PyArrayMethods};
+use numpy::{Element, PyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use serde::de::DeserializeOwned;
@@ -83,6 +83,15 @@ pub unsafe fn readonly_view<'py, T: Element, D: Dimension>(
     let view = unsafe { ArrayView::from_shape_ptr(dim, data.as_ptr()) };
     let arr = unsafe { PyArray::borrow_from_array(&view, owner) };
     // The memory is shared with the dataset (and other arrays over it): never writable.
-    drop(arr.readwrite().make_nonwriteable());
+    // The flag is cleared directly rather than through `readwrite()`, whose borrow check
+    // fails (a panic) while another thread holds a read-only borrow of the same memory, say
+    // a split's ids handed to a loader.
+    // SAFETY: `arr` was created above and is not yet shared, and the GIL is held; `flags` is
+    // the object's own field (numpy's accessor, as `make_nonwriteable` uses), and clearing
+    // WRITEABLE only removes a permission.
+    unsafe {
+        (*numpy::npyffi::_PyArray_GET_ITEM_DATA(arr.as_array_ptr())).flags &=
+            !numpy::npyffi::NPY_ARRAY_WRITEABLE;
+    }
     Ok(arr)
 }

@@ -135,7 +135,8 @@ pub fn compute(e: ComputeError) -> PyErr {
             Kind::NotFound
         }
         ComputeError::Io { .. } => Kind::Io,
-        ComputeError::Config(_) => Kind::Invalid,
+        // A file that is not a checkpoint of this model: the same class whichever call read it.
+        ComputeError::Config(_) | ComputeError::Format(_) => Kind::Invalid,
         _ => Kind::Base,
     };
     raise(kind, e.to_string())
@@ -155,15 +156,16 @@ pub fn exec(e: ExecError) -> PyErr {
     }
 }
 
-/// Re-labels an error as `NotFoundError` when one of the paths the call was given does not
-/// exist (the Rust message, which names the path, is kept). Rust reports some missing inputs
-/// as invalid requests ("not a dataset directory"); to a Python caller they are missing files.
+/// Re-labels an error as `NotFoundError` when it is about one of the paths the call was given
+/// and that path does not exist (the Rust message, which names the path, is kept). Rust
+/// reports some missing inputs as invalid requests ("not a dataset directory"); to a Python
+/// caller they are missing files. An error about something else (a bad setting found before
+/// the path was read) keeps its class.
 pub fn missing_paths(err: PyErr, paths: &[&Path]) -> PyErr {
-    if paths
-        .iter()
-        .any(|p| !p.as_os_str().is_empty() && !p.exists())
-    {
-        let msg = Python::attach(|py| err.value(py).to_string());
+    let msg = Python::attach(|py| err.value(py).to_string());
+    let about_missing =
+        |p: &&Path| !p.as_os_str().is_empty() && !p.exists() && msg.contains(&*p.to_string_lossy());
+    if paths.iter().any(about_missing) {
         return raise(Kind::NotFound, msg);
     }
     err

@@ -14,7 +14,9 @@ use fanout_cache::{
     build_extractor, CacheConfig, CacheSize, CacheSizeSpec, Extractor, PlainExtractor, Policy,
     PreSampling,
 };
-use fanout_exec::{BufferPool, CacheSpec, EpochStream, Pipeline, PipelineConfig, Prepared};
+use fanout_exec::{
+    BufferPool, CacheSpec, EpochStream, Pipeline, PipelineConfig, Prepared, TrainConfig,
+};
 use fanout_sample::{parse_fanouts, LoaderConfig, SamplerKind, SamplerSpec};
 use numpy::ndarray::ArrayView2;
 use numpy::{IntoPyArray, PyArray2, PyReadonlyArray1};
@@ -63,15 +65,33 @@ impl PyLoader {
         if batch_size == 0 {
             return Err(invalid("batch_size must be at least 1".into()));
         }
-        if prefetch == 0 {
-            return Err(invalid("prefetch must be at least 1".into()));
+        let max = TrainConfig::MAX_QUEUED_BATCHES;
+        if prefetch == 0 || prefetch > max {
+            return Err(invalid(format!(
+                "prefetch {prefetch}: expected 1 to {max} batches (each one queued holds its \
+                 sampled blocks and features in memory)"
+            )));
         }
         let spec: SamplerSpec = from_py(sampler, "sampler")?;
         let cache: Option<CacheSpec> = match cache {
             Some(c) => Some(from_py(c, "cache")?),
             None => None,
         };
-        let seeds: Vec<u32> = seeds.as_slice()?.to_vec();
+        if let Some(w) = cache
+            .as_ref()
+            .map(|c| c.reorder_window)
+            .filter(|&w| w > max)
+        {
+            return Err(invalid(format!(
+                "cache: reorder_window {w}: at most {max} batches"
+            )));
+        }
+        // Copied, and numpy's read-only borrow of the caller's array released here rather
+        // than held while the pipeline is built without the GIL.
+        let seeds: Vec<u32> = {
+            let borrowed = seeds;
+            borrowed.as_slice()?.to_vec()
+        };
         if seeds.is_empty() {
             return Err(invalid("seeds: the seed set is empty".into()));
         }
@@ -205,6 +225,12 @@ fn build_cache(
             c.reorder_window
         )));
     }
+    if let Some(m) = &c.device_memory {
+        return Err(invalid(format!(
+            "cache device_memory {m:?}: it bounds ratio = \"auto\", which the loader cannot \
+             use (it trains nothing); give a ratio, bytes or rows"
+        )));
+    }
     let cfg = CacheConfig {
         policy,
         size: if policy.is_some() {
@@ -261,17 +287,21 @@ impl PyEpoch {
     /// Stops the epoch: the sampling and gathering threads finish the batches they are on and
     /// end. Later calls to `__next__` end the iteration.
     fn close(&self, py: Python<'_>) {
-        let stream = self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // The lock is taken without the GIL: `__next__` holds it while it waits for a batch,
+        // and other Python threads must not wait for that batch too.
+        let stream = py.detach(|| self.stream.lock().unwrap_or_else(|e| e.into_inner()).take());
         release(py, stream);
     }
 
-    /// Batches this epoch yields in total.
-    fn __len__(&self) -> usize {
-        self.stream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, EpochStream::len)
+    /// Batches this epoch yields in total (0 once it is closed or finished).
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| {
+            self.stream
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map_or(0, EpochStream::len)
+        })
     }
 }
 

@@ -4,12 +4,14 @@ the memory map (no copy)."""
 from __future__ import annotations
 
 import gc
+import json
 import sys
 
 import numpy as np
 import pytest
 
 import fanout
+from conftest import run_cli
 
 
 def test_sizes_splits_labels_match_the_sources(cora, sources):
@@ -124,3 +126,22 @@ def test_edgelist_import(tmp_path):
     assert (s["num_nodes"], s["num_arcs"]) == (3, 6)
     ds = fanout.Dataset(tmp_path / "tri")
     assert ds.features is None and ds.labels is None and len(ds.train_idx) == 0
+
+
+def test_info_is_what_the_command_line_prints(fanout_cli, tmp_path):
+    """`Dataset.info()` is `fanout dataset info --json`, stored partitions included."""
+    ds = tmp_path / "tiny"
+    assert run_cli(fanout_cli, "dataset", "gen", "--preset", "tiny", str(ds)).returncode == 0
+    done = run_cli(fanout_cli, "dataset", "partition", "--method", "pagraph", "--parts", "2", str(ds))
+    assert done.returncode == 0, done.stderr
+    out = run_cli(fanout_cli, "dataset", "info", "--json", str(ds))
+    assert out.returncode == 0, out.stderr
+    cli = json.loads(out.stdout)
+    mine = fanout.Dataset(ds).info()
+    # How the open checked the ids depends on whether an earlier open left its stamp.
+    cli.pop("id_check")
+    mine.pop("id_check")
+    assert mine == cli
+    assert [p["name"] for p in mine["partitions"]] == ["pagraph-2"]
+    assert sum(mine["partitions"][0]["stats"]["train"]) == mine["train"]
+

@@ -90,7 +90,7 @@ def test_missing_meta_field(damaged_copy):
     [
         (dict(fanouts=[0, 5]), "fanouts: fanout 0 in"),
         (dict(fanouts=[]), "fanouts: "),
-        (dict(batch_size=0), "batch_size must be at least 1"),
+        (dict(batch_size=0), "batch_size 0: expected 1 to 2[*][*]63 - 1"),
         (dict(sampler="bfs"), "sampler: unknown variant `bfs`"),
         (dict(sampler={"kind": "khop", "walk": 3}), "sampler: unknown field `walk`"),
         (dict(cache={"policy": "hottest"}), "cache policy"),
@@ -99,8 +99,17 @@ def test_missing_meta_field(damaged_copy):
         (dict(seeds=[-1]), "seed vertex -1 is out of range"),
         (dict(seeds=np.array([0.5])), "integer vertex ids"),
         (dict(seeds="training"), "seeds: expected"),
-        (dict(num_threads=0), "num_threads must be at least 1"),
+        (dict(num_threads=0), "num_threads 0: expected 1 to 4096"),
         (dict(sampler="weighted"), "weight.bin"),
+        # Values the native call cannot take are refused by name, never an OverflowError,
+        # and a queue that large is refused before anything is allocated (it used to abort).
+        (dict(num_threads=-1), "num_threads -1: expected 1 to 4096"),
+        (dict(seed=2**64), "seed 18446744073709551616: expected 0 to 2[*][*]64 - 1"),
+        (dict(batch_size=2**64), "batch_size .*: expected 1 to 2[*][*]63 - 1"),
+        (dict(prefetch=2**40), "prefetch 1099511627776: expected 1 to 1024 batches"),
+        (dict(prefetch=2**70), "prefetch 9223372036854775808: expected 1 to 1024 batches"),
+        (dict(cache={"match_reorder": True, "reorder_window": 2**40}), "reorder_window 1099511627776: at most 1024"),
+        (dict(cache={"policy": "degree", "ratio": "0.1", "device_memory": "1GiB"}), "device_memory"),
     ],
 )
 def test_bad_loader_arguments(cora, kwargs, match):
@@ -122,6 +131,14 @@ def test_run_api_errors(tmp_path, cora_path):
         fanout.train({"dataset": cora_path, "epoch": 3})
     with pytest.raises(fanout.InvalidArgumentError, match="--epochs must be at least 1"):
         fanout.train({"dataset": cora_path, "epochs": 0})
+    # A bad setting stays a bad setting when the dataset is missing too.
+    with pytest.raises(fanout.InvalidArgumentError, match="--epochs must be at least 1"):
+        fanout.train({"dataset": tmp_path / "none", "epochs": 0})
+    with pytest.raises(fanout.InvalidArgumentError, match="--prefetch 1099511627776: at most 1024"):
+        fanout.train({"dataset": cora_path, "epochs": 1, "prefetch": 2**40})
+    with pytest.raises(fanout.InvalidArgumentError, match="save_model given twice"):
+        fanout.train({"dataset": cora_path, "save_model": tmp_path / "a"}, save_model=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     with pytest.raises(fanout.NotFoundError, match="not a dataset directory"):
         fanout.train({"dataset": tmp_path / "none", "epochs": 1})
     with pytest.raises(fanout.NotFoundError):
@@ -130,8 +147,11 @@ def test_run_api_errors(tmp_path, cora_path):
         fanout.evaluate(tmp_path / "model.safetensors", cora_path)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(fanout.FanoutError, match="junk.safetensors: .*not a safetensors file"):
+    # A file that is not a checkpoint is the same error whichever call reads it.
+    with pytest.raises(fanout.InvalidArgumentError, match="junk.safetensors: .*not a safetensors file"):
         fanout.read_checkpoint(junk)
+    with pytest.raises(fanout.InvalidArgumentError, match="not a safetensors file"):
+        fanout.evaluate(junk, cora_path)
     with pytest.raises(fanout.InvalidArgumentError, match="split"):
         fanout.evaluate(junk, cora_path, split="dev")
 
@@ -160,4 +180,8 @@ def test_import_errors(sources, tmp_path, cora_path):
         fanout.import_npy(sources / "cora", tmp_path / "x", symmetrise=True)
     with pytest.raises(fanout.InvalidArgumentError, match="layout"):
         fanout.import_npy(sources / "cora", tmp_path / "x", layout="coo")
+    # The random labels' settings without random features would be ignored: refused, as the
+    # command line refuses them.
+    with pytest.raises(fanout.InvalidArgumentError, match="classes, train_frac: only with random_features"):
+        fanout.import_npy(sources / "cora", tmp_path / "x", classes=3, train_frac=0.9)
     assert not (tmp_path / "x").exists()

@@ -185,6 +185,31 @@ def test_cache_gives_the_same_batches(cora):
     assert hits > 0
 
 
+def test_split_arrays_stay_readable_while_a_loader_is_built_from_them(cora):
+    """Building a loader over a split (its seeds: the split's own memory) runs without the GIL;
+    another thread taking the same split meanwhile gets its array, not a PanicException from
+    numpy's borrow checking."""
+    import threading
+
+    errors = []
+
+    def build():
+        try:
+            fanout.NeighborLoader(cora, "train", [10, 25], 32, cache={"policy": "presc", "ratio": 0.5})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=build)
+    t.start()
+    taken = 0
+    while t.is_alive() or taken == 0:
+        assert len(cora.train_idx) == 140
+        taken += 1
+    t.join()
+    assert not errors, errors
+    assert taken > 1
+
+
 def test_sampling_releases_the_gil(cora):
     """A Python thread keeps running while the main thread waits for batches."""
     ticks = [0]

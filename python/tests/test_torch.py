@@ -151,6 +151,14 @@ def test_train_from_a_config_file_and_replay(cora_path, tmp_path):
     assert [e["loss"] for e in a["epochs"]] == [e["loss"] for e in b["epochs"]]
 
 
+def test_train_takes_the_loaders_cache_dict(cora_path):
+    """A cache dict as the loader takes it (a float ratio) is a run config's [cache] too."""
+    m = fanout.train({"dataset": cora_path, "hidden": 8, "batch_size": 64, "epochs": 1,
+                      "threads": 2, "cache": {"policy": "degree", "ratio": 0.1}})
+    assert m["config"]["cache"]["ratio"] == "0.1"
+    assert m["epochs"][0]["extract"]["bytes_from_cache"] > 0
+
+
 def test_unsupported_checkpoint_kinds_are_refused(cora_path, tmp_path):
     ckpt = tmp_path / "gin.safetensors"
     fanout.train({"dataset": cora_path, "model": "gin", "hidden": 8, "batch_size": 64,

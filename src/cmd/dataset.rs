@@ -360,23 +360,18 @@ pub fn run(cmd: &DatasetCommand, quiet: bool, cancel: Option<&Cancel>) -> Result
         DatasetCommand::Info(a) => {
             let ds = Dataset::open(&a.dir).map_err(|e| e.to_string())?;
             let info = DatasetInfo::of(&ds);
-            let parts = crate::cmd::partition::partitions_of(&ds);
             if a.json {
-                let mut v = serde_json::to_value(&info).unwrap();
-                v["partitions"] = parts
-                    .iter()
-                    .map(|(name, s)| match s {
-                        Ok(s) => serde_json::json!({ "name": name, "stats": s }),
-                        Err(e) => serde_json::json!({ "name": name, "error": e }),
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&v).unwrap());
+                println!("{}", serde_json::to_string_pretty(&info).unwrap());
             } else {
                 print!("{info}");
-                for (name, s) in &parts {
-                    match s {
-                        Ok(s) => print!("{}", crate::cmd::partition::describe(name, s)),
-                        Err(e) => println!("partition {name}: damaged: {e}"),
+                for p in &info.partitions {
+                    match (&p.stats, &p.error) {
+                        (Some(s), _) => print!("{}", crate::cmd::partition::describe(&p.name, s)),
+                        (None, e) => println!(
+                            "partition {}: damaged: {}",
+                            p.name,
+                            e.as_deref().unwrap_or("")
+                        ),
                     }
                 }
             }

@@ -5,8 +5,7 @@
 use crate::progress::Bars;
 use clap::{Args, ValueEnum};
 use fanout_graph::{
-    list_partitions, partition_training_set, Cancel, Dataset, Partition, PartitionMethod,
-    PartitionStats,
+    partition_training_set, Cancel, Dataset, Partition, PartitionMethod, PartitionStats,
 };
 use std::path::PathBuf;
 
@@ -162,19 +161,4 @@ pub fn describe(name: &str, s: &PartitionStats) -> String {
         );
     }
     out
-}
-
-/// The partitions stored beside `ds`, each opened and described (`dataset info`); a damaged
-/// one is reported by its error instead of figures.
-pub fn partitions_of(ds: &Dataset) -> Vec<(String, Result<PartitionStats, String>)> {
-    list_partitions(ds)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|name| {
-            let s = Partition::open(ds, &name)
-                .map(|p| p.stats(ds))
-                .map_err(|e| e.to_string());
-            (name, s)
-        })
-        .collect()
 }

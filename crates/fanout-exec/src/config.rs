@@ -366,6 +366,14 @@ impl TrainConfig {
             })
     }
 
+    /// The most batches `prefetch` and the Greedy Reorder window may hold in a queue: each
+    /// queued batch holds its blocks and features, and queues are allocated to their bound.
+    pub const MAX_QUEUED_BATCHES: usize = 1024;
+    /// The widest hidden layer a run may ask for.
+    pub const MAX_HIDDEN: usize = 1 << 16;
+    /// The most threads (or in-process workers) a run may ask for.
+    pub const MAX_THREADS: usize = 4096;
+
     /// Checks what can be checked without the dataset: ranges and combinations of settings.
     /// Errors read like the command line's (`--workers must be at least 1`).
     pub fn validate(&self) -> Result<()> {
@@ -396,6 +404,29 @@ impl TrainConfig {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("--dropout must be in [0, 1)");
+        }
+        let max = Self::MAX_QUEUED_BATCHES;
+        for (flag, v) in [
+            ("--prefetch", self.prefetch),
+            ("--reorder-window", self.cache.reorder_window),
+        ] {
+            if v > max {
+                return Err(ExecError::Invalid(format!(
+                    "{flag} {v}: at most {max} batches (each one queued holds its sampled blocks \
+                     and features in memory)"
+                )));
+            }
+        }
+        // Far beyond any real setting, and small enough that what they size (weights,
+        // threads) is allocated or started rather than aborting the process or stalling it.
+        for (flag, v, most) in [
+            ("--hidden", self.hidden.unwrap_or(0), Self::MAX_HIDDEN),
+            ("--threads", self.threads.unwrap_or(0), Self::MAX_THREADS),
+            ("--workers", self.workers, Self::MAX_THREADS),
+        ] {
+            if v > most {
+                return Err(ExecError::Invalid(format!("{flag} {v}: at most {most}")));
+            }
         }
         if self.cache.reorder_window > 1 && !self.cache.match_reorder {
             return Err(ExecError::Invalid(format!(

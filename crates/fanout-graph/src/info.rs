@@ -4,6 +4,7 @@
 use crate::checks::{IdCheck, STAMP};
 use crate::dataset::{Dataset, Ids, Offsets};
 use crate::meta::{FeatDtype, Layout};
+use crate::partition::{list_partitions, Partition, PartitionStats};
 use std::fmt;
 
 /// Summary statistics of a degree array.
@@ -72,6 +73,45 @@ pub struct DatasetInfo {
     pub total_bytes: u64,
     /// How this open established that every neighbour id is in range.
     pub id_check: IdCheck,
+    /// The partitions stored beside the dataset, by name.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// A partition stored beside a dataset (`dataset partition`): its figures, or why it could not
+/// be opened (a damaged partition is listed, not an error of the whole summary).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PartitionInfo {
+    /// Its name (a folder under the dataset's `partitions/`).
+    pub name: String,
+    /// Its figures, when it opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<PartitionStats>,
+    /// The error that kept it from opening.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl PartitionInfo {
+    /// Every partition stored beside `ds`, opened and described (none when the folder of
+    /// partitions cannot be listed).
+    pub fn all_of(ds: &Dataset) -> Vec<PartitionInfo> {
+        list_partitions(ds)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|name| match Partition::open(ds, &name) {
+                Ok(p) => PartitionInfo {
+                    stats: Some(p.stats(ds)),
+                    error: None,
+                    name,
+                },
+                Err(e) => PartitionInfo {
+                    stats: None,
+                    error: Some(e.to_string()),
+                    name,
+                },
+            })
+            .collect()
+    }
 }
 
 impl DatasetInfo {
@@ -127,6 +167,7 @@ impl DatasetInfo {
             total_bytes: file_list.iter().map(|f| f.bytes).sum(),
             files: file_list,
             id_check: ds.id_check,
+            partitions: PartitionInfo::all_of(ds),
         }
     }
 }

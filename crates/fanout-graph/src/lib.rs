@@ -31,7 +31,7 @@ pub use dataset::{
 };
 pub use error::{Error, Result};
 pub use half::f16;
-pub use info::{DatasetInfo, DegreeStats};
+pub use info::{DatasetInfo, DegreeStats, PartitionInfo};
 pub use meta::{FeatDtype, Layout, Meta};
 pub use partition::{
     list_partitions, part_degree_ranking, partition_training_set, Partition, PartitionMethod,
