@@ -519,3 +519,74 @@ fn epochs_report_their_gemm_flops_and_floors_at_the_measured_rates() {
         );
     }
 }
+
+#[test]
+fn outputs_are_checked_before_the_run_and_written_through_links() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let p = |n: &str| t.path().join(n);
+    let ck = p("ck.st");
+    ok(&small(&ds, &["--epochs", "1", "--save-model", s(&ck)]));
+    let before = std::fs::read(&ck).unwrap();
+    // Refused before training, naming the flags; nothing the user had is touched.
+    fails(
+        &small(&ds, &["--resume", s(&ck), "--metrics-out", s(&ck)]),
+        1,
+        &["--metrics-out", "would write over --resume"],
+    );
+    let cfg = p("run.json");
+    std::fs::write(&cfg, "{\"epochs\": 1}").unwrap();
+    fails(
+        &small(&ds, &["--config", s(&cfg), "--save-model", s(&cfg)]),
+        1,
+        &["--save-model", "would write over --config"],
+    );
+    let m = p("m.json");
+    fails(
+        &small(&ds, &["--metrics-out", s(&m), "--save-model", s(&m)]),
+        1,
+        &["is also --metrics-out"],
+    );
+    fails(
+        &small(&ds, &["--metrics-out", s(&p("nowhere/m.json"))]),
+        1,
+        &["the folder", "does not exist"],
+    );
+    fails(
+        &small(&ds, &["--save-model", s(t.path())]),
+        1,
+        &["is a folder"],
+    );
+    assert_eq!(std::fs::read(&ck).unwrap(), before);
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "{\"epochs\": 1}");
+    assert!(!m.exists());
+    // A checkpoint resumed and updated in place is allowed (README: --resume M --save-model M).
+    ok(&small(
+        &ds,
+        &["--epochs", "2", "--resume", s(&ck), "--save-model", s(&ck)],
+    ));
+    assert_ne!(std::fs::read(&ck).unwrap(), before);
+    #[cfg(unix)]
+    {
+        // A link is written through: its target gets the metrics, the link stays a link.
+        let target = p("real.json");
+        let link = p("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        ok(&small(&ds, &["--epochs", "1", "--metrics-out", s(&link)]));
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert!(read_json(&target)["epochs"].is_array());
+        // A destination that is not a regular file (here /dev/null, behind a link) is
+        // written in place, not replaced by a file.
+        let null = p("null.json");
+        std::os::unix::fs::symlink("/dev/null", &null).unwrap();
+        ok(&small(&ds, &["--epochs", "1", "--metrics-out", s(&null)]));
+        assert!(std::fs::symlink_metadata(&null).unwrap().is_symlink());
+        // No temporary file is left behind in the folder.
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

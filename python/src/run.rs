@@ -147,6 +147,21 @@ pub fn train<'py>(
             ))
         }
     };
+    // Outputs that could not be written, or would write over the config or each other, are
+    // refused before the run rather than after it.
+    let outputs: Vec<(&str, &Path)> = [
+        ("save_model", save_model.as_deref()),
+        ("metrics_out", metrics_out.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(k, p)| Some((k, p?)))
+    .collect();
+    let inputs: Vec<(&str, &Path)> = config_path
+        .as_deref()
+        .map(|p| ("config", p))
+        .into_iter()
+        .collect();
+    fanout_exec::check_outputs(&outputs, &inputs).map_err(exec)?;
     let dataset = cfg.dataset.clone().unwrap_or_default();
     let cancel = Cancel::new();
     let mut obs = PyObserver {
@@ -230,8 +245,6 @@ fn interruptible<T: Send>(
 /// Writes `v` as pretty JSON to `path` (through a temporary file renamed into place).
 fn write_json(path: &Path, v: &serde_json::Value) -> PyResult<()> {
     let text = serde_json::to_string_pretty(v).map_err(|e| raise(Kind::Base, e.to_string()))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
     let io_err = |e: std::io::Error| {
         let kind = if e.kind() == std::io::ErrorKind::NotFound {
             Kind::NotFound
@@ -240,8 +253,7 @@ fn write_json(path: &Path, v: &serde_json::Value) -> PyResult<()> {
         };
         raise(kind, format!("cannot write {}: {e}", path.display()))
     };
-    std::fs::write(&tmp, text).map_err(io_err)?;
-    std::fs::rename(&tmp, path).map_err(io_err)
+    fanout_compute::io::write_atomically(path, text.as_bytes()).map_err(io_err)
 }
 
 /// The accuracy of checkpoint `checkpoint` on `split` (`test`, `valid` or `train`) of

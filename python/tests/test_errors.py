@@ -139,6 +139,9 @@ def test_run_api_errors(tmp_path, cora_path):
     with pytest.raises(fanout.InvalidArgumentError, match="save_model given twice"):
         fanout.train({"dataset": cora_path, "save_model": tmp_path / "a"}, save_model=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # Outputs that could not be written are refused before the run, not after it.
+    with pytest.raises(fanout.InvalidArgumentError, match="metrics_out .*: the folder .* does not exist"):
+        fanout.train({"dataset": cora_path, "epochs": 1}, metrics_out=tmp_path / "no" / "m.json")
     with pytest.raises(fanout.NotFoundError, match="not a dataset directory"):
         fanout.train({"dataset": tmp_path / "none", "epochs": 1})
     with pytest.raises(fanout.NotFoundError):

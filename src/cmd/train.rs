@@ -85,12 +85,15 @@ pub struct TrainArgs {
     pub metrics_out: Option<PathBuf>,
     /// Save the best-validation model (safetensors) for `fanout eval`, with the training
     /// state (current parameters, Adam moments and step, epochs done) for `--resume`. Written
-    /// atomically after every epoch, so an interrupted or failed run keeps its last good one.
+    /// atomically after every epoch, so an interrupted or failed run keeps its last good one
+    /// (--strategy factored and hybrid write it once, at the end). May name the --resume
+    /// checkpoint, which is then updated as the run goes.
     #[arg(long)]
     pub save_model: Option<PathBuf>,
     /// Continue the run saved in CKPT (by --save-model) up to --epochs, with the same model,
     /// dataset and settings (only --epochs, --threads, --prefetch, --eval-every,
-    /// --feature-residency and --no-fuse-input may change). The result equals the
+    /// --feature-residency, --feature-placement and --no-fuse-input may change). The result
+    /// equals the
     /// uninterrupted run's. Metrics list the resumed epochs only. Not for --strategy factored
     /// or hybrid.
     #[arg(long, value_name = "CKPT")]
@@ -463,6 +466,7 @@ pub fn run(
     cancel: Option<&fanout_graph::Cancel>,
 ) -> Result<(), String> {
     let cfg = a.to_config()?;
+    check_outputs(a)?;
     fanout_exec::tune_allocator();
     if fanout_comm::launched_by_mpi() {
         // Validated by each rank once the launcher's rank count is known; each rank opens
@@ -492,6 +496,32 @@ pub fn run(
         .train(&cfg, &env, &mut obs)
         .map_err(|e| e.to_string())?;
     finish(a, &out, Some(&device))
+}
+
+/// Refuses, before anything runs, outputs that could not be written or would write over the
+/// run's config, the checkpoint it resumes, or each other (`fanout_exec::check_outputs`).
+/// `--save-model` may name the checkpoint `--resume` reads: it is then updated as the run goes.
+fn check_outputs(a: &TrainArgs) -> Result<(), String> {
+    let outputs: Vec<(&str, &Path)> = [
+        ("--metrics-out", a.metrics_out.as_deref()),
+        ("--save-model", a.save_model.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(f, p)| Some((f, p?)))
+    .collect();
+    let updated = |r: &Path| {
+        a.save_model
+            .as_deref()
+            .is_some_and(|s| fanout_exec::outputs::same_file(r, s))
+    };
+    let inputs: Vec<(&str, &Path)> = [
+        ("--config", a.config.as_deref()),
+        ("--resume", a.resume.as_deref().filter(|r| !updated(r))),
+    ]
+    .into_iter()
+    .filter_map(|(f, p)| Some((f, p?)))
+    .collect();
+    fanout_exec::check_outputs(&outputs, &inputs).map_err(|e| e.to_string())
 }
 
 /// Rank 0's observer.
@@ -565,19 +595,9 @@ pub fn finish(
     Ok(())
 }
 
-/// Writes `json` (pretty) to `path` through a temporary file beside it, renamed at the end.
+/// Writes `json` (pretty) to `path` atomically (`fanout_compute::io::write_atomically`).
 fn write_atomic(path: &Path, json: &serde_json::Value) -> Result<(), String> {
     let text = serde_json::to_string_pretty(json).map_err(|e| e.to_string())?;
-    let name = path
-        .file_name()
-        .map_or("metrics".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    // A failed write or rename leaves neither a temporary nor a half-written file behind.
-    std::fs::write(&tmp, text + "\n")
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            err(e)
-        })
+    fanout_compute::io::write_atomically(path, (text + "\n").as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))
 }

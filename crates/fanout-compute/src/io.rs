@@ -94,16 +94,53 @@ pub fn save<B: Backend>(model: &Model<B>, path: &Path) -> Result<()> {
 }
 
 /// Writes checkpoint bytes (from [`to_bytes`] or [`to_bytes_with`]) to `path`, atomically as
-/// [`save`] does.
+/// [`save`] does ([`write_atomically`]).
 pub fn save_bytes(bytes: &[u8], path: &Path) -> Result<()> {
-    let io = |source| ComputeError::Io {
+    write_atomically(path, bytes).map_err(|source| ComputeError::Io {
         path: path.display().to_string(),
         source,
-    };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    })
+}
+
+/// Writes `bytes` to the file `path` so that it holds either what it held before or all of
+/// `bytes`, never a part: through a temporary file with a unique hidden name in the same
+/// folder, renamed over it at the end and removed if anything fails. A symbolic link is
+/// written through (the file it points to is replaced, the link stays). A destination that
+/// exists but is not a regular file, such as `/dev/stdout` or a pipe, cannot be replaced and
+/// is written in place; a folder is an error. Every output fanout writes (metrics,
+/// checkpoints) goes through here.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(std::io::Error::other("is a folder; expected a file name")),
+        Ok(m) if !m.is_file() => std::fs::write(path, bytes),
+        // A regular file, perhaps behind links: the file itself is replaced.
+        Ok(_) => replace(&std::fs::canonicalize(path)?, bytes),
+        // A link to nothing: writing through it creates its target (there was nothing to keep).
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && std::fs::symlink_metadata(path).is_ok() =>
+        {
+            std::fs::write(path, bytes)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => replace(path, bytes),
+        Err(e) => Err(e),
+    }
+}
+
+/// The temporary-file-and-rename of [`write_atomically`] for a path that is not a link.
+fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or("output".into(), |n| n.to_string_lossy().into_owned());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
+    let done = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 /// Every metadata entry of a safetensors file (the reserved `fanout.*` ones included), without

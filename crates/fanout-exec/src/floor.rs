@@ -82,8 +82,8 @@ fn cached_or_measured(path: Option<&std::path::Path>, threads: usize) -> Option<
     Some(rates)
 }
 
-/// Writes the cache under a temporary name and renames it into place; failures are ignored (the
-/// rates are then measured again by the next process).
+/// Writes the cache atomically; failures are ignored (the rates are then measured again by the
+/// next process).
 fn store(path: &std::path::Path, file: &CacheFile) {
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
@@ -92,10 +92,7 @@ fn store(path: &std::path::Path, file: &CacheFile) {
     let Ok(json) = serde_json::to_vec_pretty(file) else {
         return;
     };
-    let tmp = path.with_extension(format!("json.tmp.{}", std::process::id()));
-    if std::fs::write(&tmp, json).is_err() || std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    let _ = fanout_compute::io::write_atomically(path, &json);
 }
 
 /// The file the rates are cached in, when a cache folder can be named (it may not exist yet).

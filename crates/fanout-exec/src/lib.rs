@@ -47,6 +47,7 @@ pub mod gpus;
 pub mod hybrid;
 pub mod memory;
 pub mod metrics;
+pub mod outputs;
 pub mod pipeline;
 mod placement;
 pub mod run;
@@ -69,6 +70,7 @@ pub use gpus::{
 };
 pub use memory::{measure_trial_batch, minibatch_bytes, MemoryProbe, TrialMemory};
 pub use metrics::{EpochMetrics, RunMetrics, SplitEpoch, StageClock, WorkerEpochMetrics};
+pub use outputs::check_outputs;
 pub use pipeline::{
     BatchSource, EpochStream, Pipeline, PipelineConfig, Prepared, RemoteGradient, RemoteWork,
     TimedSampler,
