@@ -62,8 +62,11 @@ fn default_sigpipe() {
 fn main() {
     default_sigpipe();
     let cli = Cli::parse();
-    // Only the commands that stop cleanly on a signal catch it; the others end at once.
+    // Only the commands that stop cleanly on a signal catch it; the others end at once. An
+    // MPI rank does not: its ranks would stop at different steps and wait for each other, so
+    // a signal ends it (and mpirun the job) at once.
     let interrupts = match &cli.command {
+        Command::Train(_) if fanout_comm::launched_by_mpi() => None,
         Command::Train(_)
         | Command::Dataset(
             cmd::dataset::DatasetCommand::Import(_)

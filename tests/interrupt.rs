@@ -187,6 +187,48 @@ fn dataset_gen_interrupted_leaves_the_existing_destination_untouched() {
 }
 
 #[test]
+fn dataset_partition_stops_on_sigint_and_writes_no_partition() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = t.path().join("products");
+    ok(&[
+        "dataset",
+        "gen",
+        "--preset",
+        "products",
+        "--nodes",
+        "40000",
+        s(&ds),
+    ]);
+    // Three hops of a products-like graph: seconds of work, checked for the signal often.
+    let mut child = start(&[
+        "dataset",
+        "partition",
+        "--parts",
+        "8",
+        "--hops",
+        "3",
+        s(&ds),
+    ]);
+    wait_for(&mut child, "a moment of partitioning", || {
+        std::thread::sleep(Duration::from_millis(500));
+        true
+    });
+    let t0 = Instant::now();
+    let o = signal(child, "INT");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?} to stop",
+        t0.elapsed()
+    );
+    assert_interrupted(
+        &o,
+        130,
+        &["interrupted", "nothing was written to", "pagraph-8"],
+    );
+    assert!(!ds.join("partitions").join("pagraph-8").exists());
+}
+
+#[test]
 fn dataset_import_interrupted_by_sigterm_writes_nothing() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("edges.txt");

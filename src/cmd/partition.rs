@@ -97,8 +97,14 @@ pub fn run(a: &PartitionArgs, quiet: bool, cancel: &Cancel) -> Result<(), String
     }
     let t = std::time::Instant::now();
     let bars = Bars::new(quiet || a.json);
-    let p = partition_training_set(&ds, method, a.parts, a.hops, a.seed, &bars)
-        .map_err(|e| e.to_string())?;
+    let p = partition_training_set(&ds, method, a.parts, a.hops, a.seed, &bars, cancel).map_err(
+        |e| match e {
+            fanout_graph::Error::Interrupted => {
+                format!("interrupted: nothing was written to {}", dest.display())
+            }
+            e => e.to_string(),
+        },
+    )?;
     let dir = p
         .write(&ds, &name, a.overwrite)
         .map_err(|e| e.to_string())?;

@@ -301,7 +301,16 @@ fn partitioned_workers_sample_inside_their_part() {
     use fanout_graph::{partition_training_set, PartitionMethod};
     use fanout_sample::{Loader, LoaderConfig, SamplerKind};
     let (_dir, ds) = saved_tiny(800);
-    let p = partition_training_set(&ds, PartitionMethod::PaGraph, 3, 2, 0, &NoProgress).unwrap();
+    let p = partition_training_set(
+        &ds,
+        PartitionMethod::PaGraph,
+        3,
+        2,
+        0,
+        &NoProgress,
+        &fanout_graph::Cancel::new(),
+    )
+    .unwrap();
     p.write(&ds, "pg3", false).unwrap();
     let mut cfg = config(&ds, 3);
     cfg.partition = Some("pg3".into());

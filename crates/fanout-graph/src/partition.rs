@@ -22,6 +22,7 @@
 //! (TV_i, sorted) and `vertices_<i>.bin` (PV_i, sorted, containing TV_i). It is written to a
 //! temporary directory and renamed into place, so a partition is either whole or absent.
 
+use crate::cancel::Cancel;
 use crate::dataset::{Dataset, Row};
 use crate::error::{Error, Result};
 use crate::meta::Layout;
@@ -124,6 +125,7 @@ pub fn partition_training_set(
     hops: usize,
     seed: u64,
     progress: &dyn Progress,
+    cancel: &Cancel,
 ) -> Result<Partition> {
     if parts == 0 {
         return Err(Error::Invalid("a partition needs at least one part".into()));
@@ -150,7 +152,7 @@ pub fn partition_training_set(
         ));
     }
     fanout_rand::Rng::keyed(&[seed, SHUFFLE_TAG]).shuffle(&mut order);
-    let mut p = partition_in_order(ds, method, parts, hops, &order, progress)?;
+    let mut p = partition_in_order(ds, method, parts, hops, &order, progress, cancel)?;
     p.seed = seed;
     Ok(p)
 }
@@ -163,6 +165,7 @@ fn partition_in_order(
     hops: usize,
     order: &[u32],
     progress: &dyn Progress,
+    cancel: &Cancel,
 ) -> Result<Partition> {
     let n = ds.num_nodes() as usize;
     let total = order.len();
@@ -207,8 +210,12 @@ fn partition_in_order(
                 pv_len[best] += 1;
             }
         }
-        if k % 1024 == 1023 {
-            progress.advance(1024);
+        if k % 64 == 63 {
+            // A deep neighbourhood can take milliseconds a vertex: checked often.
+            cancel.check()?;
+            if k % 1024 == 1023 {
+                progress.advance(1024);
+            }
         }
     }
     progress.finish_phase();
@@ -748,8 +755,16 @@ mod tests {
         // part 1 against 1/3; 5 shares 4 with part 1: (1+1)(2-1)/(2+1) = 2/3 against
         // (1+0)(2-1)/(2+1) = 1/3; 1 shares 0 with part 0: 2/3 against (2-2) = 0.
         let order = [0, 4, 5, 1];
-        let p =
-            partition_in_order(&ds, PartitionMethod::PaGraph, 2, 1, &order, &NoProgress).unwrap();
+        let p = partition_in_order(
+            &ds,
+            PartitionMethod::PaGraph,
+            2,
+            1,
+            &order,
+            &NoProgress,
+            &Cancel::new(),
+        )
+        .unwrap();
         assert_eq!(p.train, vec![vec![0, 1], vec![4, 5]]);
         assert_eq!(p.vertices, vec![vec![0, 1, 2], vec![4, 5, 6]]);
         let s = p.stats(&ds);
@@ -757,13 +772,29 @@ mod tests {
         assert_eq!(s.edges, vec![3, 3]);
         assert_eq!(s.train_balance, 1.0);
         // Round robin over the same order mixes the communities and replicates 2 and 6.
-        let r =
-            partition_in_order(&ds, PartitionMethod::Random, 2, 1, &order, &NoProgress).unwrap();
+        let r = partition_in_order(
+            &ds,
+            PartitionMethod::Random,
+            2,
+            1,
+            &order,
+            &NoProgress,
+            &Cancel::new(),
+        )
+        .unwrap();
         assert_eq!(r.train, vec![vec![0, 5], vec![1, 4]]);
         assert!(r.stats(&ds).replicated_pct > 0.0);
         // Two hops: 1's neighbourhood is {1, 2, 0} (2 has no in-arcs).
-        let deep =
-            partition_in_order(&ds, PartitionMethod::PaGraph, 1, 2, &order, &NoProgress).unwrap();
+        let deep = partition_in_order(
+            &ds,
+            PartitionMethod::PaGraph,
+            1,
+            2,
+            &order,
+            &NoProgress,
+            &Cancel::new(),
+        )
+        .unwrap();
         assert_eq!(deep.vertices, vec![vec![0, 1, 2, 4, 5, 6]]);
     }
 
@@ -781,7 +812,16 @@ mod tests {
         let ds = random_dataset(t.path());
         for method in [PartitionMethod::PaGraph, PartitionMethod::Random] {
             for (parts, hops) in [(2, 1), (3, 2), (4, 2)] {
-                let p = partition_training_set(&ds, method, parts, hops, 9, &NoProgress).unwrap();
+                let p = partition_training_set(
+                    &ds,
+                    method,
+                    parts,
+                    hops,
+                    9,
+                    &NoProgress,
+                    &Cancel::new(),
+                )
+                .unwrap();
                 let mut all: Vec<u32> = p.train.concat();
                 all.sort_unstable();
                 assert_eq!(all, ds.train.to_vec(), "{method:?} {parts}");
@@ -800,24 +840,63 @@ mod tests {
                     s.train_balance
                 );
                 // Deterministic per seed, and the seed matters.
-                let again = partition_training_set(&ds, method, parts, hops, 9, &NoProgress);
+                let again = partition_training_set(
+                    &ds,
+                    method,
+                    parts,
+                    hops,
+                    9,
+                    &NoProgress,
+                    &Cancel::new(),
+                );
                 assert_eq!(again.unwrap(), p);
             }
         }
-        let a = partition_training_set(&ds, PartitionMethod::Random, 3, 1, 1, &NoProgress);
-        let b = partition_training_set(&ds, PartitionMethod::Random, 3, 1, 2, &NoProgress);
-        assert_ne!(a.unwrap().train, b.unwrap().train);
-        assert!(
-            partition_training_set(&ds, PartitionMethod::Random, 0, 1, 1, &NoProgress).is_err()
+        let a = partition_training_set(
+            &ds,
+            PartitionMethod::Random,
+            3,
+            1,
+            1,
+            &NoProgress,
+            &Cancel::new(),
         );
+        let b = partition_training_set(
+            &ds,
+            PartitionMethod::Random,
+            3,
+            1,
+            2,
+            &NoProgress,
+            &Cancel::new(),
+        );
+        assert_ne!(a.unwrap().train, b.unwrap().train);
+        assert!(partition_training_set(
+            &ds,
+            PartitionMethod::Random,
+            0,
+            1,
+            1,
+            &NoProgress,
+            &Cancel::new()
+        )
+        .is_err());
     }
 
     #[test]
     fn written_partitions_reopen_and_damage_is_named() {
         let t = tempfile::tempdir().unwrap();
         let ds = random_dataset(t.path());
-        let p =
-            partition_training_set(&ds, PartitionMethod::PaGraph, 3, 2, 0, &NoProgress).unwrap();
+        let p = partition_training_set(
+            &ds,
+            PartitionMethod::PaGraph,
+            3,
+            2,
+            0,
+            &NoProgress,
+            &Cancel::new(),
+        )
+        .unwrap();
         let dir = p.write(&ds, "pg", false).unwrap();
         assert_eq!(Partition::open(&ds, "pg").unwrap(), p);
         assert_eq!(list_partitions(&ds).unwrap(), vec!["pg".to_string()]);
