@@ -80,7 +80,7 @@ fn main() {
         Command::Dataset(c) => cmd::dataset::run(c, cli.quiet, cancel),
         Command::Train(a) => cmd::train::run(a, cli.quiet, cancel),
         Command::Eval(a) => cmd::eval::run(a, cli.quiet),
-        Command::SampleBench(a) => cmd::sample_bench::run(a),
+        Command::SampleBench(a) => cmd::sample_bench::run(a, cli.quiet),
         Command::CacheSim(a) => cmd::cache_sim::run(a, cli.quiet),
         Command::Report(a) => cmd::report::run(a),
     };

@@ -68,6 +68,12 @@ fn a_resumed_run_ends_with_the_uninterrupted_runs_model_bit_for_bit() {
         tensors(&std::fs::read(&full).unwrap()),
         tensors(&std::fs::read(&part).unwrap()),
     );
+    // The same dataset under another spelling resumes too (a copy of the checkpoint, not
+    // updated: the run above is the one compared).
+    let again = t.path().join("again.st");
+    std::fs::write(&again, &after2).unwrap();
+    let spelled = format!("{}/./", ds);
+    ok(&small(&spelled, "3", &["--resume", s(&again)]));
     // The best model, the current parameters and the optimiser state all agree.
     assert!(a.keys().any(|k| k.starts_with("train.optim.")));
     assert!(a.keys().any(|k| k.starts_with("train.params.")));

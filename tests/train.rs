@@ -70,6 +70,13 @@ fn train_writes_metrics_and_saved_model_reproduces_test_accuracy() {
             assert!(e[k].as_f64().is_some(), "epoch {i} lacks {k}: {e}");
         }
     }
+    // Without --dataset the embedded graph would be used: a model trained on a directory
+    // says where it was trained instead of failing on the embedded graph's sizes.
+    fails(
+        &["eval", "--model", s(&model)],
+        1,
+        &["sage.safetensors: the model was trained on", "--dataset"],
+    );
     for residency in ["auto", "mapped"] {
         let ev = ok(&[
             "eval",

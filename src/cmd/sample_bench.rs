@@ -62,7 +62,7 @@ pub struct SampleBenchArgs {
 }
 
 /// Runs the benchmark and prints its figures.
-pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
+pub fn run(args: &SampleBenchArgs, quiet: bool) -> Result<(), String> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -80,7 +80,7 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
     let fanouts = parse_fanouts(&args.fanouts).map_err(|e| format!("--fanouts: {e}"))?;
     let spec = args.sampler.spec();
     let kind = spec.kind_or(SamplerKind::Khop);
-    let bars = crate::progress::Bars::new(args.json);
+    let bars = crate::progress::Bars::new(quiet || args.json);
     let built = pool
         .install(|| spec.build_with(&ds, fanouts.clone(), kind, &bars))
         .map_err(|e| e.to_string())?;
@@ -130,7 +130,7 @@ pub fn run(args: &SampleBenchArgs) -> Result<(), String> {
         }
     }
 
-    let bar = if args.json {
+    let bar = if quiet || args.json {
         ProgressBar::hidden()
     } else {
         let b = ProgressBar::new(total as u64);

@@ -97,14 +97,23 @@ fn evaluate_on<B: Backend>(be: B, req: &EvalRequest, progress: &dyn Progress) ->
         ))
     })?;
     // Checkpoints before the run config was stored used the model's default sampler.
-    let sampler: SamplerSpec = match md.get(meta::CONFIG) {
-        Some(json) => {
-            serde_json::from_str::<TrainConfig>(json)
-                .map_err(|e| bad(format!("unreadable {} metadata: {e}", meta::CONFIG)))?
-                .sampler
-        }
-        None => SamplerSpec::default(),
-    };
+    let trained: Option<TrainConfig> = md
+        .get(meta::CONFIG)
+        .map(|json| serde_json::from_str::<TrainConfig>(json))
+        .transpose()
+        .map_err(|e| bad(format!("unreadable {} metadata: {e}", meta::CONFIG)))?;
+    // Without a dataset the embedded graph is evaluated on: only a model trained on it fits.
+    if let (None, Some(d)) = (
+        &req.dataset,
+        trained.as_ref().and_then(|c| c.dataset.as_ref()),
+    ) {
+        return Err(bad(format!(
+            "the model was trained on {}; name the dataset to evaluate on (--dataset), as \
+             without one the embedded graph is used",
+            d.display()
+        )));
+    }
+    let sampler: SamplerSpec = trained.map(|c| c.sampler).unwrap_or_default();
     let cfg = TrainConfig {
         dataset: req.dataset.clone(),
         feature_residency: req.feature_residency,

@@ -351,6 +351,13 @@ fn load_resume(
     then.feature_residency = cfg.feature_residency;
     then.feature_placement = cfg.feature_placement;
     then.fuse_input = cfg.fuse_input;
+    // The same dataset under another spelling (`./data/x` for `data/x`, a link) is the same
+    // dataset; its size is checked against the checkpoint's below.
+    if let (Some(a), Some(b)) = (&then.dataset, &cfg.dataset) {
+        if crate::outputs::same_file(a, b) {
+            then.dataset = cfg.dataset.clone();
+        }
+    }
     if let Some(d) = then.first_difference(cfg) {
         return Err(bad(format!(
             "it was written by a run with other settings ({d}, checkpoint vs this run); \
