@@ -90,4 +90,11 @@ fn bad_flags_fail_with_a_message() {
     assert!(!o.status.success() && err.contains("batch size"), "{err}");
     let err = bench("/nonexistent/dataset", &[]).unwrap_err();
     assert!(err.contains("not a dataset directory"), "{err}");
+    // Zero threads or epochs are refused (they once ran on every core, or one epoch).
+    for (cmd, flag) in [("sample-bench", "--threads"), ("cache-sim", "--epochs")] {
+        let o = fanout(&[cmd, "--dataset", &ds, "--batch-size", "8", flag, "0"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd} {flag} 0: {err}");
+        assert!(err.contains(flag) && !err.contains("panicked"), "{err}");
+    }
 }

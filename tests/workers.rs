@@ -133,6 +133,29 @@ fn bad_worker_settings_fail_cleanly() {
         1,
         &["nope-2"],
     );
+    // Settings the run would silently ignore are refused, naming them.
+    for (extra, needle) in [
+        (
+            &["--workers", "2", "--samplers", "1"][..],
+            "--strategy factored",
+        ),
+        (
+            &["--workers", "2", "--queue-depth", "2"][..],
+            "--strategy factored",
+        ),
+        (&["--no-switching"][..], "--strategy factored"),
+        (
+            &["--strategy", "factored", "--samplers", "1"][..],
+            "--workers 2",
+        ),
+        (
+            &["--workers", "2", "--sample-from", "global"][..],
+            "--partition",
+        ),
+        (&["--cache-ratio", "0.5"][..], "--cache-policy"),
+    ] {
+        fails(&small(&ds, extra), 1, &[needle]);
+    }
     // Started by an MPI launcher without MPI support: refused, not N unrelated runs.
     if !cfg!(feature = "mpi") {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))

@@ -63,11 +63,11 @@ pub struct CacheSimArgs {
     /// over a training run's footprints); bytes are reported per epoch. 1 scores a single
     /// epoch against its own oracle (harsher: the oracle then knows which rarely visited
     /// vertices that one epoch draws).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
     /// Threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    threads: Option<u64>,
     /// Print one JSON object per (policy, ratio) per line instead of a table (keys include
     /// policy, ratio, hit_rate, bytes_per_epoch, share_of_optimal).
     #[arg(long)]
@@ -76,9 +76,10 @@ pub struct CacheSimArgs {
 
 /// Runs the simulation and prints the table or JSON lines.
 pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |t| t as usize,
+    );
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -35,10 +35,10 @@ pub struct SampleBenchArgs {
     #[arg(long, default_value_t = 8000)]
     batch_size: usize,
     /// Threads of the sampling pool (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    threads: Option<u64>,
     /// Number of epochs to time (default 1 unless --batches is given).
-    #[arg(long, conflicts_with = "batches")]
+    #[arg(long, conflicts_with = "batches", value_parser = clap::value_parser!(u64).range(1..))]
     epochs: Option<u64>,
     /// Number of batches to time (crossing epochs when needed).
     #[arg(long)]
@@ -63,9 +63,10 @@ pub struct SampleBenchArgs {
 
 /// Runs the benchmark and prints its figures.
 pub fn run(args: &SampleBenchArgs, quiet: bool) -> Result<(), String> {
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |t| t as usize,
+    );
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

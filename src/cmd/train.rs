@@ -280,6 +280,15 @@ impl TrainArgs {
         c.fuse_input &= !self.no_fuse_input;
         set(&mut c.cache.policy, self.cache_policy.clone());
         set(&mut c.cache.ratio, self.cache_ratio.clone());
+        if let Some(r) = self
+            .cache_ratio
+            .as_ref()
+            .filter(|_| c.cache.policy.trim() == "none")
+        {
+            return Err(format!(
+                "--cache-ratio {r} sizes a cache: add --cache-policy (random, degree or presc)"
+            ));
+        }
         set(
             &mut c.cache.device_memory,
             self.device_memory.clone().map(Some),

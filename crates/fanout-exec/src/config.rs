@@ -487,6 +487,24 @@ impl TrainConfig {
         if self.partition.is_some() && self.dataset.is_none() {
             return bad("--partition needs --dataset (partitions live beside a dataset)");
         }
+        // Settings another strategy would silently ignore.
+        if !self.strategy_kind().is_factored() && self.factored != FactoredSpec::default() {
+            return bad(
+                "--samplers, --no-switching, --queue-depth and --trial-batches are for \
+                 --strategy factored or hybrid",
+            );
+        }
+        if self.strategy_kind().is_factored() && self.workers == 1 {
+            if let Some(s) = self.factored.samplers {
+                return Err(ExecError::Invalid(format!(
+                    "--samplers {s}: one worker samples and trains in turn; give --workers 2 \
+                     or more to split them"
+                )));
+            }
+        }
+        if self.sample_from != SampleScope::default() && self.partition.is_none() {
+            return bad("--sample-from is for --partition (PaGraph's partitioned workers)");
+        }
         Ok(())
     }
 
