@@ -116,6 +116,31 @@ fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
     // A misspelt setting in a file is refused by name.
     std::fs::write(&cfg, "epoch = 3\n").unwrap();
     fails(&["train", "--config", s(&cfg)], 1, &["run.toml", "epoch"]);
+    // A JSON config's error says where; a value a check refuses says it may come from the
+    // file; TOML is read whatever the file's extension.
+    let json = t.path().join("run.json");
+    std::fs::write(&json, "{\"epochs\": \"x\"}").unwrap();
+    fails(
+        &["train", "--config", s(&json)],
+        1,
+        &["run.json", "expected u64 at line 1 column"],
+    );
+    std::fs::write(&cfg, "dropout = 1.5\n").unwrap();
+    fails(
+        &small(&ds, &["--config", s(&cfg)]),
+        1,
+        &["--dropout must be in [0, 1)", "--config", "run.toml"],
+    );
+    let plain = t.path().join("run.cfg");
+    std::fs::write(&plain, "epochs = 1\nhidden = 8\n").unwrap();
+    let out = ok(&small(&ds, &["--config", s(&plain), "--epochs", "1"]));
+    assert!(out.contains("test accuracy"), "{out}");
+    std::fs::write(&plain, "epochs =\n").unwrap();
+    fails(
+        &["train", "--config", s(&plain)],
+        1,
+        &["run.cfg: neither JSON", "nor TOML"],
+    );
 }
 
 #[test]

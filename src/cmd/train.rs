@@ -484,7 +484,7 @@ pub fn run(
     }
     let (compute, device) = fanout_exec::Compute::open(a.device)
         .map_err(|why| format!("--device {}: {why}", a.device))?;
-    cfg.validate().map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| settings_error(e, a))?;
     if cfg.dataset.is_none() && !quiet {
         eprintln!(
             "no --dataset: training on an embedded products-like graph ({} vertices, generated in memory)",
@@ -505,6 +505,19 @@ pub fn run(
         .train(&cfg, &env, &mut obs)
         .map_err(|e| e.to_string())?;
     finish(a, &out, Some(&device))
+}
+
+/// A settings error of the run; with `--config`, it says that the setting named by its flag
+/// may come from the file, under the flag's name with `_` for `-`.
+pub fn settings_error(e: fanout_exec::ExecError, a: &TrainArgs) -> String {
+    match &a.config {
+        Some(p) => format!(
+            "{e} (the settings come from --config {} and the flags; in the file a flag's \
+             setting is its name with _ for -, e.g. --batch-size is batch_size)",
+            p.display()
+        ),
+        None => e.to_string(),
+    }
 }
 
 /// Refuses, before anything runs, outputs that could not be written or would write over the

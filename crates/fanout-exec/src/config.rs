@@ -313,9 +313,10 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// Reads a config from `path`: TOML (`.toml`), or JSON, either a config object or a
-    /// metrics file written by a run (its `"config"` member is taken, so the run is
-    /// replayed). Errors name the file and what was wrong.
+    /// Reads a config from `path`: TOML, or JSON, either a config object or a metrics file
+    /// written by a run (its `"config"` member is taken, so the run is replayed). A `.toml`
+    /// file is read as TOML; any other is tried as JSON, then as TOML. Errors name the file
+    /// and what was wrong, with its line and column where the text is the config itself.
     pub fn from_file(path: &Path) -> Result<TrainConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ExecError::Invalid(format!("{}: {e}", path.display())))?;
@@ -326,13 +327,27 @@ impl TrainConfig {
         if is_toml {
             return toml::from_str(&text).map_err(|e| bad(e.to_string()));
         }
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not JSON or TOML: {e}")))?;
-        let value = match value.get("config") {
-            Some(c) if value.get("epochs").is_some_and(|e| e.is_array()) => c.clone(),
-            _ => value,
+        let value: serde_json::Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(json) => {
+                return toml::from_str(&text).map_err(|toml| {
+                    bad(format!(
+                        "neither JSON ({json}) nor TOML ({})",
+                        toml.to_string().trim_end()
+                    ))
+                })
+            }
         };
-        serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+        match value.get("config") {
+            // A metrics file: its config member (written by fanout, so positions would point
+            // into text the user never wrote).
+            Some(c) if value.get("epochs").is_some_and(|e| e.is_array()) => {
+                serde_json::from_value(c.clone())
+                    .map_err(|e| bad(format!("its \"config\" member: {e}")))
+            }
+            // The config itself, read again from the text so that errors say where.
+            _ => serde_json::from_str(&text).map_err(|e| bad(e.to_string())),
+        }
     }
 
     /// The strategy in effect: the configured one, else single for one worker and
