@@ -139,8 +139,7 @@ fn train_stops_between_steps_on_sigint_and_sigterm_keeping_its_checkpoint() {
                 "--resume",
             ],
         );
-        assert!(!metrics.exists(), "metrics written by an interrupted run");
-        assert!(leftovers(t.path(), &format!("m-{sig}.st.")).is_empty());
+        assert!(leftovers(t.path(), &format!(".m-{sig}.")).is_empty());
         // The checkpoint is whole: a model for eval, and a run to resume.
         ok(&["eval", "--model", s(&ck), "--dataset", &ds]);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -150,6 +149,28 @@ fn train_stops_between_steps_on_sigint_and_sigterm_keeping_its_checkpoint() {
             .and_then(|r| r.split(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("no epoch count in {err}"));
+        // The figures of the epochs done are written, marked as a run that stopped, and
+        // drawn by `fanout report`.
+        assert!(
+            err.contains("the figures of the") && err.contains(s(&metrics)),
+            "{err}"
+        );
+        let j: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&metrics).unwrap()).unwrap();
+        assert!(
+            j["stopped"]
+                .as_str()
+                .unwrap()
+                .contains("interrupted at epoch"),
+            "{j}"
+        );
+        assert!(j["test_acc"].is_null());
+        assert_eq!(j["epochs"].as_array().unwrap().len() as u64, done);
+        let pic = t.path().join(format!("m-{sig}.svg"));
+        ok(&["report", s(&metrics), "-o", s(&pic)]);
+        assert!(std::fs::read_to_string(&pic)
+            .unwrap()
+            .contains("stopped after"));
         let more = (done + 1).to_string();
         let mut args = train_args(&ds, s(&ck), s(&metrics));
         args.extend(["--epochs", &more, "--resume", s(&ck)]);

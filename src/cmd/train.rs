@@ -338,11 +338,33 @@ fn set<T>(slot: &mut T, v: Option<T>) {
     }
 }
 
-/// Draws rank 0's progress: a bar per epoch, the set-up lines and one summary line per epoch.
-struct Observer {
+/// Draws rank 0's progress: a bar per epoch, the set-up lines and one summary line per epoch;
+/// keeps the finished epochs' figures for a run that stops early.
+pub struct Observer {
     bar: Option<ProgressBar>,
     quiet: bool,
     epochs: u64,
+    done: Vec<EpochMetrics>,
+}
+
+impl Observer {
+    /// Writes the figures of the epochs done to `--metrics-out` when the run stopped early
+    /// (`fanout_exec::stopped_run_report`) and returns `msg` saying so.
+    fn stopped(&self, a: &TrainArgs, cfg: &TrainConfig, msg: String) -> String {
+        let (Some(p), false) = (&a.metrics_out, self.done.is_empty()) else {
+            return msg;
+        };
+        let report = fanout_exec::stopped_run_report(cfg, &self.done, &msg);
+        match write_atomic(p, &report) {
+            Ok(()) => format!(
+                "{msg}; the figures of the {} epoch{} done are in {}",
+                self.done.len(),
+                if self.done.len() == 1 { "" } else { "s" },
+                p.display()
+            ),
+            Err(e) => format!("{msg}; writing the epochs done failed too: {e}"),
+        }
+    }
 }
 
 impl FitObserver for Observer {
@@ -376,6 +398,7 @@ impl FitObserver for Observer {
         println!("{line}");
     }
     fn epoch_end(&mut self, m: &EpochMetrics) {
+        self.done.push(m.clone());
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
@@ -503,7 +526,7 @@ pub fn run(
     let mut obs = observer(&cfg, quiet);
     let out = compute
         .train(&cfg, &env, &mut obs)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| obs.stopped(a, &cfg, e.to_string()))?;
     finish(a, &out, Some(&device))
 }
 
@@ -547,11 +570,12 @@ fn check_outputs(a: &TrainArgs) -> Result<(), String> {
 }
 
 /// Rank 0's observer.
-pub fn observer(cfg: &TrainConfig, quiet: bool) -> impl FitObserver {
+pub fn observer(cfg: &TrainConfig, quiet: bool) -> Observer {
     Observer {
         bar: None,
         quiet,
         epochs: cfg.epochs,
+        done: Vec::new(),
     }
 }
 

@@ -76,8 +76,8 @@ pub use pipeline::{
     TimedSampler,
 };
 pub use run::{
-    check_backend, checkpoint_meta, open_dataset, train, train_with_backend, train_worker,
-    train_worker_with, RunEnv, TrainOutcome, EMBEDDED_NODES, EMBEDDED_SEED,
+    check_backend, checkpoint_meta, open_dataset, stopped_run_report, train, train_with_backend,
+    train_worker, train_worker_with, RunEnv, TrainOutcome, EMBEDDED_NODES, EMBEDDED_SEED,
 };
 pub use strategy::WorkerPlan;
 

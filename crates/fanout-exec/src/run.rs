@@ -19,7 +19,7 @@
 use crate::config::{FeaturePlacement, StrategyKind, TrainConfig};
 use crate::error::{reporting_device_failures, ExecError, Result};
 use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
-use crate::metrics::RunMetrics;
+use crate::metrics::{EpochMetrics, RunMetrics};
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::placement::{device_cache_table, map_rows, rows_at, wants_cache, RowsAt};
 use crate::strategy::WorkerPlan;
@@ -176,6 +176,7 @@ impl TrainOutcome {
 
     /// The metrics JSON of `fanout train --metrics-out`: the run's figures, the resolved
     /// config under `"config"` (so the file replays the run), and the per-worker figures.
+    /// A run that stopped before its end writes [`stopped_run_report`] instead.
     pub fn report(&self) -> serde_json::Value {
         let c = &self.config;
         serde_json::json!({
@@ -1452,4 +1453,32 @@ fn auto_size<B: Backend>(
 /// Bytes as MiB with one decimal, for summaries.
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// The metrics JSON of a run that stopped before its end (interrupted, or failed): the epochs
+/// it finished, with the fields of [`TrainOutcome::report`] that do not need the end of the
+/// run (`test_acc` is `null`) and `"stopped"`, why it stopped. `fanout report` draws it.
+pub fn stopped_run_report(
+    cfg: &TrainConfig,
+    epochs: &[EpochMetrics],
+    stopped: &str,
+) -> serde_json::Value {
+    let m = RunMetrics {
+        median_epoch_s: RunMetrics::median_epoch_time(epochs),
+        epochs: epochs.to_vec(),
+        ..RunMetrics::default()
+    };
+    serde_json::json!({
+        "model": cfg.model.name(),
+        "dataset": cfg.dataset.as_ref().map_or("embedded".into(), |d| d.display().to_string()),
+        "strategy": cfg.strategy_kind().name(),
+        "workers": cfg.workers,
+        "stopped": stopped,
+        "test_acc": null,
+        "median_epoch_s": m.median_epoch_s,
+        "median_floor_s": m.median_floor_s(),
+        "median_performed_bound_s": m.median_performed_bound_s(),
+        "epochs": m.epochs,
+        "config": cfg,
+    })
 }

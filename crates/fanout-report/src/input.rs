@@ -50,8 +50,10 @@ pub struct TrainRun {
     pub dataset: String,
     /// Execution strategy and worker count, e.g. `single`, `data-parallel x2`.
     pub strategy: String,
-    /// Test accuracy of the best-validation model.
-    pub test_acc: f64,
+    /// Test accuracy of the best-validation model (`None`: the run stopped before its end).
+    pub test_acc: Option<f64>,
+    /// Why the run stopped before its end, when it did.
+    pub stopped: Option<String>,
     /// Median epoch wall time.
     pub median_epoch_s: f64,
     /// Median floor of the same epochs, when reported.
@@ -205,7 +207,11 @@ fn train_run(v: &Value) -> Result<TrainRun, String> {
         } else {
             strategy
         },
-        test_acc: num(v, "test_acc")?,
+        test_acc: opt_num(v, "test_acc")?,
+        stopped: match field(v, "stopped") {
+            Err(_) | Ok(Value::Null) => None,
+            Ok(_) => Some(text(v, "stopped")?),
+        },
         median_epoch_s: num(v, "median_epoch_s")?,
         median_floor_s: opt_num(v, "median_floor_s")?,
         epochs,

@@ -238,7 +238,8 @@ mod tests {
             model: "sage".into(),
             dataset: "data/cora".into(),
             strategy: "single".into(),
-            test_acc: 0.8,
+            test_acc: Some(0.8),
+            stopped: None,
             median_epoch_s: 1.0,
             median_floor_s: floors.then_some(0.5),
             epochs: [0.1, 0.2, 0.4]

@@ -20,9 +20,14 @@ pub(crate) fn draw<DB: DrawingBackend>(run: &TrainRun, root: &Area<DB>) -> Resul
         .map_or(String::new(), |f| {
             format!(" = {:.2}x its floor", run.median_epoch_s / f)
         });
+    let end = match (run.test_acc, &run.stopped) {
+        (Some(a), _) => format!("test accuracy {a:.4}"),
+        (None, Some(_)) => format!("stopped after {} epochs", run.epochs.len()),
+        (None, None) => "no test accuracy".into(),
+    };
     let title = format!(
-        "{} on {} ({}): median epoch {:.2} s{floor}, test accuracy {:.4}",
-        run.model, run.dataset, run.strategy, run.median_epoch_s, run.test_acc
+        "{} on {} ({}): median epoch {:.2} s{floor}, {end}",
+        run.model, run.dataset, run.strategy, run.median_epoch_s
     );
     let body = root.titled(&title, (FONT, 22)).map_err(|e| e.to_string())?;
     let panels = body.split_evenly((2, 2));
@@ -230,17 +235,19 @@ fn accuracy<DB: DrawingBackend>(run: &TrainRun, area: &Area<DB>) -> DrawResult<D
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
     }
-    let r = epochs_axis(e);
-    let test = RGBColor(200, 0, 0).stroke_width(2);
-    chart
-        .draw_series(DashedLineSeries::new(
-            vec![(r.start, run.test_acc), (r.end, run.test_acc)],
-            8,
-            5,
-            test,
-        ))?
-        .label(format!("test, best model ({:.4})", run.test_acc))
-        .legend(dashed_swatch!(test));
+    if let Some(acc) = run.test_acc {
+        let r = epochs_axis(e);
+        let test = RGBColor(200, 0, 0).stroke_width(2);
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(r.start, acc), (r.end, acc)],
+                8,
+                5,
+                test,
+            ))?
+            .label(format!("test, best model ({acc:.4})"))
+            .legend(dashed_swatch!(test));
+    }
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
