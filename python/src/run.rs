@@ -24,6 +24,8 @@ struct PyObserver {
     on_note: Option<Py<PyAny>>,
     error: Option<PyErr>,
     cancel: Cancel,
+    /// The finished epochs, for the metrics of a run that stops early.
+    done: Vec<EpochMetrics>,
 }
 
 impl PyObserver {
@@ -47,6 +49,7 @@ impl FitObserver for PyObserver {
     fn batch_done(&mut self, _outcome: &BatchOutcome) {}
 
     fn epoch_end(&mut self, m: &EpochMetrics) {
+        self.done.push(m.clone());
         let f = self
             .on_epoch
             .as_ref()
@@ -169,6 +172,7 @@ pub fn train<'py>(
         on_note,
         error: None,
         cancel: cancel.clone(),
+        done: Vec::new(),
     };
     let env = RunEnv {
         cancel: Some(&cancel),
@@ -183,6 +187,15 @@ pub fn train<'py>(
         }
         Ok::<_, RunFailure>(out.report_on(&info))
     });
+    // A run that stopped early leaves the figures of the epochs it finished in `metrics_out`
+    // (as `fanout train` does); a failure to write them does not hide why it stopped.
+    if let (Err(e), Some(p), false) = (&result, &metrics_out, obs.done.is_empty()) {
+        let why = match e {
+            RunFailure::Exec(e) => e.to_string(),
+            RunFailure::Device(d) => d.clone(),
+        };
+        let _ = write_json(p, &fanout_exec::stopped_run_report(&cfg, &obs.done, &why));
+    }
     // A signal's exception (KeyboardInterrupt) first, then a callback's, then the run's own.
     if let Some(e) = signal.or_else(|| obs.error.take()) {
         return Err(e);

@@ -167,7 +167,7 @@ def test_unsupported_checkpoint_kinds_are_refused(cora_path, tmp_path):
         ft.load_checkpoint(ckpt)
 
 
-def test_an_exception_in_on_epoch_stops_the_run_and_is_raised(cora_path):
+def test_an_exception_in_on_epoch_stops_the_run_and_is_raised(cora_path, tmp_path):
     seen = []
 
     def stop_early(m):
@@ -179,8 +179,13 @@ def test_an_exception_in_on_epoch_stops_the_run_and_is_raised(cora_path):
     t = time.monotonic()
     with pytest.raises(StopIteration, match="enough after epoch 0"):
         fanout.train({"dataset": cora_path, "hidden": 16, "batch_size": 32, "epochs": 5000,
-                      "eval_every": 0, "threads": 2}, on_epoch=stop_early)
+                      "eval_every": 0, "threads": 2}, on_epoch=stop_early,
+                     metrics_out=tmp_path / "m.json")
     assert seen == [0]
+    # The epoch it finished is kept, marked as a run that stopped (as `fanout train` does).
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert "interrupted" in m["stopped"] and m["test_acc"] is None
+    assert [e["epoch"] for e in m["epochs"]] == [0]
     # The 5,000 epochs take minutes; stopped at the next step, the call returns in well under
     # a second (30 s leaves room for a loaded machine).
     assert time.monotonic() - t < 30, "the run went on after the callback raised"
