@@ -131,6 +131,27 @@ fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
         1,
         &["--dropout must be in [0, 1)", "--config", "run.toml"],
     );
+    // A switch the file turns on is turned off by its flag with =false.
+    std::fs::write(
+        &cfg,
+        "epochs = 1\n[cache]\nmatch_reorder = true\n[sampler]\nreplace = true\n",
+    )
+    .unwrap();
+    let off = t.path().join("off.json");
+    ok(&small(
+        &ds,
+        &[
+            "--config",
+            s(&cfg),
+            "--match-reorder=false",
+            "--replace=false",
+            "--metrics-out",
+            s(&off),
+        ],
+    ));
+    let c = &read_json(&off)["config"];
+    assert_eq!(c["cache"]["match_reorder"], false, "{c}");
+    assert_eq!(c["sampler"]["replace"], false, "{c}");
     let plain = t.path().join("run.cfg");
     std::fs::write(&plain, "epochs = 1\nhidden = 8\n").unwrap();
     let out = ok(&small(&ds, &["--config", s(&plain), "--epochs", "1"]));

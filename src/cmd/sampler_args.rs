@@ -11,9 +11,10 @@ pub struct SamplerArgs {
     /// Sampling algorithm (default: randomwalk for `train --model pinsage`, khop otherwise).
     #[arg(long, value_enum)]
     pub sampler: Option<SamplerArg>,
-    /// Sample neighbours with replacement (khop, weighted).
-    #[arg(long)]
-    pub replace: bool,
+    /// Sample neighbours with replacement (khop, weighted); `--replace=false` turns off what
+    /// a run config turns on.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub replace: Option<bool>,
     /// Global-to-local id table [default: auto].
     #[arg(long, value_enum)]
     pub remap: Option<RemapArg>,
@@ -67,7 +68,9 @@ impl SamplerArgs {
                 SamplerArg::Layerwise => SamplerKind::Layerwise,
             });
         }
-        spec.replace |= self.replace;
+        if let Some(r) = self.replace {
+            spec.replace = r;
+        }
         if let Some(r) = self.remap {
             spec.remap = match r {
                 RemapArg::Auto => RemapKind::Auto,

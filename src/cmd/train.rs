@@ -32,7 +32,8 @@ use std::path::{Path, PathBuf};
 #[command(verbatim_doc_comment, args_override_self = true)]
 pub struct TrainArgs {
     /// A run config: TOML, JSON, or the metrics JSON of an earlier run (which replays it).
-    /// Flags given on the command line override its settings.
+    /// Flags given on the command line override its settings (`--match-reorder=false`,
+    /// `--replace=false` turn off switches the file turns on).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Dataset directory (default: a 100,000-vertex products-like graph generated in memory).
@@ -120,8 +121,9 @@ pub struct TrainArgs {
     pub device_memory: Option<String>,
     /// FastGL Match: reuse the rows of the previous mini-batch and gather only the new ones.
     /// The batches keep their sampled order unless --reorder-window is given too.
-    #[arg(long)]
-    pub match_reorder: bool,
+    /// `--match-reorder=false` turns off what a --config file turns on.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub match_reorder: Option<bool>,
     /// FastGL Greedy Reorder (needs --match-reorder): take N sampled batches at a time and
     /// train them in the order where consecutive batches share the most input nodes, so Match
     /// reuses more rows. Every batch is still trained once per epoch; the order (and so the
@@ -293,7 +295,7 @@ impl TrainArgs {
             &mut c.cache.device_memory,
             self.device_memory.clone().map(Some),
         );
-        c.cache.match_reorder |= self.match_reorder;
+        set(&mut c.cache.match_reorder, self.match_reorder);
         set(&mut c.cache.reorder_window, self.reorder_window);
         set(
             &mut c.feature_residency,
