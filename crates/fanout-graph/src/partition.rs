@@ -720,6 +720,17 @@ impl PartitionMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`partition_training_set`] without progress or cancellation.
+    fn part(
+        ds: &Dataset,
+        m: PartitionMethod,
+        parts: usize,
+        hops: usize,
+        seed: u64,
+    ) -> Result<Partition> {
+        partition_training_set(ds, m, parts, hops, seed, &NoProgress, &Cancel::new())
+    }
     use crate::{build_topology, files, BuildOptions, DatasetWriter, Meta, NoProgress, SliceArcs};
 
     /// A dataset of `n` vertices with `arcs` (src, dst) and training set `train`, in `dir/ds`.
@@ -755,16 +766,19 @@ mod tests {
         // part 1 against 1/3; 5 shares 4 with part 1: (1+1)(2-1)/(2+1) = 2/3 against
         // (1+0)(2-1)/(2+1) = 1/3; 1 shares 0 with part 0: 2/3 against (2-2) = 0.
         let order = [0, 4, 5, 1];
-        let p = partition_in_order(
-            &ds,
-            PartitionMethod::PaGraph,
-            2,
-            1,
-            &order,
-            &NoProgress,
-            &Cancel::new(),
-        )
-        .unwrap();
+        let stream = |method, parts, hops| {
+            partition_in_order(
+                &ds,
+                method,
+                parts,
+                hops,
+                &order,
+                &NoProgress,
+                &Cancel::new(),
+            )
+            .unwrap()
+        };
+        let p = stream(PartitionMethod::PaGraph, 2, 1);
         assert_eq!(p.train, vec![vec![0, 1], vec![4, 5]]);
         assert_eq!(p.vertices, vec![vec![0, 1, 2], vec![4, 5, 6]]);
         let s = p.stats(&ds);
@@ -772,29 +786,11 @@ mod tests {
         assert_eq!(s.edges, vec![3, 3]);
         assert_eq!(s.train_balance, 1.0);
         // Round robin over the same order mixes the communities and replicates 2 and 6.
-        let r = partition_in_order(
-            &ds,
-            PartitionMethod::Random,
-            2,
-            1,
-            &order,
-            &NoProgress,
-            &Cancel::new(),
-        )
-        .unwrap();
+        let r = stream(PartitionMethod::Random, 2, 1);
         assert_eq!(r.train, vec![vec![0, 5], vec![1, 4]]);
         assert!(r.stats(&ds).replicated_pct > 0.0);
         // Two hops: 1's neighbourhood is {1, 2, 0} (2 has no in-arcs).
-        let deep = partition_in_order(
-            &ds,
-            PartitionMethod::PaGraph,
-            1,
-            2,
-            &order,
-            &NoProgress,
-            &Cancel::new(),
-        )
-        .unwrap();
+        let deep = stream(PartitionMethod::PaGraph, 1, 2);
         assert_eq!(deep.vertices, vec![vec![0, 1, 2, 4, 5, 6]]);
     }
 
@@ -812,16 +808,7 @@ mod tests {
         let ds = random_dataset(t.path());
         for method in [PartitionMethod::PaGraph, PartitionMethod::Random] {
             for (parts, hops) in [(2, 1), (3, 2), (4, 2)] {
-                let p = partition_training_set(
-                    &ds,
-                    method,
-                    parts,
-                    hops,
-                    9,
-                    &NoProgress,
-                    &Cancel::new(),
-                )
-                .unwrap();
+                let p = part(&ds, method, parts, hops, 9).unwrap();
                 let mut all: Vec<u32> = p.train.concat();
                 all.sort_unstable();
                 assert_eq!(all, ds.train.to_vec(), "{method:?} {parts}");
@@ -840,63 +827,21 @@ mod tests {
                     s.train_balance
                 );
                 // Deterministic per seed, and the seed matters.
-                let again = partition_training_set(
-                    &ds,
-                    method,
-                    parts,
-                    hops,
-                    9,
-                    &NoProgress,
-                    &Cancel::new(),
-                );
+                let again = part(&ds, method, parts, hops, 9);
                 assert_eq!(again.unwrap(), p);
             }
         }
-        let a = partition_training_set(
-            &ds,
-            PartitionMethod::Random,
-            3,
-            1,
-            1,
-            &NoProgress,
-            &Cancel::new(),
-        );
-        let b = partition_training_set(
-            &ds,
-            PartitionMethod::Random,
-            3,
-            1,
-            2,
-            &NoProgress,
-            &Cancel::new(),
-        );
+        let a = part(&ds, PartitionMethod::Random, 3, 1, 1);
+        let b = part(&ds, PartitionMethod::Random, 3, 1, 2);
         assert_ne!(a.unwrap().train, b.unwrap().train);
-        assert!(partition_training_set(
-            &ds,
-            PartitionMethod::Random,
-            0,
-            1,
-            1,
-            &NoProgress,
-            &Cancel::new()
-        )
-        .is_err());
+        assert!(part(&ds, PartitionMethod::Random, 0, 1, 1).is_err());
     }
 
     #[test]
     fn written_partitions_reopen_and_damage_is_named() {
         let t = tempfile::tempdir().unwrap();
         let ds = random_dataset(t.path());
-        let p = partition_training_set(
-            &ds,
-            PartitionMethod::PaGraph,
-            3,
-            2,
-            0,
-            &NoProgress,
-            &Cancel::new(),
-        )
-        .unwrap();
+        let p = part(&ds, PartitionMethod::PaGraph, 3, 2, 0).unwrap();
         let dir = p.write(&ds, "pg", false).unwrap();
         assert_eq!(Partition::open(&ds, "pg").unwrap(), p);
         assert_eq!(list_partitions(&ds).unwrap(), vec!["pg".to_string()]);
