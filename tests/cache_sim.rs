@@ -81,6 +81,7 @@ fn bad_flags_fail_with_a_message() {
     for (flag, value, want) in [
         ("--policies", "lru", "unknown cache policy"),
         ("--ratios", "1.5", "not within [0, 1]"),
+        ("--ratios", "", "no ratio"),
     ] {
         let o = fanout(&["cache-sim", "--dataset", &ds, flag, value]);
         assert!(!o.status.success());
@@ -156,4 +157,47 @@ fn weighted_sampling_runs_after_dataset_weights_writes_them() {
         let r: Value = serde_json::from_str(l).unwrap();
         assert_eq!(r["sampler"], "weighted");
     }
+}
+
+#[test]
+fn one_thread_simulates_without_waiting_on_itself() {
+    // The simulation waits for batches the loader samples on the thread pool: with one thread
+    // it once waited on itself for ever. Watched, so a regression fails instead of hanging.
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+        .args([
+            "--quiet",
+            "cache-sim",
+            "--dataset",
+            &ds,
+            "--fanouts",
+            "5,5",
+            "--batch-size",
+            "100",
+            "--policies",
+            "degree,presc1",
+            "--ratios",
+            "0.1",
+            "--epochs",
+            "1",
+            "--json",
+            "--threads",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("cache-sim --threads 1 did not finish within two minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let lines = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(lines.lines().count(), 2, "{lines}");
 }

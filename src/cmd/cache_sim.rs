@@ -141,9 +141,10 @@ pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
         args.fanouts,
         args.batch_size
     ));
-    let rep = pool
-        .install(|| simulate(sampler, &seeds, &loader, row_bytes, &cfg))
-        .map_err(|e| e.to_string())?;
+    // On this thread, not on the pool: the simulation waits for the loader's batches, which
+    // are sampled on the pool, so with one thread it would wait on itself for ever. (Its
+    // rankings' parallel sorts then run on rayon's global pool.)
+    let rep = simulate(sampler, &seeds, &loader, row_bytes, &cfg).map_err(|e| e.to_string())?;
     say(format!("done in {:.1} s", start.elapsed().as_secs_f64()));
     if args.json {
         print_json(args, &rep);
@@ -153,6 +154,7 @@ pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// The cache ratios of `--ratios` (at least one).
 fn parse_ratios(s: &str) -> Result<Vec<f64>, String> {
     s.split(',')
         .filter(|t| !t.trim().is_empty())
@@ -167,7 +169,16 @@ fn parse_ratios(s: &str) -> Result<Vec<f64>, String> {
                 Err(format!("--ratios: {a} is not within [0, 1]"))
             }
         })
-        .collect()
+        .collect::<Result<Vec<f64>, String>>()
+        .and_then(|r| {
+            if r.is_empty() {
+                Err(format!(
+                    "--ratios {s:?}: no ratio; give cached fractions, e.g. 0.05,0.1,0.2"
+                ))
+            } else {
+                Ok(r)
+            }
+        })
 }
 
 fn mb(b: f64) -> String {
