@@ -324,9 +324,10 @@ pub fn run(cmd: &DatasetCommand, quiet: bool, cancel: Option<&Cancel>) -> Result
             let t = std::time::Instant::now();
             let w = make_weights(&ds, scheme, a.seed);
             write_weights(&a.dir, &w).map_err(|e| e.to_string())?;
-            // Alias tables built from the old weights would pass the freshness check when
-            // the file system's timestamps are coarser than the gap between the two writes.
+            // Tables of the old weights would be rebuilt anyway (their key is the old
+            // weights' checksum); removed now, they take no disk until the next build.
             for f in [
+                fanout_sample::alias::files::ALIAS_KEY,
                 fanout_sample::alias::files::ALIAS_PROB,
                 fanout_sample::alias::files::ALIAS_IDX,
             ] {

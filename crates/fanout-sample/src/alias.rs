@@ -21,6 +21,8 @@ pub mod files {
     pub const ALIAS_PROB: &str = "alias_prob.bin";
     /// u32 alias position (within the row) per arc.
     pub const ALIAS_IDX: &str = "alias_idx.bin";
+    /// The checksum of the `weight.bin` the tables were built from (one line, `xxh3:...`).
+    pub const ALIAS_KEY: &str = "alias_key.txt";
 }
 
 /// `alias_idx` value marking a row whose weights are all zero (no arc can be drawn).
@@ -45,7 +47,9 @@ pub struct AliasTables {
 
 impl AliasTables {
     /// Loads `alias_prob.bin`/`alias_idx.bin` from the dataset directory when both exist, have
-    /// NUM_EDGE entries, are not older than `weight.bin` and pass the range check; otherwise
+    /// NUM_EDGE entries, were built from this very `weight.bin` (its checksum is recorded in
+    /// `alias_key.txt` beside them: a file's times survive `mv`, `cp -p` and `rsync -a`, its
+    /// contents do not lie) and pass the range check; otherwise
     /// builds them from `weight.bin` (parallel over rows) and saves them atomically (temporary
     /// file + rename; an unwritable directory keeps them in memory). Errors if `weight.bin` is
     /// missing, has the wrong size, or holds a negative, NaN or infinite weight.
@@ -62,11 +66,9 @@ impl AliasTables {
         let e = ds.num_arcs();
         let weights: Array<f32> = Array::map(&wpath, e, "NUM_EDGE")?;
         let (pp, ip) = (dir.join(files::ALIAS_PROB), dir.join(files::ALIAS_IDX));
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let fresh = match (mtime(&wpath), mtime(&pp), mtime(&ip)) {
-            (Some(w), Some(a), Some(b)) => a >= w && b >= w,
-            _ => false,
-        };
+        let key = fanout_graph::checksum::file_checksum(&wpath, &fanout_graph::NoProgress)?;
+        let fresh = std::fs::read_to_string(dir.join(files::ALIAS_KEY))
+            .is_ok_and(|k| k.trim() == key);
         if fresh {
             if let (Ok(prob), Ok(idx)) = (
                 Array::<f32>::map(&pp, e, "NUM_EDGE"),
@@ -84,7 +86,7 @@ impl AliasTables {
         }
         check_weights(&weights)?;
         progress.phase("build alias tables", ds.num_nodes(), "rows");
-        let saved = build_into_files(ds, &weights, dir, progress);
+        let saved = build_into_files(ds, &weights, &key, dir, progress);
         progress.finish_phase();
         match saved {
             Ok(()) => Ok(AliasTables {
@@ -143,8 +145,16 @@ fn check_weights(w: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// Builds both tables into temporary files beside the dataset, then renames them into place.
-fn build_into_files(ds: &Dataset, w: &[f32], dir: &Path, progress: &dyn Progress) -> Result<()> {
+/// Builds both tables into temporary files beside the dataset, renames them into place, then
+/// records `key` (the checksum of the weights) beside them: last, so that tables whose writing
+/// was cut short are never taken for current.
+fn build_into_files(
+    ds: &Dataset,
+    w: &[f32],
+    key: &str,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<()> {
     let e = ds.num_arcs();
     let (tp, ti) = (
         temp_name(dir, files::ALIAS_PROB),
@@ -164,8 +174,18 @@ fn build_into_files(ds: &Dataset, w: &[f32], dir: &Path, progress: &dyn Progress
         );
         prob.finish(&tp)?;
         idx.finish(&ti)?;
+        // The old key goes first: tables replaced halfway must not match it.
+        match std::fs::remove_file(dir.join(files::ALIAS_KEY)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(dir.join(files::ALIAS_KEY), "remove", e))
+            }
+            _ => {}
+        }
         rename(&ti, &dir.join(files::ALIAS_IDX))?;
-        rename(&tp, &dir.join(files::ALIAS_PROB))
+        rename(&tp, &dir.join(files::ALIAS_PROB))?;
+        let tk = temp_name(dir, files::ALIAS_KEY);
+        std::fs::write(&tk, format!("{key}\n")).map_err(|e| Error::io(&tk, "write", e))?;
+        rename(&tk, &dir.join(files::ALIAS_KEY))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tp);
@@ -403,6 +423,27 @@ mod tests {
             assert_eq!(t4.origin, "built and saved", "alias {bad}");
             assert_eq!(&t4.idx[..], &want[..]);
         }
+        // New weights moved in with an old timestamp (as `mv`, `cp -p` or `rsync -a` leave
+        // them) are noticed by content: the tables are rebuilt from them.
+        let w2: Vec<f32> = (0..e).map(|i| ((i + 1) % 3) as f32).collect();
+        let moved = ds.dir.join("w2.bin");
+        std::fs::write(&moved, fanout_graph::array::as_bytes(&w2)).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&moved)
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+            .unwrap();
+        std::fs::rename(&moved, ds.dir.join(files::WEIGHT)).unwrap();
+        let t5 = AliasTables::load_or_build(&ds, &NoProgress).unwrap();
+        assert_eq!(t5.origin, "built and saved");
+        let (p2, i2) = build(&ds, &w2, &NoProgress);
+        assert_eq!((&t5.prob[..], &t5.idx[..]), (&p2[..], &i2[..]));
+        drop(t5);
+        assert_eq!(
+            AliasTables::load_or_build(&ds, &NoProgress).unwrap().origin,
+            "loaded"
+        );
         // No temporary files are left behind.
         let stray = std::fs::read_dir(&ds.dir)
             .unwrap()
