@@ -67,8 +67,8 @@ impl AliasTables {
         let weights: Array<f32> = Array::map(&wpath, e, "NUM_EDGE")?;
         let (pp, ip) = (dir.join(files::ALIAS_PROB), dir.join(files::ALIAS_IDX));
         let key = fanout_graph::checksum::file_checksum(&wpath, &fanout_graph::NoProgress)?;
-        let fresh = std::fs::read_to_string(dir.join(files::ALIAS_KEY))
-            .is_ok_and(|k| k.trim() == key);
+        let fresh =
+            std::fs::read_to_string(dir.join(files::ALIAS_KEY)).is_ok_and(|k| k.trim() == key);
         if fresh {
             if let (Ok(prob), Ok(idx)) = (
                 Array::<f32>::map(&pp, e, "NUM_EDGE"),

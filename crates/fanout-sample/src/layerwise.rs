@@ -8,8 +8,11 @@
 //! to the frontier. `s` candidates are drawn without replacement in proportion to `q`
 //! (successive sampling via Efraimidis-Spirakis keys `ln(U_u) / q(u)`, one independent uniform
 //! per candidate, so the draw is parallel and deterministic). Each frontier vertex then keeps
-//! every arc from a drawn vertex, with weight `(1 / deg v) / (s * p(u))`, `p = q / sum q`: the
-//! importance-sampling estimate of row-normalised aggregation.
+//! every arc from a drawn vertex, with weight `(1 / deg v) / pi(u)`, where `pi(u) =
+//! min(1, s * p(u))`, `p = q / sum q`, approximates `u`'s chance of being drawn: the
+//! importance-sampling estimate of row-normalised aggregation. When the layer holds every
+//! candidate (no more of them than `s`), nothing is sampled, `pi = 1`, and the weights are
+//! exactly the row-normalised `1 / deg v`.
 //!
 //! Unlike the per-vertex samplers, work is proportional to the frontier's total degree (LADIES
 //! needs every candidate's importance), plus a sort of the (candidate, frontier) pairs.
@@ -127,8 +130,10 @@ impl CsrJob for LayerHop<'_> {
             .collect();
         drop(pairs);
         let total_q: f64 = cands.iter().map(|c| c.1).sum();
+        // Every candidate fits in the layer: each is kept for certain.
+        let all = cands.len() <= self.size;
         // Draw: the `size` largest keys ln(U) / q (ties by id, for determinism).
-        let mut chosen: Vec<(u32, f64)> = if cands.len() <= self.size {
+        let mut chosen: Vec<(u32, f64)> = if all {
             cands
         } else {
             let mut keyed: Vec<(f64, u32, f64)> = cands
@@ -151,8 +156,13 @@ impl CsrJob for LayerHop<'_> {
             for &u in g.row(frontier[i]) {
                 let u = vid(u);
                 if let Ok(j) = chosen.binary_search_by_key(&u, |c| c.0) {
+                    let pi = if all {
+                        1.0
+                    } else {
+                        (s * chosen[j].1 / total_q).min(1.0)
+                    };
                     ids.push(u);
-                    ws.push((inv / (s * chosen[j].1 / total_q)) as f32);
+                    ws.push((inv / pi) as f32);
                 }
             }
         });
@@ -233,6 +243,32 @@ mod tests {
         }
         let other = pool(3).install(|| s.sample(&seeds, key).unwrap());
         assert_eq!(other, mb);
+    }
+
+    #[test]
+    fn a_layer_holding_every_candidate_weighs_rows_exactly() {
+        // Layers larger than any frontier's candidates: nothing is sampled, every arc is kept
+        // and weighted 1 / deg v, so each destination's weights sum to 1.
+        let ds = random_graph(400, 8, 5);
+        let s = sampler(&ds, &[1_000_000, 1_000_000]);
+        let seeds: Vec<u32> = (0..10).map(|i| i * 7).collect();
+        let key = BatchKey {
+            seed: 2,
+            epoch: 0,
+            step: 0,
+        };
+        let mb = s.sample(&seeds, key).unwrap();
+        for b in &mb.blocks {
+            let w = b.weights.as_ref().unwrap();
+            for d in 0..b.indptr.len() - 1 {
+                let r = b.indptr[d] as usize..b.indptr[d + 1] as usize;
+                if r.is_empty() {
+                    continue;
+                }
+                let sum: f32 = w[r].iter().sum();
+                assert!((sum - 1.0).abs() < 1e-5, "destination {d}: {sum}");
+            }
+        }
     }
 
     #[test]
