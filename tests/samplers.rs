@@ -121,6 +121,22 @@ fn the_shared_flags_reach_sample_bench_and_cache_sim_and_bad_values_are_clap_err
             "1.5",
         ],
         1,
-        &["stop probability"],
+        &["--stop-prob 1.5", "stop probability"],
     );
+    // Random-walk settings are not checked (nor used) for another sampler.
+    ok(&[
+        "sample-bench",
+        "--dataset",
+        &ds,
+        "--sampler",
+        "khop",
+        "--stop-prob",
+        "1",
+        "--fanouts",
+        "5",
+        "--batch-size",
+        "100",
+        "--epochs",
+        "1",
+    ]);
 }

@@ -321,7 +321,8 @@ impl Remapper {
             let dup = s.windows(2).find(|w| w[0] == w[1]).map_or(0, |w| w[0]);
             self.clear();
             return Err(Error::Invalid(format!(
-                "seed vertex {dup} appears more than once in one mini-batch"
+                "seed vertex {dup} appears more than once in one mini-batch (the seed set lists it twice; \
+                 `fanout dataset verify` checks a dataset's split files)"
             )));
         }
         Ok(())

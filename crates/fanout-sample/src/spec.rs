@@ -92,18 +92,24 @@ impl SamplerSpec {
         self.kind.unwrap_or(default_kind)
     }
 
-    /// Checks the settings that do not depend on the dataset.
+    /// Checks the settings that do not depend on the dataset: the random walks' settings,
+    /// unless another sampler is named (they are not used then).
     pub fn validate(&self) -> Result<()> {
+        if self.kind.is_some_and(|k| k != SamplerKind::Randomwalk) {
+            return Ok(());
+        }
         if !(0.0..1.0).contains(&self.stop_prob) {
             return Err(Error::Invalid(format!(
-                "stop probability {} is not in [0, 1)",
+                "--stop-prob {} (stop_prob): a random walk's stop probability must be in [0, 1)",
                 self.stop_prob
             )));
         }
         if self.walks == 0 || self.walk_length == 0 {
-            return Err(Error::Invalid(
-                "random walks need at least one walk of at least one step".into(),
-            ));
+            return Err(Error::Invalid(format!(
+                "--walks {} and --walk-length {} (walks, walk_length): random walks need at \
+                 least one walk of at least one step",
+                self.walks, self.walk_length
+            )));
         }
         Ok(())
     }

@@ -454,7 +454,8 @@ fn duplicate_seed(seeds: &[u32]) -> Error {
     s.sort_unstable();
     let dup = s.windows(2).find(|p| p[0] == p[1]).map_or(0, |p| p[0]);
     Error::Invalid(format!(
-        "seed vertex {dup} appears more than once in one mini-batch"
+        "seed vertex {dup} appears more than once in one mini-batch (the seed set lists it twice; \
+                 `fanout dataset verify` checks a dataset's split files)"
     ))
 }
 
