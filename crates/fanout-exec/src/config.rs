@@ -505,8 +505,8 @@ impl TrainConfig {
         // Settings another strategy would silently ignore.
         if !self.strategy_kind().is_factored() && self.factored != FactoredSpec::default() {
             return bad(
-                "--samplers, --no-switching, --queue-depth and --trial-batches are for \
-                 --strategy factored or hybrid",
+                "--samplers, --no-switching and --queue-depth (a config's [factored] table) \
+                 are for --strategy factored or hybrid",
             );
         }
         if self.strategy_kind().is_factored() && self.workers == 1 {
