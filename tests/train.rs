@@ -575,13 +575,52 @@ fn outputs_are_checked_before_the_run_and_written_through_links() {
     assert_ne!(std::fs::read(&ck).unwrap(), before);
     #[cfg(unix)]
     {
-        // A link is written through: its target gets the metrics, the link stays a link.
+        // A link is written through: its target gets the metrics, the link stays a link;
+        // an existing target is replaced and keeps its permissions.
+        use std::os::unix::fs::PermissionsExt;
         let target = p("real.json");
         let link = p("link.json");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         ok(&small(&ds, &["--epochs", "1", "--metrics-out", s(&link)]));
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         assert!(read_json(&target)["epochs"].is_array());
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        ok(&small(&ds, &["--epochs", "2", "--metrics-out", s(&link)]));
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert_eq!(read_json(&target)["epochs"].as_array().unwrap().len(), 2);
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A link to a file in a folder that does not exist is refused before the run.
+        let dangling = p("dangling.json");
+        std::os::unix::fs::symlink("nothere/x.json", &dangling).unwrap();
+        fails(
+            &small(&ds, &["--metrics-out", s(&dangling)]),
+            1,
+            &["the folder", "nothere", "does not exist"],
+        );
+        // /dev/stdout redirected to a file gets the metrics after what was already written,
+        // through the open handle, not a new file over it.
+        let captured = p("captured.txt");
+        std::fs::write(&captured, "KEEP ME\n").unwrap();
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&captured)
+            .unwrap();
+        let st = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
+            .args(small(
+                &ds,
+                &["--epochs", "1", "--metrics-out", "/dev/stdout"],
+            ))
+            .stdout(out)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let text = std::fs::read_to_string(&captured).unwrap();
+        assert!(text.starts_with("KEEP ME\n"), "{text}");
+        assert!(
+            text.contains("test accuracy") && text.contains("\"epochs\""),
+            "{text}"
+        );
         // A destination that is not a regular file (here /dev/null, behind a link) is
         // written in place, not replaced by a file.
         let null = p("null.json");

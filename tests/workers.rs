@@ -162,6 +162,13 @@ fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
         1,
         &["run.cfg: neither JSON", "nor TOML"],
     );
+    // An empty or comment-only file (a cut-off JSON config, say) does not run the defaults.
+    std::fs::write(&json, "# nothing\n").unwrap();
+    fails(
+        &["train", "--config", s(&json)],
+        1,
+        &["run.json: not JSON", "holds no setting"],
+    );
 }
 
 #[test]

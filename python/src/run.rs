@@ -182,10 +182,14 @@ pub fn train<'py>(
         // Opened here, without the GIL: starting a GPU's backend compiles its kernels.
         let (compute, info) = Compute::open(spec).map_err(RunFailure::Device)?;
         let out = compute.train(&cfg, &env, &mut obs)?;
-        if let Some(p) = &save_model {
-            out.save_model(p)?;
-        }
-        Ok::<_, RunFailure>(out.report_on(&info))
+        // A checkpoint that cannot be written does not take the finished run's metrics with
+        // it: they are written first, below, and its error raised after.
+        let saved = save_model
+            .as_ref()
+            .map(|p| out.save_model(p))
+            .transpose()
+            .map(|_| ());
+        Ok::<_, RunFailure>((out.report_on(&info), saved))
     });
     // A run that stopped early leaves the figures of the epochs it finished in `metrics_out`
     // (as `fanout train` does); a failure to write them does not hide why it stopped.
@@ -200,10 +204,11 @@ pub fn train<'py>(
     if let Some(e) = signal.or_else(|| obs.error.take()) {
         return Err(e);
     }
-    let report = result.map_err(|e| e.into_py(spec, &[dataset.as_path()]))?;
+    let (report, saved) = result.map_err(|e| e.into_py(spec, &[dataset.as_path()]))?;
     if let Some(p) = &metrics_out {
         write_json(p, &report)?;
     }
+    saved.map_err(|e| RunFailure::Exec(e).into_py(spec, &[dataset.as_path()]))?;
     json_to_py(py, &report)
 }
 

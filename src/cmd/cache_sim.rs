@@ -141,10 +141,16 @@ pub fn run(args: &CacheSimArgs, quiet: bool) -> Result<(), String> {
         args.fanouts,
         args.batch_size
     ));
-    // On this thread, not on the pool: the simulation waits for the loader's batches, which
-    // are sampled on the pool, so with one thread it would wait on itself for ever. (Its
-    // rankings' parallel sorts then run on rayon's global pool.)
-    let rep = simulate(sampler, &seeds, &loader, row_bytes, &cfg).map_err(|e| e.to_string())?;
+    // On a pool of its own, not the loader's: the simulation waits for the loader's batches,
+    // which are sampled on that pool, so with one thread it would wait on itself for ever.
+    // Its own parallel work (the rankings' sorts) keeps to --threads threads too.
+    let sim_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| format!("cannot start {threads} threads: {e}"))?;
+    let rep = sim_pool
+        .install(|| simulate(sampler, &seeds, &loader, row_bytes, &cfg))
+        .map_err(|e| e.to_string())?;
     say(format!("done in {:.1} s", start.elapsed().as_secs_f64()));
     if args.json {
         print_json(args, &rep);

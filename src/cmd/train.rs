@@ -538,7 +538,8 @@ pub fn settings_error(e: fanout_exec::ExecError, a: &TrainArgs) -> String {
     match &a.config {
         Some(p) => format!(
             "{e} (the settings come from --config {} and the flags; in the file a flag's \
-             setting is its name with _ for -, e.g. --batch-size is batch_size)",
+             setting is its name with _ for -, e.g. --batch-size is batch_size, some inside a \
+             table, e.g. --reorder-window is reorder_window under [cache])",
             p.display()
         ),
         None => e.to_string(),

@@ -110,6 +110,18 @@ pub fn save_bytes(bytes: &[u8], path: &Path) -> Result<()> {
 /// is written in place; a folder is an error. Every output fanout writes (metrics,
 /// checkpoints) goes through here.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    // The process's own output streams, written through their open handles: reopening them
+    // by name would truncate (or, once resolved to the file they were redirected to,
+    // replace) what the shell already wrote there.
+    if path == Path::new("/dev/stdout") {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        return out.write_all(bytes).and_then(|()| out.flush());
+    }
+    if path == Path::new("/dev/stderr") {
+        use std::io::Write;
+        return std::io::stderr().lock().write_all(bytes);
+    }
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => Err(std::io::Error::other("is a folder; expected a file name")),
         Ok(m) if !m.is_file() => std::fs::write(path, bytes),
@@ -136,7 +148,11 @@ fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let tmp = path.with_file_name(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
-    let done = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    // The replaced file keeps its permissions (a private checkpoint stays private).
+    let keep = std::fs::metadata(path).ok().map(|m| m.permissions());
+    let done = std::fs::write(&tmp, bytes)
+        .and_then(|()| keep.map_or(Ok(()), |p| std::fs::set_permissions(&tmp, p)))
+        .and_then(|()| std::fs::rename(&tmp, path));
     if done.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

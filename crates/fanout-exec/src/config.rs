@@ -330,12 +330,20 @@ impl TrainConfig {
         let value: serde_json::Value = match serde_json::from_str(&text) {
             Ok(v) => v,
             Err(json) => {
-                return toml::from_str(&text).map_err(|toml| {
+                // TOML only when it says something: an empty or comment-only file (a cut-off
+                // JSON config, say) would otherwise run the defaults without a word.
+                let table: toml::Table = toml::from_str(&text).map_err(|toml| {
                     bad(format!(
                         "neither JSON ({json}) nor TOML ({})",
                         toml.to_string().trim_end()
                     ))
-                })
+                })?;
+                if table.is_empty() {
+                    return Err(bad(format!("not JSON ({json}), and holds no setting")));
+                }
+                return table
+                    .try_into()
+                    .map_err(|e: toml::de::Error| bad(e.to_string()));
             }
         };
         match value.get("config") {
@@ -505,8 +513,8 @@ impl TrainConfig {
         // Settings another strategy would silently ignore.
         if !self.strategy_kind().is_factored() && self.factored != FactoredSpec::default() {
             return bad(
-                "--samplers, --no-switching and --queue-depth (a config's [factored] table) \
-                 are for --strategy factored or hybrid",
+                "--samplers, --no-switching, --queue-depth and the rest of a config's \
+                 [factored] table (trial_batches) are for --strategy factored or hybrid",
             );
         }
         if self.strategy_kind().is_factored() && self.workers == 1 {

@@ -18,7 +18,12 @@ pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Res
                 p.display()
             )));
         }
-        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        // Where the file will be: through a link that points to nothing yet, its target.
+        let at = match std::fs::read_link(p) {
+            Ok(t) if !p.exists() => p.parent().map_or(t.clone(), |d| d.join(&t)),
+            _ => p.to_path_buf(),
+        };
+        let dir = at.parent().filter(|d| !d.as_os_str().is_empty());
         if let Some(d) = dir.filter(|d| !d.is_dir()) {
             return Err(ExecError::Invalid(format!(
                 "{flag} {}: the folder {} does not exist",

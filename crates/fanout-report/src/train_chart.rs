@@ -22,7 +22,11 @@ pub(crate) fn draw<DB: DrawingBackend>(run: &TrainRun, root: &Area<DB>) -> Resul
         });
     let end = match (run.test_acc, &run.stopped) {
         (Some(a), _) => format!("test accuracy {a:.4}"),
-        (None, Some(_)) => format!("stopped after {} epochs", run.epochs.len()),
+        (None, Some(_)) => format!(
+            "stopped after {} epoch{}",
+            run.epochs.len(),
+            if run.epochs.len() == 1 { "" } else { "s" }
+        ),
         (None, None) => "no test accuracy".into(),
     };
     let title = format!(
