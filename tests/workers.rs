@@ -119,10 +119,14 @@ fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
     // A JSON config's error says where; a value a check refuses says it may come from the
     // file; TOML is read whatever the file's extension.
     let json = t.path().join("run.json");
-    std::fs::write(&json, "{\"epochs\": \"x\"}").unwrap();
-    fails(
-        &["train", "--config", s(&json)],
-        1,
+    // Refuses `file` holding `text` as a config, with every needle in the message.
+    let refused = |file: &Path, text: &str, needles: &[&str]| {
+        std::fs::write(file, text).unwrap();
+        fails(&["train", "--config", s(file)], 1, needles);
+    };
+    refused(
+        &json,
+        "{\"epochs\": \"x\"}",
         &["run.json", "expected u64 at line 1 column"],
     );
     std::fs::write(&cfg, "dropout = 1.5\n").unwrap();
@@ -156,17 +160,11 @@ fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
     std::fs::write(&plain, "epochs = 1\nhidden = 8\n").unwrap();
     let out = ok(&small(&ds, &["--config", s(&plain), "--epochs", "1"]));
     assert!(out.contains("test accuracy"), "{out}");
-    std::fs::write(&plain, "epochs =\n").unwrap();
-    fails(
-        &["train", "--config", s(&plain)],
-        1,
-        &["run.cfg: neither JSON", "nor TOML"],
-    );
+    refused(&plain, "epochs =\n", &["run.cfg: neither JSON", "nor TOML"]);
     // An empty or comment-only file (a cut-off JSON config, say) does not run the defaults.
-    std::fs::write(&json, "# nothing\n").unwrap();
-    fails(
-        &["train", "--config", s(&json)],
-        1,
+    refused(
+        &json,
+        "# nothing\n",
         &["run.json: not JSON", "holds no setting"],
     );
 }
