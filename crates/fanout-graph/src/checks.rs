@@ -13,6 +13,7 @@ use crate::dataset::{files, Ids, Offsets};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// The stamp file's name inside a dataset folder.
@@ -139,16 +140,45 @@ pub(crate) fn check_labels(path: &Path, labels: &[i64], num_class: u64) -> Resul
 
 /// Checks that every id of a split is a vertex below `n`.
 pub(crate) fn check_split(path: &Path, split: &[u32], n: u64) -> Result<()> {
-    match split.par_iter().position_first(|&v| v as u64 >= n) {
-        None => Ok(()),
-        Some(i) => Err(Error::format(
+    if let Some(i) = split.par_iter().position_first(|&v| v as u64 >= n) {
+        return Err(Error::format(
             path,
             format!(
                 "entry {i} = {} is out of range; expected a vertex id < NUM_NODE = {n}",
                 split[i]
             ),
-        )),
+        ));
     }
+    // A repeated id would otherwise fail only when both copies meet in one mini-batch (the
+    // sampler refuses a repeated seed), or be trained twice per epoch when they do not.
+    // One bit per vertex, set in parallel; the error path rescans in order so that it names
+    // the first repeat whatever the thread timing.
+    let words: Vec<AtomicU64> = (0..(n as usize).div_ceil(64))
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    let repeated = split.par_iter().any(|&v| {
+        let bit = 1u64 << (v % 64);
+        words[v as usize / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0
+    });
+    if !repeated {
+        return Ok(());
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (i, &v) in split.iter().enumerate() {
+        if let Some(j) = seen.insert(v, i) {
+            return Err(Error::format(
+                path,
+                format!(
+                    "vertex {v} appears twice (entries {j} and {i}); a split lists each vertex once"
+                ),
+            ));
+        }
+    }
+    // Only a file rewritten between the two passes gets here.
+    Err(Error::format(
+        path,
+        "changed while it was read; open the dataset again",
+    ))
 }
 
 /// The vertex whose row holds arc position `pos` (offsets already checked monotone).

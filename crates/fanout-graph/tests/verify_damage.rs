@@ -226,6 +226,28 @@ fn split_out_of_range_and_duplicates_are_reported() {
         "train_set.bin",
         &["vertex 1 appears twice (entries 1 and 3)"],
     );
+    // Opening refuses it too, with the same message: a repeat otherwise surfaces only when
+    // both copies meet in one mini-batch.
+    let Err(e) = Dataset::open(&ds) else {
+        panic!("repeat not refused on open")
+    };
+    let e = e.to_string();
+    assert!(e.contains("train_set.bin"), "{e}");
+    assert!(
+        e.contains("vertex 1 appears twice (entries 1 and 3)"),
+        "{e}"
+    );
+    write_u32(&ds.join(files::TRAIN), &[7, 3, 7, 3]);
+    let Err(e) = Dataset::open(&ds) else {
+        panic!("repeat not refused on open")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("vertex 7 appears twice (entries 0 and 2)"),
+        "{e}"
+    );
+    write_u32(&ds.join(files::TRAIN), &[199, 0, 63, 64]);
+    Dataset::open(&ds).expect("distinct ids across bit words are accepted");
 }
 
 #[test]
