@@ -91,7 +91,8 @@ def train(
         metrics_out = _one_output(cfg, "metrics_out", metrics_out)
         for k in ("dataset",):
             if cfg.get(k) is not None:
-                cfg[k] = os.fspath(cfg[k])
+                cfg[k] = os.fsdecode(cfg[k])
+                _check_utf8(k, cfg[k])
         if cfg.get("cache") is not None:
             # The loader's cache dict, a float ratio included, is a run config's [cache] too.
             cfg["cache"] = _cache_spec(cfg["cache"])
@@ -117,6 +118,18 @@ def train(
         note if verbose else None,
         device,
     )
+
+
+def _check_utf8(key: str, path: str) -> None:
+    """Refuses a path that is not valid UTF-8 (os.fsdecode leaves its bytes as surrogate
+    escapes), as ``fanout train`` does: the config goes through JSON, which holds text."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"{key} {path!r}: the path is not valid UTF-8, and a run's config and metrics JSON "
+            "hold it as text; rename the folder, or link to it under a UTF-8 name"
+        ) from None
 
 
 def _one_output(cfg: Dict[str, Any], key: str, keyword: Optional[PathLike]) -> Optional[PathLike]:

@@ -3,6 +3,8 @@ datasets, bad arguments. None crashes the interpreter."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,13 @@ def test_run_api_errors(tmp_path, cora_path):
         fanout.train({"dataset": cora_path, "epochs": 1}, metrics_out=tmp_path / "no" / "m.json")
     with pytest.raises(fanout.NotFoundError, match="not a dataset directory"):
         fanout.train({"dataset": tmp_path / "none", "epochs": 1})
+    # A path that JSON cannot hold is refused by name, as str (surrogate escapes) or bytes;
+    # a UTF-8 bytes path is taken.
+    for bad in (os.fsdecode(b"d\xff"), os.fsencode(tmp_path) + b"/d\xff"):
+        with pytest.raises(fanout.InvalidArgumentError, match="dataset .*not valid UTF-8"):
+            fanout.train({"dataset": bad, "epochs": 1})
+    with pytest.raises(fanout.NotFoundError, match="not a dataset directory"):
+        fanout.train({"dataset": os.fsencode(tmp_path / "none"), "epochs": 1})
     with pytest.raises(fanout.NotFoundError):
         fanout.train(tmp_path / "run.toml")
     with pytest.raises(fanout.NotFoundError):

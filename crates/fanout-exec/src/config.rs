@@ -312,6 +312,39 @@ impl Default for TrainConfig {
     }
 }
 
+/// The `"config"` member of a metrics file's JSON `text`, deserialised from its own slice of
+/// the text; an error names the line and column in the whole text, as serde_json's own errors
+/// would (its position within the member moved by where the member starts).
+fn replay_config(text: &str) -> std::result::Result<TrainConfig, String> {
+    #[derive(Deserialize)]
+    struct Metrics<'a> {
+        #[serde(borrow)]
+        config: &'a serde_json::value::RawValue,
+    }
+    let member = serde_json::from_str::<Metrics>(text)
+        .map_err(|e| e.to_string())?
+        .config
+        .get();
+    serde_json::from_str(member).map_err(|e| {
+        let message = e.to_string();
+        if e.line() == 0 {
+            return message;
+        }
+        // `member` is a slice of `text` (borrowed, not copied), so its offset is exact.
+        let start = member.as_ptr() as usize - text.as_ptr() as usize;
+        let before = &text[..start];
+        let line = before.matches('\n').count() + e.line();
+        let column = if e.line() == 1 {
+            start - before.rfind('\n').map_or(0, |i| i + 1) + e.column()
+        } else {
+            e.column()
+        };
+        let own = format!(" at line {} column {}", e.line(), e.column());
+        let what = message.strip_suffix(&own).unwrap_or(&message);
+        format!("{what} at line {line} column {column}")
+    })
+}
+
 impl TrainConfig {
     /// Reads a config from `path`: TOML, or JSON, either a config object or a metrics file
     /// written by a run (its `"config"` member is taken, so the run is replayed). A `.toml`
@@ -347,11 +380,10 @@ impl TrainConfig {
             }
         };
         match value.get("config") {
-            // A metrics file: its config member (written by fanout, so positions would point
-            // into text the user never wrote).
-            Some(c) if value.get("epochs").is_some_and(|e| e.is_array()) => {
-                serde_json::from_value(c.clone())
-                    .map_err(|e| bad(format!("its \"config\" member: {e}")))
+            // A metrics file: its config member, read from its own text so that an error
+            // gives the line and column in the file (a hand-edited replay, say).
+            Some(_) if value.get("epochs").is_some_and(|e| e.is_array()) => {
+                replay_config(&text).map_err(|e| bad(format!("its \"config\" member: {e}")))
             }
             // The config itself, read again from the text so that errors say where.
             _ => serde_json::from_str(&text).map_err(|e| bad(e.to_string())),
@@ -420,6 +452,15 @@ impl TrainConfig {
             if f.is_empty() {
                 return bad("--fanouts needs at least one hop");
             }
+        }
+        // The config is written into the metrics JSON (so that it replays the run), and JSON
+        // holds text: refused here rather than after the run, when the metrics are written.
+        if let Some(d) = self.dataset.as_ref().filter(|d| d.to_str().is_none()) {
+            return Err(ExecError::Invalid(format!(
+                "--dataset {}: the path is not valid UTF-8, and a run's config and metrics JSON \
+                 hold it as text; rename the folder, or link to it under a UTF-8 name",
+                d.display()
+            )));
         }
         let sane = |v: f32, min: f32| v.is_finite() && v >= min;
         if self.lr.is_some_and(|lr| !sane(lr, f32::MIN_POSITIVE)) || !sane(self.weight_decay, 0.0) {
@@ -616,10 +657,58 @@ mod tests {
         let p = dir.path().join("m.json");
         std::fs::write(&p, metrics.to_string()).unwrap();
         assert_eq!(TrainConfig::from_file(&p).unwrap(), c);
+        // A hand-edited replay names the line and column of the bad value in the whole file,
+        // pretty-printed (the member starts on line 3) or on one line.
+        let mut text = serde_json::to_string_pretty(&metrics).unwrap();
+        text = text.replace("\"epochs\": 7", "\"epochs\": \"seven\"");
+        let at = text.find("\"seven\"").unwrap();
+        let line = text[..at].matches('\n').count() + 1;
+        let column = at - text[..at].rfind('\n').unwrap() + "\"seven\"".len() - 1;
+        assert!(line > 3, "{text}");
+        std::fs::write(&p, &text).unwrap();
+        let e = TrainConfig::from_file(&p).unwrap_err().to_string();
+        let want = format!("at line {line} column {column}");
+        assert!(
+            e.contains("m.json") && e.contains("\"config\" member"),
+            "{e}"
+        );
+        assert!(
+            e.contains("expected u") && e.ends_with(&want),
+            "{e} (want {want})"
+        );
+        let one_line = metrics.to_string().replace("\"seed\":11", "\"seed\":-1");
+        let at = one_line.find("-1").unwrap() + 2;
+        std::fs::write(&p, &one_line).unwrap();
+        let e = TrainConfig::from_file(&p).unwrap_err().to_string();
+        assert!(
+            e.ends_with(&format!("at line 1 column {at}")),
+            "{e} in {one_line}"
+        );
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, "epochs = \"many\"\n").unwrap();
         let e = TrainConfig::from_file(&bad).unwrap_err().to_string();
         assert!(e.contains("bad.toml") && e.contains("epochs"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_dataset_path_that_is_not_utf8_is_refused_before_the_run() {
+        use std::os::unix::ffi::OsStrExt;
+        let c = TrainConfig {
+            dataset: Some(std::ffi::OsStr::from_bytes(b"data/d\xff").into()),
+            ..TrainConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("--dataset data/d\u{fffd}") && e.contains("not valid UTF-8"),
+            "{e}"
+        );
+        let c = TrainConfig {
+            dataset: Some("data/d\u{e9}".into()),
+            ..TrainConfig::default()
+        };
+        c.validate().unwrap();
+        assert!(serde_json::to_value(&c).is_ok());
     }
 
     #[test]
