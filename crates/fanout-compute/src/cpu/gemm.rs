@@ -91,8 +91,13 @@ const GRID_TILE: usize = 128;
 /// VM's EPYC: 12% of a width-100 GraphSAGE epoch's CPU), while from a column-major A it copies 16
 /// contiguous floats at a time. The copy made here reads A once in 8 x 8 tiles.
 const TRANSPOSE_MIN_K: usize = 8;
-/// The column-major copy holds at most this many floats (4 MiB) at a time.
-const TRANSPOSED_MAX: usize = 1 << 20;
+/// The column-major copy holds at most this many floats (256 KiB) at a time, so that
+/// `matrixmultiply` packs it from L2 right after it is written: with 4 MiB copies (out of
+/// L2 on every CPU we measured), its packing was a sixth of a GAT epoch's CPU on the 2-core
+/// Sapphire Rapids VM, and 256 KiB copies made GAT and wide-feature GraphSAGE epochs 4-9%
+/// faster with the same bits (docs/performance.md, stop 45). Slices still start at multiples
+/// of [`TILE_ALIGN`] rows, so the micro-tiles and roundings are those of one call.
+const TRANSPOSED_MAX: usize = 1 << 16;
 
 thread_local! {
     /// Each thread's column-major copy of the op(A) rows it is multiplying, kept between
