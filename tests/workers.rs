@@ -204,9 +204,36 @@ fn bad_worker_settings_fail_cleanly() {
             "--partition",
         ),
         (&["--cache-ratio", "0.5"][..], "--cache-policy"),
+        // Each worker would reorder its own slices (the gradients of one step then add
+        // slices of different batches); factored and hybrid trainers ignored the window.
+        (
+            &["--workers", "2", "--match-reorder", "--reorder-window", "4"][..],
+            "--reorder-window 4: Greedy Reorder needs the whole window of batches on one worker; with --workers 2",
+        ),
+        (
+            &["--strategy", "hybrid", "--match-reorder", "--reorder-window", "4"][..],
+            "with --strategy factored or hybrid",
+        ),
     ] {
         fails(&small(&ds, extra), 1, &[needle]);
     }
+    // Match without Reorder keeps its meaning over several workers.
+    ok(&small(
+        &ds,
+        &["--workers", "2", "--match-reorder", "--epochs", "1"],
+    ));
+    // The trial's length is bounded (it cycles through the epoch's batches).
+    let cfg = t.path().join("trial.toml");
+    std::fs::write(
+        &cfg,
+        "strategy = \"hybrid\"\n[factored]\ntrial_batches = 100000\n",
+    )
+    .unwrap();
+    fails(
+        &small(&ds, &["--config", s(&cfg), "--workers", "3"]),
+        1,
+        &["[factored] trial_batches = 100000: expected 1 to 256"],
+    );
     // Started by an MPI launcher without MPI support: refused, not N unrelated runs.
     if !cfg!(feature = "mpi") {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_fanout"))
@@ -378,4 +405,34 @@ fn factored_and_hybrid_runs_report_floors_over_the_whole_group() {
             assert_eq!(a[k], b[k], "{k}");
         }
     }
+}
+
+#[test]
+fn a_partition_part_without_training_vertices_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    // One training vertex for two parts.
+    let dir = Path::new(&ds);
+    let train = std::fs::read(dir.join("train_set.bin")).unwrap();
+    std::fs::write(dir.join("train_set.bin"), &train[..4]).unwrap();
+    let meta = std::fs::read_to_string(dir.join("meta.txt")).unwrap();
+    let meta: String = meta
+        .lines()
+        .filter(|l| !l.starts_with("CHECKSUM_TRAIN"))
+        .map(|l| match l.split_once('\t') {
+            Some(("NUM_TRAIN_SET", _)) => "NUM_TRAIN_SET\t1\n".to_string(),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(dir.join("meta.txt"), meta).unwrap();
+    ok(&["dataset", "partition", "--parts", "2", &ds]);
+    fails(
+        &small(&ds, &["--workers", "2", "--partition", "pagraph-2"]),
+        1,
+        &[
+            "partition pagraph-2",
+            "part 1 holds no training vertex",
+            "fewer --parts",
+        ],
+    );
 }

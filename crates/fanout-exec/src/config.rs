@@ -428,6 +428,9 @@ impl TrainConfig {
     pub const MAX_HIDDEN: usize = 1 << 16;
     /// The most threads (or in-process workers) a run may ask for.
     pub const MAX_THREADS: usize = 4096;
+    /// The most batches a factored run's trial may time per role (the trial cycles through
+    /// the epoch's batches, so a larger count only makes the run start later).
+    pub const MAX_TRIAL_BATCHES: usize = 256;
 
     /// Checks what can be checked without the dataset: ranges and combinations of settings.
     /// Errors read like the command line's (`--workers must be at least 1`).
@@ -529,13 +532,38 @@ impl TrainConfig {
                 );
             }
         }
+        // FastGL's Greedy Reorder orders a window of one worker's sampled batches; several
+        // workers would each order their own slices, and one step's gradients would then add
+        // slices of different batches.
+        if self.reorder_window() > 1 && (self.workers > 1 || self.strategy_kind().is_factored()) {
+            return Err(ExecError::Invalid(format!(
+                "--reorder-window {}: Greedy Reorder needs the whole window of batches on one \
+                 worker; with {} each worker sees only its own slices, in its own order. Use \
+                 --workers 1 with --strategy single, or drop --reorder-window (--match-reorder \
+                 still reuses the previous batch's rows)",
+                self.cache.reorder_window,
+                if self.strategy_kind().is_factored() {
+                    "--strategy factored or hybrid".to_string()
+                } else {
+                    format!("--workers {}", self.workers)
+                }
+            )));
+        }
         if self.strategy_kind().is_factored() {
             if self.partition.is_some() {
                 return bad("--partition is for --strategy data-parallel, not factored or hybrid");
             }
             let f = &self.factored;
-            if f.queue_depth == 0 || f.trial_batches == 0 {
-                return bad("--queue-depth and --trial-batches must be at least 1");
+            if f.queue_depth == 0 {
+                return bad("--queue-depth must be at least 1");
+            }
+            if !(1..=Self::MAX_TRIAL_BATCHES).contains(&f.trial_batches) {
+                return Err(ExecError::Invalid(format!(
+                    "[factored] trial_batches = {}: expected 1 to {} (the batches each role \
+                     times before the split between samplers and trainers is chosen)",
+                    f.trial_batches,
+                    Self::MAX_TRIAL_BATCHES
+                )));
             }
             if let Some(s) = f.samplers {
                 if self.workers > 1 && (s == 0 || s >= self.workers) {

@@ -84,6 +84,14 @@ impl WorkerPlan {
                 ds.dir.display(),
             )));
         }
+        if train_seeds.is_empty() {
+            return Err(ExecError::Invalid(format!(
+                "partition {name} of {}: part {rank} holds no training vertex (the training \
+                 set has {} for {parts} parts); partition with fewer --parts",
+                ds.dir.display(),
+                all.len()
+            )));
+        }
         let layers = cfg.fanouts.as_ref().map_or(0, Vec::len);
         if cfg.sample_from == SampleScope::Partition {
             let kind = cfg.sampler_kind();
