@@ -17,9 +17,16 @@ use std::sync::{Mutex, OnceLock};
 /// (all of them, every in-process worker's share included, since the flop counters the floors
 /// divide are process-wide), defaulting to every core. `None` where they cannot be measured.
 pub(crate) fn run_rates(threads: Option<usize>) -> Option<MachineRates> {
-    machine_rates(
-        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    )
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    machine_rates(rate_threads(threads, cores))
+}
+
+/// The thread count a run's rates are measured on: the run's `threads` (default every core),
+/// at most `cores`. More threads than cores compute no faster than the cores do; measuring
+/// on thousands of them took minutes that no signal could stop, and stored a rate several
+/// times too low, so floors above what the cores can reach.
+fn rate_threads(threads: Option<usize>, cores: usize) -> usize {
+    threads.unwrap_or(cores).min(cores).max(1)
 }
 
 /// The cache file's name.
@@ -147,6 +154,14 @@ fn cpu_identity(cpuinfo: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_are_measured_on_at_most_every_core() {
+        assert_eq!(rate_threads(None, 16), 16);
+        assert_eq!(rate_threads(Some(4), 16), 4);
+        assert_eq!(rate_threads(Some(4096), 2), 2);
+        assert_eq!(rate_threads(Some(0), 2), 1);
+    }
 
     #[test]
     fn rates_are_measured_once_and_read_back_from_the_cache() {
