@@ -353,3 +353,35 @@ fn a_damaged_scan_is_not_remembered_and_a_repaired_one_is() {
         serde_json::from_str(&ok(&["dataset", "info", s(&good), "--json"])).unwrap();
     assert_eq!(v["id_check"]["how"], "scanned");
 }
+
+#[test]
+fn a_training_set_without_a_label_is_refused_and_one_label_is_enough() {
+    let t = tempfile::tempdir().unwrap();
+    let (ds, _) = sound(t.path());
+    let train: Vec<usize> = read(&ds.join("train_set.bin"))
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+        .collect();
+    for &v in &train {
+        set_i64(&ds, "label.bin", v, -1);
+    }
+    let args = [
+        "train",
+        "--dataset",
+        s(&ds),
+        "--epochs",
+        "1",
+        "--hidden",
+        "16",
+    ];
+    let o = fanout(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let want = format!(
+        "none of the {} training vertices has a label (all are -1 in label.bin)",
+        train.len()
+    );
+    assert!(err.contains(&want) && !err.contains("panicked"), "{err}");
+    set_i64(&ds, "label.bin", train[train.len() / 2], 3);
+    ok(&args);
+}

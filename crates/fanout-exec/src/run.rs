@@ -460,6 +460,17 @@ pub fn open_dataset(cfg: &TrainConfig, progress: &dyn Progress) -> Result<Arc<Da
     if ds.train.is_empty() {
         return bad("the training set is empty".into());
     }
+    // Vertices labelled -1 are skipped by the loss: with no other, every step would train on
+    // nothing and report a loss of 0.
+    if let Some(labels) = &ds.labels {
+        if ds.train.iter().all(|&v| labels[v as usize] < 0) {
+            return bad(format!(
+                "none of the {} training vertices has a label (all are -1 in label.bin), so \
+                 there is nothing to train on",
+                ds.train.len()
+            ));
+        }
+    }
     Ok(Arc::new(ds))
 }
 
