@@ -238,11 +238,16 @@ fn print_table(args: &CacheSimArgs, rep: &SimReport, policies: &[Policy]) {
                 .iter()
                 .find(|d| d.policy == "degree" && d.ratio == r.ratio)
             {
+                // No ratio to a degree cache that hits nothing (a graph without arcs, say).
+                let times = if d.hit_rate > 0.0 {
+                    format!("= {:.2}x", r.hit_rate / d.hit_rate)
+                } else {
+                    "against".to_string()
+                };
                 println!(
-                    "ratio {}: presc1 {:.1}% = {:.2}x degree {:.1}%, {:.1}% of optimal {:.1}%",
+                    "ratio {}: presc1 {:.1}% {times} degree {:.1}%, {:.1}% of optimal {:.1}%",
                     r.ratio,
                     100.0 * r.hit_rate,
-                    r.hit_rate / d.hit_rate.max(1e-12),
                     100.0 * d.hit_rate,
                     100.0 * r.share_of_optimal,
                     100.0 * r.optimal_hit_rate
