@@ -1,6 +1,7 @@
 //! Content checks that [`Dataset::open`](crate::Dataset::open) runs so that damaged data is a
 //! one-line error on open, never an out-of-bounds read deep inside a sampler, a gather or a loss:
-//! labels and split ids in range (O(NUM_NODE), always), and neighbour ids in range (O(NUM_EDGE)).
+//! labels and split ids in range, no split id twice (O(NUM_NODE), always), and neighbour ids
+//! in range (O(NUM_EDGE)).
 //!
 //! The O(NUM_EDGE) scan is remembered: after it passes, a stamp file (`.fanout-checked`) beside
 //! the data records the identity of the files it covered (size, modification and change times,
@@ -138,7 +139,8 @@ pub(crate) fn check_labels(path: &Path, labels: &[i64], num_class: u64) -> Resul
     }
 }
 
-/// Checks that every id of a split is a vertex below `n`.
+/// Checks that every id of a split is a vertex below `n` and that none appears twice (one bit
+/// per vertex of scratch, `n / 8` bytes).
 pub(crate) fn check_split(path: &Path, split: &[u32], n: u64) -> Result<()> {
     if let Some(i) = split.par_iter().position_first(|&v| v as u64 >= n) {
         return Err(Error::format(

@@ -569,8 +569,9 @@ fn check_offsets<O: Offset>(path: &Path, p: &[O], e: u64) -> Result<()> {
 impl Dataset {
     /// Opens the dataset in `dir`. Errors name the file, the entry and what was expected.
     /// Guarantees on success: every file has the size meta.txt implies; the offsets start at 0,
-    /// never decrease and end at NUM_EDGE; every neighbour id and split id is below NUM_NODE;
-    /// every label is -1 or below NUM_CLASS. Feature values are not scanned.
+    /// never decrease and end at NUM_EDGE; every neighbour id and split id is below NUM_NODE,
+    /// and no split lists a vertex twice; every label is -1 or below NUM_CLASS. Feature values
+    /// are not scanned.
     pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
