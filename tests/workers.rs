@@ -436,3 +436,69 @@ fn a_partition_part_without_training_vertices_is_named() {
         ],
     );
 }
+
+#[test]
+fn auto_sized_caches_of_in_process_workers_share_the_budget_and_repeat() {
+    // Workers of one process measure their trial batches one at a time and size their caches
+    // for a third of the budget each: before, each counted the others' trials in the
+    // process's peak (sizes changed from run to run) and took the whole budget.
+    let t = tempfile::tempdir().unwrap();
+    let cora = t.path().join("cora");
+    ok(&[
+        "dataset",
+        "import",
+        "--format",
+        "npy",
+        s(&common::shared("cora")),
+        s(&cora),
+    ]);
+    let run = |name: &str| {
+        let m = t.path().join(name);
+        ok(&[
+            "train",
+            "--dataset",
+            s(&cora),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "16",
+            "--hidden",
+            "32",
+            "--workers",
+            "3",
+            "--threads",
+            "2",
+            "--cache-policy",
+            "degree",
+            "--cache-ratio",
+            "auto",
+            "--device-memory",
+            "60MiB",
+            "--metrics-out",
+            s(&m),
+        ]);
+        let j = read_json(&m);
+        let from_host: Vec<u64> = j["epochs"][0]["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["bytes_from_host"].as_u64().unwrap())
+            .collect();
+        (j["cache"].clone(), from_host)
+    };
+    let (cache, first) = run("a.json");
+    assert_eq!(cache["auto"]["device_memory"], (60u64 << 20) / 3, "{cache}");
+    let rows = cache["rows"].as_u64().unwrap();
+    assert!(
+        rows > 0 && rows < 2708,
+        "a partial cache was expected: {cache}"
+    );
+    for name in ["b.json", "c.json"] {
+        let (again, from_host) = run(name);
+        assert_eq!(again["rows"], cache["rows"], "{again}");
+        assert_eq!(
+            from_host, first,
+            "every worker's cache the same size in every run"
+        );
+    }
+}

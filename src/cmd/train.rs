@@ -116,7 +116,7 @@ pub struct TrainArgs {
     pub cache_ratio: Option<String>,
     /// Device memory budget of --cache-ratio auto, in bytes ("2GiB", "512MB" or a whole
     /// number). Default on the CPU backend: MemAvailable of /proc/meminfo (the "device" is the
-    /// host heap there).
+    /// host heap there, so the --workers of one process share it equally).
     #[arg(long, value_name = "BYTES")]
     pub device_memory: Option<String>,
     /// FastGL Match: reuse the rows of the previous mini-batch and gather only the new ones.

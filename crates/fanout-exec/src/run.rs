@@ -973,8 +973,16 @@ fn train_worker_on<B: Backend>(
     } else {
         &cfg
     };
-    let (mut extractor, mut cache_json, cache_line) =
-        build_cache(&ds, cache_cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
+    let (mut extractor, mut cache_json, cache_line) = build_cache(
+        &ds,
+        cache_cfg,
+        &sampler,
+        &plan,
+        &pcfg,
+        &mut trainer,
+        env,
+        Some(comm),
+    )?;
     if let Some(line) = cache_line {
         obs.note(&line);
     }
@@ -1005,6 +1013,7 @@ fn train_worker_on<B: Backend>(
                         &pcfg,
                         &mut trainer,
                         env,
+                        None,
                     )?;
                 }
                 rows_at = at;
@@ -1269,8 +1278,11 @@ fn no_cache(cfg: &TrainConfig) -> TrainConfig {
 
 /// Builds the training pipeline's extractor: plain, or with the configured cache (sized by
 /// hand or from PaGraph's trial batch) and Match. Returns it with the cache's JSON and a
-/// summary line for the user.
-#[allow(clippy::type_complexity)]
+/// summary line for the user. `group`, when given, is the communicator of every worker that
+/// builds its cache here at the same point: with `--cache-ratio auto`, the workers of one
+/// process then measure their trial batches one at a time and size their caches for an equal
+/// share of the memory budget.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(crate) fn build_cache<B: Backend>(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,
@@ -1279,6 +1291,7 @@ pub(crate) fn build_cache<B: Backend>(
     pcfg: &PipelineConfig,
     trainer: &mut Trainer<B>,
     env: &RunEnv,
+    group: Option<&dyn Comm>,
 ) -> Result<(
     Box<dyn fanout_cache::Extractor>,
     serde_json::Value,
@@ -1294,7 +1307,7 @@ pub(crate) fn build_cache<B: Backend>(
     let (size, auto) = match size_spec {
         CacheSizeSpec::Fixed(s) => (s, None),
         CacheSizeSpec::Auto => {
-            let (rows, t, z) = auto_size(ds, cfg, sampler, plan, pcfg, trainer, env)?;
+            let (rows, t, z) = auto_size(ds, cfg, sampler, plan, pcfg, trainer, env, group)?;
             (CacheSize::Rows(rows), Some((t, z)))
         }
     };
@@ -1411,6 +1424,7 @@ pub(crate) fn build_cache<B: Backend>(
 }
 
 /// PaGraph's cache sizing: one trial step measures the peak, the cache gets what is left.
+#[allow(clippy::too_many_arguments)]
 fn auto_size<B: Backend>(
     ds: &Arc<Dataset>,
     cfg: &TrainConfig,
@@ -1419,6 +1433,7 @@ fn auto_size<B: Backend>(
     pcfg: &PipelineConfig,
     trainer: &mut Trainer<B>,
     env: &RunEnv,
+    group: Option<&dyn Comm>,
 ) -> Result<(usize, TrialMemory, AutoSize)> {
     let probe = env.probe.ok_or_else(|| {
         ExecError::Invalid("--cache-ratio auto needs a memory probe, which this host lacks".into())
@@ -1436,10 +1451,32 @@ fn auto_size<B: Backend>(
         })?,
     };
     let mut ex = PlainExtractor::new(ds.clone())?;
-    let trial = measure_trial_batch(trainer, sampler, &mut ex, &plan.train_seeds, pcfg, probe)
-        .map_err(|e| {
-            ExecError::Invalid(format!("--cache-ratio auto: the trial batch failed: {e}"))
-        })?;
+    let mut trial_batch =
+        || measure_trial_batch(trainer, sampler, &mut ex, &plan.train_seeds, pcfg, probe);
+    // The probe's peak is the process's: workers of one process take turns (the others wait
+    // at a barrier, allocating nothing), or each would count the others' trials and the sizes
+    // would change from run to run. They share the host's memory, so each sizes its cache
+    // for its share of the budget.
+    let budget = device_memory;
+    let (trial, device_memory) = match group.filter(|c| c.kind() == "local" && c.size() > 1) {
+        Some(c) => {
+            let mut mine = None;
+            // Every worker's set-up done before the first trial, then one trial at a time.
+            c.barrier()?;
+            for turn in 0..c.size() {
+                if turn == c.rank() {
+                    mine = Some(trial_batch());
+                }
+                c.barrier()?;
+            }
+            let mine = mine.ok_or_else(|| ExecError::Invalid("no trial turn".into()))?;
+            (mine, device_memory / c.size() as u64)
+        }
+        None => (trial_batch(), device_memory),
+    };
+    let trial = trial.map_err(|e| {
+        ExecError::Invalid(format!("--cache-ratio auto: the trial batch failed: {e}"))
+    })?;
     let f = ds
         .features
         .as_ref()
@@ -1452,10 +1489,14 @@ fn auto_size<B: Backend>(
         f.row_bytes(),
     )
     .map_err(|e| {
+        let share = match budget / device_memory.max(1) {
+            1 => String::new(),
+            n => format!(" shared by the {n} workers of this process"),
+        };
         ExecError::Invalid(format!(
-            "--cache-ratio auto with --device-memory {}: {e}; raise --device-memory or lower \
-             --batch-size",
-            mib(device_memory)
+            "--cache-ratio auto with --device-memory {}{share}: {e}; raise --device-memory or \
+             lower --batch-size",
+            mib(budget)
         ))
     })?;
     Ok((sized.rows, trial, sized))

@@ -196,7 +196,9 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             input_plan: None,
         };
         let (extractor, cache_json, line) =
-            build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env)?;
+            // Only trainers get here, so no turns over the whole group (samplers would never
+            // reach the barrier).
+            build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env, None)?;
         if let Some(line) = line {
             obs.note(&line);
         }
