@@ -1458,7 +1458,7 @@ fn auto_size<B: Backend>(
     // would change from run to run. They share the host's memory, so each sizes its cache
     // for its share of the budget.
     let budget = device_memory;
-    let (trial, device_memory) = match group.filter(|c| c.kind() == "local" && c.size() > 1) {
+    let (trial, shares) = match group.filter(|c| c.kind() == "local" && c.size() > 1) {
         Some(c) => {
             let mut mine = None;
             // Every worker's set-up done before the first trial, then one trial at a time.
@@ -1470,10 +1470,11 @@ fn auto_size<B: Backend>(
                 c.barrier()?;
             }
             let mine = mine.ok_or_else(|| ExecError::Invalid("no trial turn".into()))?;
-            (mine, device_memory / c.size() as u64)
+            (mine, c.size() as u64)
         }
-        None => (trial_batch(), device_memory),
+        None => (trial_batch(), 1),
     };
+    let device_memory = budget / shares;
     let trial = trial.map_err(|e| {
         ExecError::Invalid(format!("--cache-ratio auto: the trial batch failed: {e}"))
     })?;
@@ -1489,7 +1490,7 @@ fn auto_size<B: Backend>(
         f.row_bytes(),
     )
     .map_err(|e| {
-        let share = match budget / device_memory.max(1) {
+        let share = match shares {
             1 => String::new(),
             n => format!(" shared by the {n} workers of this process"),
         };
