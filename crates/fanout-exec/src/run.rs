@@ -1460,16 +1460,15 @@ fn auto_size<B: Backend>(
     let budget = device_memory;
     let (trial, shares) = match group.filter(|c| c.kind() == "local" && c.size() > 1) {
         Some(c) => {
-            let mut mine = None;
-            // Every worker's set-up done before the first trial, then one trial at a time.
-            c.barrier()?;
-            for turn in 0..c.size() {
-                if turn == c.rank() {
-                    mine = Some(trial_batch());
-                }
+            // Every worker's set-up done before the first trial (one barrier), then one trial
+            // between each pair of the `size` barriers that follow, in rank order.
+            for _ in 0..=c.rank() {
                 c.barrier()?;
             }
-            let mine = mine.ok_or_else(|| ExecError::Invalid("no trial turn".into()))?;
+            let mine = trial_batch();
+            for _ in c.rank()..c.size() {
+                c.barrier()?;
+            }
             (mine, c.size() as u64)
         }
         None => (trial_batch(), 1),
