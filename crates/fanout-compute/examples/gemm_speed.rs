@@ -10,7 +10,7 @@ use std::time::Instant;
 
 /// `m x k x n` shapes of GraphSAGE and GCN layers: hidden 64 and 128, 47 classes, wide
 /// features, and wide outputs (where `gemm_dense` uses `matrixmultiply` too).
-const SHAPES: [(usize, usize, usize); 11] = [
+const SHAPES: [(usize, usize, usize); 14] = [
     (80_000, 256, 64),
     (40_000, 256, 47),
     (20_000, 256, 128),
@@ -22,6 +22,9 @@ const SHAPES: [(usize, usize, usize); 11] = [
     (10_000, 100, 256),
     (10_000, 256, 256),
     (3_000, 1024, 256),
+    (10_000, 256, 512),
+    (3_000, 1024, 1024),
+    (2_000, 4096, 512),
 ];
 const ROUNDS: usize = 5;
 const PER_ROUND: usize = 4;

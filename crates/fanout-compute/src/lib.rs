@@ -45,7 +45,7 @@ pub use backend::{
 };
 pub use block::{BlockDims, BlockRef, SourceMajor};
 pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
-pub use cpu::rates::MachineRates;
+pub use cpu::rates::{MachineRates, GEMM_KERNELS_REVISION};
 pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};
 pub use failure::{catch_device_failure, device_failed, DeviceFailure};

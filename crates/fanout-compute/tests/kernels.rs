@@ -598,9 +598,9 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
 
 #[test]
 fn row_major_and_column_major_a_and_transposed_b_give_the_product() {
-    // A row-major A is read in place for a narrow B (`rowmajor`, up to 128 columns, on AVX2
-    // CPUs without AVX-512) and multiplied from a column-major copy made in row slices for a
-    // wide one. Whatever the path: a transposed B gives the bits of the same B row-major (both
+    // A row-major A is read in place (`rowmajor`: for every B on AVX-512 CPUs, up to 128
+    // columns on AVX2 ones) and otherwise multiplied from a column-major copy made in row
+    // slices. Whatever the path: a transposed B gives the bits of the same B row-major (both
     // are packed into the same panels), 1 and 3 threads give the same bits, and the result is
     // the product, accumulated into C with beta = 1 and ignoring C with beta = 0. Shapes: rows
     // not a multiple of the micro-tile's 6 (every remainder 1-5 below), widths not a multiple

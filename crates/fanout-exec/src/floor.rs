@@ -5,10 +5,11 @@
 //! The rates ([`MachineRates`]) are measured once per machine and thread count and kept in
 //! `machine-rates.json` under fanout's cache folder (`$FANOUT_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/fanout`, else `~/.cache/fanout`), keyed by the CPU's model name, family,
-//! model and stepping; delete the file to measure again. Without a writable cache folder they
+//! model and stepping and by the GEMM kernels' revision ([`GEMM_KERNELS_REVISION`]); delete
+//! the file to measure again. Without a writable cache folder they
 //! are measured once per process.
 
-use fanout_compute::MachineRates;
+use fanout_compute::{MachineRates, GEMM_KERNELS_REVISION};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -37,6 +38,10 @@ const CACHE_FILE: &str = "machine-rates.json";
 struct CacheFile {
     /// The CPU the rates were measured on ([`cpu_model`]).
     cpu: String,
+    /// The [`GEMM_KERNELS_REVISION`] of the build that measured them (0 in files written
+    /// before the field existed).
+    #[serde(default)]
+    kernels: u32,
     /// Rates by thread count.
     rates: BTreeMap<usize, MachineRates>,
 }
@@ -65,9 +70,10 @@ fn cached_or_measured(path: Option<&std::path::Path>, threads: usize) -> Option<
     let mut file: CacheFile = path
         .and_then(|p| std::fs::read(p).ok())
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .filter(|f: &CacheFile| f.cpu == cpu)
+        .filter(|f: &CacheFile| f.cpu == cpu && f.kernels == GEMM_KERNELS_REVISION)
         .unwrap_or_else(|| CacheFile {
             cpu: cpu.clone(),
+            kernels: GEMM_KERNELS_REVISION,
             rates: BTreeMap::new(),
         });
     let rates = match file.rates.get(&threads) {
@@ -184,11 +190,24 @@ mod tests {
         };
         let mut other = CacheFile {
             cpu: cpu_model(),
+            kernels: GEMM_KERNELS_REVISION,
             rates: BTreeMap::new(),
         };
         other.rates.insert(3, fake);
         store(&t.path().join(CACHE_FILE), &other);
         assert_eq!(cached_or_measured(Some(&path), 3), Some(fake));
+        // Rates measured with other kernels (an older build's file, without the field) are
+        // measured again, and the file then holds this build's revision.
+        let old = format!(
+            r#"{{"cpu": {:?}, "rates": {{"3": {}}}}}"#,
+            cpu_model(),
+            serde_json::to_string(&fake).unwrap()
+        );
+        std::fs::write(&path, old).unwrap();
+        let again = cached_or_measured(Some(&path), 3).unwrap();
+        assert_ne!(again, fake);
+        let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(f.kernels, GEMM_KERNELS_REVISION);
     }
 
     #[test]

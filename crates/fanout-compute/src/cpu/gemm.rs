@@ -17,7 +17,7 @@
 //!
 //! Weight gradients `A^T G` whose `G` is mostly zeros skip them instead
 //! ([`super::sparse_grad`], chosen by [`skips_zeros`]), and a row-major `A` times a narrow
-//! `B` (at most `rowmajor::MAX_N` columns) goes through `rowmajor`, which reads `A` in place
+//! `B` (at most `rowmajor::Isa::max_n` columns) goes through `rowmajor`, which reads `A` in place
 //! where `matrixmultiply` would need a column-major copy of it.
 //!
 //! Every split depends only on the shapes, never on the thread count, so results are
@@ -467,18 +467,20 @@ unsafe fn gemm_into(
     let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
     // A row-major op(A) times a narrow op(B) is read in place by `rowmajor` where the CPU runs
     // it, in the splits that go through `block`; op(B) is packed once for every block.
-    let packed = (kernels == Kernels::Any
-        && !long_k
-        && !trans_a
-        && k >= TRANSPOSE_MIN_K
-        && n <= rowmajor::MAX_N
-        && rowmajor::available())
-    .then(|| rowmajor::PackedB::new(bd, rsb as usize, csb as usize, k, n));
+    let packed = rowmajor::Isa::detect()
+        .filter(|isa| {
+            kernels == Kernels::Any
+                && !long_k
+                && !trans_a
+                && k >= TRANSPOSE_MIN_K
+                && n <= isa.max_n()
+        })
+        .map(|isa| rowmajor::PackedB::new(isa, bd, rsb as usize, csb as usize, k, n));
     // Computes rows `row0..row0 + c_rows.len() / n` of C into `c_rows`.
     let block = |row0: usize, c_rows: &mut [MaybeUninit<f32>]| {
         let rows = c_rows.len() / n;
         if let Some(pb) = &packed {
-            // SAFETY: the CPU runs the kernel (`available`); `ad` holds all m rows of the
+            // SAFETY: the CPU runs the kernel (`Isa::detect`); `ad` holds all m rows of the
             // row-major op(A) (k columns), `c_rows` is rows row0.. of C (a multiple of n
             // long), initialised when beta != 0 by this function's contract.
             return unsafe { rowmajor::gemm_rows(alpha, ad, row0, pb, beta, c_rows) };

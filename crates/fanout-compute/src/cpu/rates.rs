@@ -20,6 +20,12 @@ pub struct MachineRates {
     pub copy_bytes_per_s: f64,
 }
 
+/// Revision of the GEMM kernels [`measure_gemm`] times. Raise it with every change to them
+/// that moves the measured rate, so that rates cached by an older build are measured again
+/// instead of giving floors for kernels no longer run. 2: the AVX-512 kernel that reads a
+/// row-major `A` in place (`rowmajor`).
+pub const GEMM_KERNELS_REVISION: u32 = 2;
+
 /// Side of the square product timed for the GEMM rate: 2 GFLOP, large enough that packing and
 /// the split into blocks cost a few percent, small enough to take well under a second.
 const GEMM_SIDE: usize = 1024;

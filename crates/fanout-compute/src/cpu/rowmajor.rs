@@ -1,89 +1,158 @@
-//! `C <- alpha A B + beta C` for a tall row-major `A` and a narrow `B`, reading `A` in place.
+//! `C <- alpha A B + beta C` for a tall row-major `A`, reading `A` in place.
 //!
 //! The layer products `X W` and `G W^T` have a row-major `A` of thousands of rows. Before
 //! `matrixmultiply` can multiply it, [`super::gemm`] copies it column-major (its packing reads
 //! a row-major `A` element by element), a pass that reads and writes every element of `A`
 //! and then `matrixmultiply` packs the copy again. With a narrow `C` (a hidden width of 64,
 //! the classes of an output layer) the product does few flops per element of `A` and those
-//! two passes weigh: in a GCN epoch at hidden 64 the copy alone took 7% of the CPU.
-//! This kernel copies nothing of `A`: its micro-tile is [`MR`] rows of `C` by [`NR`] columns,
-//! and at every step of the inner dimension it broadcasts one element of each of the `MR`
-//! rows of `A`, read where they lie, and multiplies it by `NR` contiguous floats of `B`,
-//! packed once per product into column panels. The `MR * NR / 8` accumulators stay in
+//! two passes weigh: in a GCN epoch at hidden 64 the copy alone took 7% of the CPU; in a
+//! GraphSAGE epoch at hidden 256 on AVX-512, the copy and the packing took a tenth.
+//! This kernel copies nothing of `A`: its micro-tile is `MR` rows of `C` by `NR` columns
+//! ([`Isa`] sets both), and at every step of the inner dimension it broadcasts one element of
+//! each of the `MR` rows of `A`, read where they lie, and multiplies it by `NR` contiguous
+//! floats of `B`, packed once per product into column panels. The accumulators stay in
 //! registers across the whole inner dimension, so each element of `C` is one chain of fused
 //! multiply-adds in increasing `k`, then scaled by `alpha` (and `beta C` added): the result
-//! does not depend on how the rows are split between threads. No crate offers a GEMM that
-//! reads a row-major `A` without packing it (`matrixmultiply` and `gemm` both pack), hence
-//! this hand-written one; it is used up to [`MAX_N`] columns, where it was measured faster.
+//! depends neither on how the rows are split between threads nor on the vector width. No
+//! crate offers a GEMM that reads a row-major `A` without packing it (`matrixmultiply` and
+//! `gemm` both pack), hence this hand-written one; it is used up to [`Isa::max_n`] columns,
+//! where it was measured faster.
 
 // Off x86-64 `available` is false and the kernel is never reached.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
 
 use std::mem::MaybeUninit;
 
-/// Rows of a micro-tile.
-pub(crate) const MR: usize = 6;
-/// Columns of a micro-tile (two 8-float vectors).
-pub(crate) const NR: usize = 16;
-/// Widest `C` this kernel computes. The copy it saves costs the same per element of `A`
-/// whatever `n` is, while the product's flops per element of `A` grow with `n`: on the 2-core
-/// Zen 3 VM (two threads, `m` 1,024 to 80,000, `k` 64 to 4,096) it was 1.08-1.7x faster
-/// than the transpose and `matrixmultiply` for `n` of 47 to 128 in every run, and between
-/// 0.8x and 1.15x, with no consistent gain, for `n` of 256 and 512.
-pub(crate) const MAX_N: usize = 128;
+/// The vector instructions a micro-tile is written in: the tile shape follows the register
+/// file (16 registers of 8 floats, or 32 of 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX2 and FMA: [`MR_AVX2`] rows by [`NR_AVX2`] columns (12 accumulators).
+    Avx2,
+    /// AVX-512F: [`MR_AVX512`] rows by [`NR_AVX512`] columns (24 accumulators).
+    Avx512,
+}
+
+/// Rows of an AVX2 micro-tile.
+pub(crate) const MR_AVX2: usize = 6;
+/// Columns of an AVX2 micro-tile (two 8-float vectors).
+pub(crate) const NR_AVX2: usize = 16;
+/// Rows of an AVX-512 micro-tile.
+pub(crate) const MR_AVX512: usize = 12;
+/// Columns of an AVX-512 micro-tile (two 16-float vectors).
+pub(crate) const NR_AVX512: usize = 32;
+
+impl Isa {
+    /// The best this CPU runs, or `None` (not x86-64, or no AVX2 and FMA).
+    pub(crate) fn detect() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Some(Isa::Avx512);
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Some(Isa::Avx2);
+            }
+        }
+        None
+    }
+
+    /// True when this CPU runs the instructions.
+    #[cfg(test)]
+    fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Rows of a micro-tile.
+    fn mr(self) -> usize {
+        match self {
+            Isa::Avx2 => MR_AVX2,
+            Isa::Avx512 => MR_AVX512,
+        }
+    }
+
+    /// Columns of a micro-tile, the width of `B`'s panels.
+    fn nr(self) -> usize {
+        match self {
+            Isa::Avx2 => NR_AVX2,
+            Isa::Avx512 => NR_AVX512,
+        }
+    }
+
+    /// Widest `C` this kernel computes. The copy it saves costs the same per element of `A`
+    /// whatever `n` is, while the product's flops per element of `A` grow with `n`.
+    /// AVX2: on the 2-core Zen 3 VM (two threads, `m` 1,024 to 80,000, `k` 64 to 4,096) it
+    /// was 1.08-1.7x faster than the transpose and `matrixmultiply` for `n` of 47 to 128 in
+    /// every run, and between 0.8x and 1.15x, with no consistent gain, for `n` of 256 and 512.
+    /// AVX-512: see [`MAX_N_AVX512`].
+    pub(crate) fn max_n(self) -> usize {
+        match self {
+            Isa::Avx2 => 128,
+            Isa::Avx512 => MAX_N_AVX512,
+        }
+    }
+}
+
+/// Widest `C` the AVX-512 kernel computes: no limit. On the 2-core Sapphire Rapids VM
+/// (`examples/gemm_speed.rs`, one and two threads, `B` plain and transposed) it was faster
+/// than the transpose and `matrixmultiply`'s AVX-512 kernel for every shape measured, `n`
+/// from 47 to 1,024 and `k` from 64 to 4,096 (docs/performance.md, stop 46).
+pub(crate) const MAX_N_AVX512: usize = usize::MAX;
+
 /// Rows of `C` per pass over the panels of `B`: each panel (`k x NR`) is reused by this many
-/// rows while it is in L1, and the rows of `A` (`ROW_CHUNK x k`) stay in L2 across panels.
+/// rows while it is in L1 (or L2, for a long `k`), and the rows of `A` (`ROW_CHUNK x k`) stay
+/// in L2 across panels. A multiple of both micro-tiles' heights.
 const ROW_CHUNK: usize = 96;
 
-/// `op(B)` (`k x n`) packed into `ceil(n / NR)` panels of `k x NR` floats, row by row, the
-/// columns past `n` zero.
+/// `op(B)` (`k x n`) packed into `ceil(n / nr)` panels of `k x nr` floats, row by row, the
+/// columns past `n` zero, for the micro-tiles of one [`Isa`].
 pub(crate) struct PackedB {
+    isa: Isa,
     k: usize,
     n: usize,
     data: Vec<f32>,
 }
 
 impl PackedB {
-    /// Packs the `k x n` matrix whose element `(i, j)` is `b[i * rs + j * cs]`.
-    pub(crate) fn new(b: &[f32], rs: usize, cs: usize, k: usize, n: usize) -> PackedB {
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0.0f32; panels * k * NR];
-        for (p, panel) in data.chunks_exact_mut(k * NR).enumerate() {
-            let j0 = p * NR;
-            let w = NR.min(n - j0);
-            for (i, row) in panel.chunks_exact_mut(NR).enumerate() {
+    /// Packs the `k x n` matrix whose element `(i, j)` is `b[i * rs + j * cs]` for `isa`'s
+    /// micro-tiles.
+    pub(crate) fn new(isa: Isa, b: &[f32], rs: usize, cs: usize, k: usize, n: usize) -> PackedB {
+        let nr = isa.nr();
+        let panels = n.div_ceil(nr);
+        let mut data = vec![0.0f32; panels * k * nr];
+        for (p, panel) in data.chunks_exact_mut(k * nr).enumerate() {
+            let j0 = p * nr;
+            let w = nr.min(n - j0);
+            for (i, row) in panel.chunks_exact_mut(nr).enumerate() {
                 for (jj, x) in row[..w].iter_mut().enumerate() {
                     *x = b[i * rs + (j0 + jj) * cs];
                 }
             }
         }
-        PackedB { k, n, data }
-    }
-}
-
-/// True when products with a row-major `A` go through this kernel: x86-64 with AVX2 and FMA
-/// but without AVX-512F. Where the CPU has AVX-512, `matrixmultiply`'s 16-float kernels run
-/// instead (this kernel's 8-float vectors were only measured against its AVX2 kernel).
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && !is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        PackedB { isa, k, n, data }
     }
 }
 
 /// Rows `row0..row0 + c.len() / n` of `C <- alpha A B + beta C`, with `A` row-major (`k`
 /// columns, `a` holding all its rows) and `B` packed. `c` is those rows of `C`, row-major;
-/// it is read only when `beta != 0`.
+/// it is read only when `beta != 0`. Every element of `C` is one chain of fused multiply-adds
+/// in increasing `k` from zero, then scaled, whichever [`Isa`] `B` was packed for: both
+/// kernels give the same bits.
 ///
 /// # Safety
-/// [`available`] must be true; `a` must hold rows `row0..row0 + rows` of `k` floats;
-/// `c.len()` must be a multiple of `b.n`; when `beta != 0`, `c` must be initialised.
+/// `b`'s [`Isa`] must run on this CPU (as the one [`Isa::detect`] gives does); `a` must hold rows
+/// `row0..row0 + rows` of `k` floats; `c.len()` must be a multiple of `b.n`; when
+/// `beta != 0`, `c` must be initialised.
 pub(crate) unsafe fn gemm_rows(
     alpha: f32,
     a: &[f32],
@@ -93,30 +162,29 @@ pub(crate) unsafe fn gemm_rows(
     c: &mut [MaybeUninit<f32>],
 ) {
     let (k, n) = (b.k, b.n);
+    let (mr_max, nr) = (b.isa.mr(), b.isa.nr());
     let rows = c.len() / n;
     assert!(c.len() == rows * n && a.len() >= (row0 + rows) * k);
     #[cfg(target_arch = "x86_64")]
     for r0 in (0..rows).step_by(ROW_CHUNK) {
         let chunk = ROW_CHUNK.min(rows - r0);
-        for (p, panel) in b.data.chunks_exact(k * NR).enumerate() {
-            let j0 = p * NR;
-            let w = NR.min(n - j0);
+        for (p, panel) in b.data.chunks_exact(k * nr).enumerate() {
+            let j0 = p * nr;
+            let w = nr.min(n - j0);
             let mut i = 0;
             while i < chunk {
-                let mr = MR.min(chunk - i);
+                let mr = mr_max.min(chunk - i);
                 let a_at = a.as_ptr().add((row0 + r0 + i) * k);
                 let c_at = c.as_mut_ptr().add((r0 + i) * n + j0).cast::<f32>();
+                let b_at = panel.as_ptr();
                 // SAFETY: rows r0+i..r0+i+mr of this block exist in `a` (asserted above) and
-                // in `c`; the panel has k rows of NR floats; the tile writes columns
-                // j0..j0+w < n of those rows of `c`, read only when beta != 0.
+                // in `c`; the panel has k rows of nr floats; the tile writes columns
+                // j0..j0+w < n of those rows of `c`, read only when beta != 0; the CPU runs
+                // the panel's Isa (this function's contract).
                 unsafe {
-                    match mr {
-                        6 => x86::tile::<6>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
-                        5 => x86::tile::<5>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
-                        4 => x86::tile::<4>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
-                        3 => x86::tile::<3>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
-                        2 => x86::tile::<2>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
-                        _ => x86::tile::<1>(k, a_at, panel.as_ptr(), alpha, beta, c_at, n, w),
+                    match b.isa {
+                        Isa::Avx2 => x86::tile_avx2(mr, k, a_at, b_at, alpha, beta, c_at, n, w),
+                        Isa::Avx512 => x86::tile_avx512(mr, k, a_at, b_at, alpha, beta, c_at, n, w),
                     }
                 }
                 i += mr;
@@ -125,8 +193,8 @@ pub(crate) unsafe fn gemm_rows(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (alpha, row0, beta);
-        unreachable!("gemm_rows is only called where available() is true (x86-64)")
+        let _ = (alpha, row0, beta, mr_max, nr);
+        unreachable!("gemm_rows is only called where an Isa runs (x86-64)")
     }
 }
 
@@ -134,7 +202,134 @@ pub(crate) unsafe fn gemm_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::NR;
+    use super::{MR_AVX2, MR_AVX512, NR_AVX2 as NR, NR_AVX512};
+
+    /// One `rows x NR_AVX2` tile of `C` (`rows <= MR_AVX2`); see [`tile`].
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_avx2(
+        rows: usize,
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        alpha: f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        w: usize,
+    ) {
+        debug_assert!((1..=MR_AVX2).contains(&rows));
+        // SAFETY: forwarded contract.
+        unsafe {
+            match rows {
+                6 => tile::<6>(k, a, b, alpha, beta, c, ldc, w),
+                5 => tile::<5>(k, a, b, alpha, beta, c, ldc, w),
+                4 => tile::<4>(k, a, b, alpha, beta, c, ldc, w),
+                3 => tile::<3>(k, a, b, alpha, beta, c, ldc, w),
+                2 => tile::<2>(k, a, b, alpha, beta, c, ldc, w),
+                _ => tile::<1>(k, a, b, alpha, beta, c, ldc, w),
+            }
+        }
+    }
+
+    /// One `rows x NR_AVX512` tile of `C` (`rows <= MR_AVX512`); see [`tile512`].
+    ///
+    /// # Safety
+    /// As [`tile512`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn tile_avx512(
+        rows: usize,
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        alpha: f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        w: usize,
+    ) {
+        debug_assert!((1..=MR_AVX512).contains(&rows));
+        // SAFETY: forwarded contract.
+        unsafe {
+            match rows {
+                12 => tile512::<12>(k, a, b, alpha, beta, c, ldc, w),
+                11 => tile512::<11>(k, a, b, alpha, beta, c, ldc, w),
+                10 => tile512::<10>(k, a, b, alpha, beta, c, ldc, w),
+                9 => tile512::<9>(k, a, b, alpha, beta, c, ldc, w),
+                8 => tile512::<8>(k, a, b, alpha, beta, c, ldc, w),
+                7 => tile512::<7>(k, a, b, alpha, beta, c, ldc, w),
+                6 => tile512::<6>(k, a, b, alpha, beta, c, ldc, w),
+                5 => tile512::<5>(k, a, b, alpha, beta, c, ldc, w),
+                4 => tile512::<4>(k, a, b, alpha, beta, c, ldc, w),
+                3 => tile512::<3>(k, a, b, alpha, beta, c, ldc, w),
+                2 => tile512::<2>(k, a, b, alpha, beta, c, ldc, w),
+                _ => tile512::<1>(k, a, b, alpha, beta, c, ldc, w),
+            }
+        }
+    }
+
+    /// One `R x NR_AVX512` tile of `C` (`R <= MR_AVX512`): rows of `A` from `a` (row stride
+    /// `k`), the panel of `B` from `b` (`k x NR_AVX512`), `C` at `c` (row stride `ldc`),
+    /// `w <= NR_AVX512` columns. Each element is the chain of fused multiply-adds of the
+    /// AVX2 [`tile`], so the two give the same bits.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; the pointers address the extents above; `c` is initialised
+    /// when `beta != 0`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile512<const R: usize>(
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        alpha: f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        w: usize,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for kk in 0..k {
+            // SAFETY: kk < k, so the panel row and each A element are inside their extents.
+            unsafe {
+                let b0 = _mm512_loadu_ps(b.add(kk * NR_AVX512));
+                let b1 = _mm512_loadu_ps(b.add(kk * NR_AVX512 + 16));
+                for r in 0..R {
+                    let x = _mm512_set1_ps(*a.add(r * k + kk));
+                    lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+                    hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+                }
+            }
+        }
+        let va = _mm512_set1_ps(alpha);
+        let vb = _mm512_set1_ps(beta);
+        // Lanes of the two vectors inside the tile's w columns.
+        let m_lo: __mmask16 = if w >= 16 { 0xffff } else { (1u16 << w) - 1 };
+        let m_hi: __mmask16 = if w >= 32 {
+            0xffff
+        } else if w > 16 {
+            (1u16 << (w - 16)) - 1
+        } else {
+            0
+        };
+        for r in 0..R {
+            // SAFETY: row r of the tile has w valid columns at c + r * ldc; the masked loads
+            // and stores touch only lanes below w.
+            unsafe {
+                let out = c.add(r * ldc);
+                let (mut x0, mut x1) = (_mm512_mul_ps(lo[r], va), _mm512_mul_ps(hi[r], va));
+                if beta != 0.0 {
+                    x0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_lo, out), vb, x0);
+                    x1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_hi, out.add(16)), vb, x1);
+                }
+                _mm512_mask_storeu_ps(out, m_lo, x0);
+                _mm512_mask_storeu_ps(out.add(16), m_hi, x1);
+            }
+        }
+    }
 
     /// One `R x NR` tile of `C` (`R <= MR`): rows of `A` from `a` (row stride `k`), the
     /// panel of `B` from `b` (`k x NR`), `C` at `c` (row stride `ldc`), `w <= NR` columns.
@@ -144,7 +339,7 @@ mod x86 {
     /// when `beta != 0`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile<const R: usize>(
+    unsafe fn tile<const R: usize>(
         k: usize,
         a: *const f32,
         b: *const f32,
@@ -194,6 +389,89 @@ mod x86 {
                             *v
                         };
                     }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `C <- alpha A B + beta C` through [`gemm_rows`] with `isa`'s tiles, all rows at once.
+    fn product(
+        isa: Isa,
+        a: &[f32],
+        b: &[f32],
+        c: &[f32],
+        k: usize,
+        n: usize,
+        beta: f32,
+    ) -> Vec<f32> {
+        let packed = PackedB::new(isa, b, n, 1, k, n);
+        let mut out: Vec<MaybeUninit<f32>> = c.iter().map(|&x| MaybeUninit::new(x)).collect();
+        // SAFETY: the test runs `isa` only where the CPU has it; `a` holds `c.len() / n`
+        // rows of `k` floats; `out` is initialised.
+        unsafe { gemm_rows(0.75, a, 0, &packed, beta, &mut out) };
+        // SAFETY: every element was initialised above and is only overwritten.
+        out.into_iter()
+            .map(|x| unsafe { x.assume_init() })
+            .collect()
+    }
+
+    #[test]
+    fn both_tiles_give_the_bits_of_one_fused_chain_per_element() {
+        // Each element must be the chain fma(a_ik, b_kj, acc) for k = 0, 1, ... from zero,
+        // times alpha, plus beta C (fused): computed here in scalar code. Rows that leave
+        // every remainder of both tile heights (1..11) and of ROW_CHUNK, widths that leave
+        // partial panels of both widths (masked lanes in the AVX-512 tile).
+        let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|i| i.runs_here())
+            .collect();
+        if isas.is_empty() {
+            eprintln!("no AVX2 or AVX-512 on this CPU: nothing to test");
+            return;
+        }
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed % 2001) as f32 / 1000.0 - 1.0
+        };
+        for (m, k, n) in [
+            (107, 19, 47),
+            (12, 8, 32),
+            (13, 33, 17),
+            (203, 64, 96),
+            (11, 5, 1),
+            (97, 40, 63),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+            let c: Vec<f32> = (0..m * n).map(|_| next()).collect();
+            for beta in [0.0f32, 1.5] {
+                let want: Vec<f32> = (0..m * n)
+                    .map(|e| {
+                        let (i, j) = (e / n, e % n);
+                        let acc =
+                            (0..k).fold(0.0f32, |acc, p| a[i * k + p].mul_add(b[p * n + j], acc));
+                        if beta == 0.0 {
+                            acc * 0.75
+                        } else {
+                            beta.mul_add(c[e], acc * 0.75)
+                        }
+                    })
+                    .collect();
+                for &isa in &isas {
+                    let got = product(isa, &a, &b, &c, k, n, beta);
+                    let bad = (0..m * n).find(|&e| got[e].to_bits() != want[e].to_bits());
+                    assert!(
+                        bad.is_none(),
+                        "{isa:?} {m}x{k}x{n} beta {beta}: element {bad:?}"
+                    );
                 }
             }
         }
