@@ -10,7 +10,7 @@ use std::time::Instant;
 
 /// `m x k x n` shapes of GraphSAGE and GCN layers: hidden 64 and 128, 47 classes, wide
 /// features, and wide outputs (where `gemm_dense` uses `matrixmultiply` too).
-const SHAPES: [(usize, usize, usize); 14] = [
+const SHAPES: [(usize, usize, usize); 15] = [
     (80_000, 256, 64),
     (40_000, 256, 47),
     (20_000, 256, 128),
@@ -25,6 +25,8 @@ const SHAPES: [(usize, usize, usize); 14] = [
     (10_000, 256, 512),
     (3_000, 1024, 1024),
     (2_000, 4096, 512),
+    // The shape the machine's GEMM rate is measured on (`MachineRates::measure`).
+    (1_024, 1024, 1024),
 ];
 const ROUNDS: usize = 5;
 const PER_ROUND: usize = 4;

@@ -16,9 +16,10 @@
 //! added in chunk order.
 //!
 //! Weight gradients `A^T G` whose `G` is mostly zeros skip them instead
-//! ([`super::sparse_grad`], chosen by [`skips_zeros`]), and a row-major `A` times a narrow
-//! `B` (at most `rowmajor::Isa::max_n` columns) goes through `rowmajor`, which reads `A` in place
-//! where `matrixmultiply` would need a column-major copy of it.
+//! ([`super::sparse_grad`], chosen by [`skips_zeros`]), and a row-major `A` goes through
+//! `rowmajor`, which reads `A` in place where `matrixmultiply` would need a column-major copy
+//! of it: for every `B` on AVX-512 CPUs, for a narrow one (at most 128 columns) on AVX2 ones
+//! (`rowmajor::Isa::max_n`).
 //!
 //! Every split depends only on the shapes, never on the thread count, so results are
 //! bit-identical whatever `RAYON_NUM_THREADS` is. C is written without being zeroed first
@@ -85,7 +86,7 @@ const K_SPLIT_CHUNK: usize = 1024;
 const GRID_TILE: usize = 128;
 
 /// Row-major op(A) with at least this many columns is copied column-major before `sgemm`
-/// (or read in place by `rowmajor`, for a narrow op(B)).
+/// (or read in place by `rowmajor`, where the CPU and op(B)'s width allow).
 /// matrixmultiply packs A into panels of 16 rows; from a row-major A it reads each panel
 /// element by element (compiled to gather instructions, about 6 cycles a float on the 2-core
 /// VM's EPYC: 12% of a width-100 GraphSAGE epoch's CPU), while from a column-major A it copies 16
@@ -217,8 +218,8 @@ pub fn gemm(
 }
 
 /// [`gemm`] with zeros included (the reference the zero-skipping path is tested and
-/// benchmarked against): through `matrixmultiply`, or `rowmajor` for a row-major op(A) and a
-/// narrow op(B) where the CPU runs it. Parallel over blocks of `C` on the current rayon pool;
+/// benchmarked against): through `matrixmultiply`, or `rowmajor` for a row-major op(A) where
+/// the CPU runs it and op(B) is narrow enough for it. Parallel over blocks of `C` on the current rayon pool;
 /// results do not depend on the thread count (each element is computed by exactly one kernel
 /// call with the same blocking).
 pub fn gemm_dense(
@@ -465,8 +466,9 @@ unsafe fn gemm_into(
     let serial = m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS;
     let tiles = m.div_ceil(GRID_TILE) * n.div_ceil(GRID_TILE);
     let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
-    // A row-major op(A) times a narrow op(B) is read in place by `rowmajor` where the CPU runs
-    // it, in the splits that go through `block`; op(B) is packed once for every block.
+    // A row-major op(A) is read in place by `rowmajor` where the CPU runs it and op(B) is
+    // narrow enough for its instructions, in the splits that go through `block`; op(B) is
+    // packed once for every block.
     let packed = rowmajor::Isa::detect()
         .filter(|isa| {
             kernels == Kernels::Any

@@ -1,5 +1,5 @@
 //! This machine's peak rates on the current rayon pool, measured: the GEMM rate (flops per
-//! second of a large square product through [`super::gemm`], the kernel the models use) and the
+//! second of large products through [`super::gemm`], the kernels the models use) and the
 //! copy bandwidth (bytes per second of a parallel copy far larger than the caches). An epoch
 //! cannot take less than its GEMM flops at the first, nor less than its gathered bytes at the
 //! second: these are the denominators of the floors `fanout train` reports.
@@ -20,15 +20,18 @@ pub struct MachineRates {
     pub copy_bytes_per_s: f64,
 }
 
-/// Revision of the GEMM kernels [`measure_gemm`] times. Raise it with every change to them
-/// that moves the measured rate, so that rates cached by an older build are measured again
-/// instead of giving floors for kernels no longer run. 2: the AVX-512 kernel that reads a
-/// row-major `A` in place (`rowmajor`).
+/// Revision of the GEMM kernels and shapes [`MachineRates::measure`] times. Raise it with
+/// every change to them that moves the measured rate, so that rates cached by an older build
+/// are measured again instead of giving floors for kernels no longer run. 2: the AVX-512
+/// kernel that reads a row-major `A` in place (`rowmajor`), timed on a layer's shape too.
 pub const GEMM_KERNELS_REVISION: u32 = 2;
 
-/// Side of the square product timed for the GEMM rate: 2 GFLOP, large enough that packing and
-/// the split into blocks cost a few percent, small enough to take well under a second.
-const GEMM_SIDE: usize = 1024;
+/// The `m x k x n` products timed for the GEMM rate, about 2 GFLOP each: large enough that
+/// packing and the split into blocks cost a few percent, small enough to take well under a
+/// second. A square one, and a layer's shape (thousands of rows times a 256 x 256 weight),
+/// where a kernel that reads `A` in place runs faster than on the square one (which packs a
+/// 4 MiB `B` for 1,024 rows): the rate is the faster of the two.
+const GEMM_SHAPES: [(usize, usize, usize); 2] = [(1024, 1024, 1024), (16384, 256, 256)];
 
 /// Bytes copied for the bandwidth: far beyond any last-level cache.
 const COPY_BYTES: usize = 256 << 20;
@@ -41,7 +44,10 @@ impl MachineRates {
     pub fn measure() -> MachineRates {
         MachineRates {
             threads: rayon::current_num_threads(),
-            gemm_flops_per_s: measure_gemm(GEMM_SIDE, REPEATS),
+            gemm_flops_per_s: GEMM_SHAPES
+                .iter()
+                .map(|&(m, k, n)| measure_gemm(m, k, n, REPEATS))
+                .fold(0.0, f64::max),
             copy_bytes_per_s: measure_copy(COPY_BYTES, REPEATS),
         }
     }
@@ -57,21 +63,13 @@ impl MachineRates {
     }
 }
 
-/// Best flops per second of `side x side x side` products over `repeats` timed runs (after one
-/// warm-up run).
-pub fn measure_gemm(side: usize, repeats: usize) -> f64 {
-    let a = Tensor::new(
-        side,
-        side,
-        (0..side * side).map(|i| (i % 7) as f32 * 0.1).collect(),
-    );
-    let b = Tensor::new(
-        side,
-        side,
-        (0..side * side).map(|i| (i % 5) as f32 * 0.1).collect(),
-    );
-    let mut c = Tensor::zeros(side, side);
-    let flops = 2.0 * (side * side * side) as f64;
+/// Best flops per second of `m x k x n` products (a row-major `A`, as in the layers' forward
+/// products) over `repeats` timed runs (after one warm-up run).
+pub fn measure_gemm(m: usize, k: usize, n: usize, repeats: usize) -> f64 {
+    let a = Tensor::new(m, k, (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect());
+    let b = Tensor::new(k, n, (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect());
+    let mut c = Tensor::zeros(m, n);
+    let flops = 2.0 * (m * k * n) as f64;
     let mut best = f64::INFINITY;
     for i in 0..=repeats {
         let t = Instant::now();
@@ -114,7 +112,7 @@ mod tests {
     fn rates_are_positive_and_floors_scale_with_the_work() {
         let r = MachineRates {
             threads: 1,
-            gemm_flops_per_s: measure_gemm(128, 1),
+            gemm_flops_per_s: measure_gemm(128, 64, 32, 1),
             copy_bytes_per_s: measure_copy(4 << 20, 1),
         };
         assert!(r.gemm_flops_per_s > 1e6, "{r:?}");
