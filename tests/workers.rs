@@ -79,6 +79,66 @@ fn workers_train_the_one_worker_model_and_report_each_worker() {
 }
 
 #[test]
+fn the_epoch_line_counts_the_feature_bytes_of_every_worker() {
+    // With several workers the epoch's own `extract` is rank 0's; the line a person reads
+    // must give the run's: host MB summed over the workers and the hit rate over all bytes.
+    let t = tempfile::tempdir().unwrap();
+    let ds = tiny(t.path());
+    let m = t.path().join("m.json");
+    let out = ok(&small(
+        &ds,
+        &[
+            "--workers",
+            "2",
+            "--cache-policy",
+            "degree",
+            "--cache-ratio",
+            "0.2",
+            "--metrics-out",
+            s(&m),
+        ],
+    ));
+    let j = read_json(&m);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ")).collect();
+    let epochs = j["epochs"].as_array().unwrap();
+    assert_eq!(lines.len(), epochs.len(), "{out}");
+    let after = |line: &str, key: &str| -> f64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len()..];
+        rest.split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap()
+    };
+    for (line, e) in lines.iter().zip(epochs) {
+        let w = e["workers"].as_array().unwrap();
+        let sum = |k: &str| -> u64 { w.iter().map(|wk| wk["extract"][k].as_u64().unwrap()).sum() };
+        for wk in w {
+            assert_eq!(wk["extract"]["bytes_from_host"], wk["bytes_from_host"]);
+        }
+        let (host, total) = (sum("bytes_from_host"), sum("bytes_total"));
+        // Rank 0's alone would be less: the other worker gathered rows too.
+        assert!(
+            host > e["extract"]["bytes_from_host"].as_u64().unwrap(),
+            "{e}"
+        );
+        assert!(host < total, "the cache served nothing: {e}");
+        assert_eq!(
+            format!("{:.1}", after(line, "host ")),
+            format!("{:.1}", host as f64 / 1e6),
+            "{line}"
+        );
+        let hit = 100.0 * (total - host) as f64 / total as f64;
+        assert_eq!(
+            format!("{:.1}", after(line, "hit ")),
+            format!("{hit:.1}"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
 fn config_files_set_runs_flags_override_them_and_metrics_replay_them() {
     let t = tempfile::tempdir().unwrap();
     let ds = tiny(t.path());

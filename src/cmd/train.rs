@@ -427,6 +427,7 @@ impl FitObserver for Observer {
             ),
             _ => String::new(),
         };
+        let run_bytes = m.run_extract();
         println!(
             "epoch {:>3}  {:>7.2}s{floor}  sample {:.2}s  extract {:.2}s  train {:.2}s  loss {:.4}  train_acc {:.4}  val_acc {}  host {:.1} MB  reused {:.1} MB  hit {:.1}%{sync}",
             m.epoch,
@@ -437,9 +438,10 @@ impl FitObserver for Observer {
             m.loss,
             m.train_acc,
             acc(m.val_acc),
-            m.extract.bytes_from_host as f64 / 1e6,
-            m.extract.bytes_reused as f64 / 1e6,
-            100.0 * m.hit_rate
+            // Every worker's bytes: with several, `m.extract` is this (rank 0's) alone.
+            run_bytes.bytes_from_host as f64 / 1e6,
+            run_bytes.bytes_reused as f64 / 1e6,
+            100.0 * run_bytes.hit_rate()
         );
     }
 }

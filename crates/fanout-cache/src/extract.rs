@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// Where the bytes of one extraction came from. "Bytes" are bytes of stored feature rows (so a
 /// cache hit on an f16 dataset counts `2 x dim` bytes). Invariant:
 /// `bytes_total == bytes_from_cache + bytes_reused + bytes_from_host`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExtractStats {
     /// Rows extracted (`input_nodes.len()`).
     pub rows: u64,

@@ -103,8 +103,24 @@ pub struct EpochMetrics {
     pub memory_floor_s: Option<f64>,
     /// Each worker's own figures, in rank order (empty with one worker). With several workers
     /// `wall_s` is the slowest worker's, the loss and accuracies are over all workers' seeds,
-    /// and the stage times, counts and bytes above are this worker's.
+    /// and the stage times, counts and bytes above are this worker's ([`Self::run_extract`]
+    /// sums the bytes of all of them).
     pub workers: Vec<WorkerEpochMetrics>,
+}
+
+impl EpochMetrics {
+    /// Where the whole run's feature bytes came from this epoch: every worker's
+    /// [`WorkerEpochMetrics::extract`] added up with several workers, else [`Self::extract`].
+    pub fn run_extract(&self) -> ExtractStats {
+        if self.workers.is_empty() {
+            return self.extract;
+        }
+        let mut all = ExtractStats::default();
+        for w in &self.workers {
+            all.add(&w.extract);
+        }
+        all
+    }
 }
 
 /// One worker's share of an epoch of a multi-worker run.
@@ -135,10 +151,14 @@ pub struct WorkerEpochMetrics {
     pub edges: u64,
     /// Feature rows it extracted.
     pub input_nodes: u64,
-    /// Feature bytes it gathered from the host store.
+    /// Feature bytes it gathered from the host store (`extract.bytes_from_host`).
     pub bytes_from_host: u64,
-    /// Share of its feature bytes served without the host store (cache and Match reuse).
+    /// Share of its feature bytes served without the host store (cache and Match reuse):
+    /// `extract.hit_rate()`.
     pub hit_rate: f64,
+    /// Where its feature bytes came from (zeros in files written before the field existed).
+    #[serde(default)]
+    pub extract: ExtractStats,
     /// Split parallelism: its shuffles ([`SplitEpoch`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<SplitEpoch>,

@@ -1103,6 +1103,7 @@ pub fn fit_with<B: Backend + Send>(
             input_nodes: inputs,
             bytes_from_host: extract.bytes_from_host,
             hit_rate: extract.hit_rate(),
+            extract,
             split: split.clone(),
         };
         let mut per_worker = Vec::new();

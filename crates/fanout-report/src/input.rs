@@ -35,9 +35,10 @@ pub struct Epoch {
     pub train_acc: f64,
     /// Validation accuracy, when the epoch was evaluated.
     pub val_acc: Option<f64>,
-    /// Share of feature bytes served by the cache.
+    /// Share of feature bytes served by the cache (every worker's bytes together).
     pub cache_share: f64,
-    /// Share of feature bytes reused from the previous batch (Match-Reorder).
+    /// Share of feature bytes reused from the previous batch (Match-Reorder; every worker's
+    /// bytes together).
     pub reuse_share: f64,
 }
 
@@ -221,9 +222,26 @@ fn train_run(v: &Value) -> Result<TrainRun, String> {
 fn epoch(e: &Value) -> Result<Epoch, String> {
     let train_s = num(e, "train_s")?;
     let allreduce_s = opt_num(e, "allreduce_s")?.unwrap_or(0.0);
-    let total = num(e, "extract.bytes_total")?;
+    // The bytes of every worker where the epoch lists them (its own `extract` is then rank
+    // 0's alone), else the epoch's `extract`.
+    let per_worker: Vec<&Value> = match e.get("workers").and_then(Value::as_array) {
+        Some(ws) if !ws.is_empty() && ws.iter().all(|w| w.get("extract").is_some()) => {
+            ws.iter().collect()
+        }
+        _ => vec![e],
+    };
+    let bytes = |k: &str| -> Result<f64, String> {
+        per_worker.iter().enumerate().try_fold(0.0, |sum, (i, w)| {
+            let b = num(w, &format!("extract.{k}"));
+            b.map(|b| sum + b).map_err(|m| match per_worker.len() {
+                1 => m,
+                _ => format!("workers[{i}]: {m}"),
+            })
+        })
+    };
+    let total = bytes("bytes_total")?;
     let share = |k: &str| -> Result<f64, String> {
-        let b = num(e, k)?;
+        let b = bytes(k)?;
         Ok(if total > 0.0 { b / total } else { 0.0 })
     };
     Ok(Epoch {
@@ -239,8 +257,8 @@ fn epoch(e: &Value) -> Result<Epoch, String> {
         loss: num(e, "loss")?,
         train_acc: num(e, "train_acc")?,
         val_acc: opt_num(e, "val_acc")?,
-        cache_share: share("extract.bytes_from_cache")?,
-        reuse_share: share("extract.bytes_reused")?,
+        cache_share: share("bytes_from_cache")?,
+        reuse_share: share("bytes_reused")?,
     })
 }
 
@@ -328,5 +346,40 @@ mod tests {
         }
         let e = load(&t.path().join("absent.json")).unwrap_err().to_string();
         assert!(e.contains("absent.json: cannot read"), "{e}");
+    }
+
+    #[test]
+    fn byte_shares_are_over_every_workers_bytes() {
+        let bytes = |total: u64, cache: u64, reused: u64| {
+            serde_json::json!({"bytes_total": total, "bytes_from_cache": cache,
+                               "bytes_reused": reused, "bytes_from_host": total - cache - reused})
+        };
+        let run = |workers: Value| {
+            serde_json::json!({"model": "sage", "dataset": "d", "strategy": "data-parallel",
+                "median_epoch_s": 1.0, "epochs": [{"epoch": 0, "wall_s": 1.0, "sample_s": 0.1,
+                "extract_s": 0.1, "train_s": 0.5, "loss": 1.0, "train_acc": 0.5,
+                "extract": bytes(100, 10, 0), "workers": workers}]})
+            .to_string()
+        };
+        let shares = |text: String| match parse(&text, "m.json") {
+            Ok(Report::Train(r)) => (r.epochs[0].cache_share, r.epochs[0].reuse_share),
+            other => panic!("{other:?}"),
+        };
+        // Two workers: rank 0's bytes are the epoch's own; the shares are over both.
+        let two =
+            serde_json::json!([{"extract": bytes(100, 10, 0)}, {"extract": bytes(300, 150, 30)}]);
+        assert_eq!(shares(run(two)), (160.0 / 400.0, 30.0 / 400.0));
+        // One worker, or a file from before workers listed their bytes: the epoch's own.
+        assert_eq!(shares(run(serde_json::json!([]))), (0.1, 0.0));
+        let old = serde_json::json!([{"bytes_from_host": 90}, {"bytes_from_host": 120}]);
+        assert_eq!(shares(run(old)), (0.1, 0.0));
+        // A worker's bad field is named with its index.
+        let bad =
+            serde_json::json!([{"extract": bytes(100, 10, 0)}, {"extract": {"bytes_total": 5}}]);
+        let e = parse(&run(bad), "m.json").unwrap_err().to_string();
+        assert!(
+            e.contains("workers[1]: field \"extract.bytes_from_cache\" is missing"),
+            "{e}"
+        );
     }
 }
