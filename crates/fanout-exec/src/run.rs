@@ -981,7 +981,7 @@ fn train_worker_on<B: Backend>(
         &pcfg,
         &mut trainer,
         env,
-        Some(comm),
+        Some(TrialTurns::all(comm)),
     )?;
     if let Some(line) = cache_line {
         obs.note(&line);
@@ -1267,6 +1267,48 @@ pub(crate) fn cache_spec(cfg: &TrainConfig) -> Result<(Option<Policy>, CacheSize
     Ok((policy, size_spec))
 }
 
+/// How the workers of one process take turns at `--cache-ratio auto`'s trial step: the
+/// probe's peak is the process's, so a worker measuring while another runs its trial would
+/// count both, and the sizes would change from run to run.
+#[derive(Clone, Copy)]
+pub(crate) struct TrialTurns<'a> {
+    /// Every worker of the group; each calls the same barriers, in rank order, whether it
+    /// runs a trial (in [`build_cache`]) or not ([`sit_out_trials`]).
+    pub comm: &'a dyn Comm,
+    /// The workers with a cache, which share the memory budget equally.
+    pub sharing: u64,
+}
+
+impl<'a> TrialTurns<'a> {
+    /// Turns over `comm` where every worker has a cache.
+    pub(crate) fn all(comm: &'a dyn Comm) -> Self {
+        TrialTurns {
+            comm,
+            sharing: comm.size() as u64,
+        }
+    }
+
+    /// True when the turns are taken: workers of one process (`local`), more than one, and
+    /// a cache sized `auto` in `cfg`.
+    fn needed(&self, cfg: &TrainConfig) -> bool {
+        self.comm.kind() == "local"
+            && self.comm.size() > 1
+            && matches!(cache_spec(cfg), Ok((Some(_), CacheSizeSpec::Auto)))
+    }
+}
+
+/// The barriers of [`build_cache`]'s trial turns for a worker of `comm` without a cache (a
+/// factored run's sampler), so that the workers with one can measure one at a time while it
+/// waits, allocating nothing.
+pub(crate) fn sit_out_trials(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
+    if TrialTurns::all(comm).needed(cfg) {
+        for _ in 0..=comm.size() {
+            comm.barrier()?;
+        }
+    }
+    Ok(())
+}
+
 /// `cfg` with no feature cache and no Match reuse (the batch order it sets is kept: the
 /// pipeline reads the window from `cfg`).
 fn no_cache(cfg: &TrainConfig) -> TrainConfig {
@@ -1291,7 +1333,7 @@ pub(crate) fn build_cache<B: Backend>(
     pcfg: &PipelineConfig,
     trainer: &mut Trainer<B>,
     env: &RunEnv,
-    group: Option<&dyn Comm>,
+    turns: Option<TrialTurns<'_>>,
 ) -> Result<(
     Box<dyn fanout_cache::Extractor>,
     serde_json::Value,
@@ -1307,7 +1349,7 @@ pub(crate) fn build_cache<B: Backend>(
     let (size, auto) = match size_spec {
         CacheSizeSpec::Fixed(s) => (s, None),
         CacheSizeSpec::Auto => {
-            let (rows, t, z) = auto_size(ds, cfg, sampler, plan, pcfg, trainer, env, group)?;
+            let (rows, t, z) = auto_size(ds, cfg, sampler, plan, pcfg, trainer, env, turns)?;
             (CacheSize::Rows(rows), Some((t, z)))
         }
     };
@@ -1433,7 +1475,7 @@ fn auto_size<B: Backend>(
     pcfg: &PipelineConfig,
     trainer: &mut Trainer<B>,
     env: &RunEnv,
-    group: Option<&dyn Comm>,
+    turns: Option<TrialTurns<'_>>,
 ) -> Result<(usize, TrialMemory, AutoSize)> {
     let probe = env.probe.ok_or_else(|| {
         ExecError::Invalid("--cache-ratio auto needs a memory probe, which this host lacks".into())
@@ -1455,13 +1497,15 @@ fn auto_size<B: Backend>(
         || measure_trial_batch(trainer, sampler, &mut ex, &plan.train_seeds, pcfg, probe);
     // The probe's peak is the process's: workers of one process take turns (the others wait
     // at a barrier, allocating nothing), or each would count the others' trials and the sizes
-    // would change from run to run. They share the host's memory, so each sizes its cache
-    // for its share of the budget.
+    // would change from run to run. The workers with a cache share the host's memory, so
+    // each sizes its cache for its share of the budget.
     let budget = device_memory;
-    let (trial, shares) = match group.filter(|c| c.kind() == "local" && c.size() > 1) {
-        Some(c) => {
-            // Every worker's set-up done before the first trial (one barrier), then one trial
-            // between each pair of the `size` barriers that follow, in rank order.
+    let (trial, shares) = match turns.filter(|t| t.needed(cfg)) {
+        Some(t) => {
+            // Every worker's set-up done before the first trial (one barrier), then one turn
+            // between each pair of the `size` barriers that follow, in rank order (a worker
+            // without a cache passes its turn: `sit_out_trials`).
+            let c = t.comm;
             for _ in 0..=c.rank() {
                 c.barrier()?;
             }
@@ -1469,7 +1513,7 @@ fn auto_size<B: Backend>(
             for _ in c.rank()..c.size() {
                 c.barrier()?;
             }
-            (mine, c.size() as u64)
+            (mine, t.sharing.max(1))
         }
         None => (trial_batch(), 1),
     };

@@ -8,7 +8,7 @@ use crate::error::{ExecError, Result};
 use crate::hybrid::{tune, RouteCosts, RouteSplit};
 use crate::metrics::RunMetrics;
 use crate::pipeline::{PipelineConfig, Prepared, RemoteGradient, RemoteWork};
-use crate::run::{build_cache, eval_pipelines, RunEnv, TrainOutcome};
+use crate::run::{build_cache, eval_pipelines, sit_out_trials, RunEnv, TrainOutcome, TrialTurns};
 use crate::strategy::WorkerPlan;
 use crate::trainer::{fit_with, FitConfig, FitControl, FitObserver, Trainer};
 use fanout_cache::{Extractor, PlainExtractor};
@@ -195,10 +195,22 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             pool: pool.clone(),
             input_plan: None,
         };
-        let (extractor, cache_json, line) =
-            // Only trainers get here, so no turns over the whole group (samplers would never
-            // reach the barrier).
-            build_cache(&ds, &cfg, &sampler, &plan, &pcfg, &mut trainer, env, None)?;
+        // `--cache-ratio auto`: the workers of one process take turns at the trial step (the
+        // samplers pass theirs, below) and the trainers share the budget.
+        let turns = TrialTurns {
+            comm,
+            sharing: layout.trainers as u64,
+        };
+        let (extractor, cache_json, line) = build_cache(
+            &ds,
+            &cfg,
+            &sampler,
+            &plan,
+            &pcfg,
+            &mut trainer,
+            env,
+            Some(turns),
+        )?;
         if let Some(line) = line {
             obs.note(&line);
         }
@@ -279,7 +291,9 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             }),
             false => None,
         };
-        let r = sampling.run(standby);
+        // No cache here: wait while the trainers measure their trial steps, so that none of
+        // this sampler's allocations lands in their peaks.
+        let r = sit_out_trials(&cfg, comm).and_then(|()| sampling.run(standby));
         if let Err(e) = &r {
             comm.fail(&e.to_string());
         }
