@@ -18,7 +18,7 @@
 //! `gemm` both pack), hence this hand-written one; it is used up to [`Isa::max_n`] columns,
 //! where it was measured faster.
 
-// Off x86-64 `available` is false and the kernel is never reached.
+// Off x86-64 `Isa::detect` gives `None` and the kernel is never reached.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_variables))]
 
 use rayon::prelude::*;
@@ -169,8 +169,8 @@ const PARALLEL_PACK_MIN: usize = 1 << 16;
 /// kernels give the same bits.
 ///
 /// # Safety
-/// `b`'s [`Isa`] must run on this CPU (as the one [`Isa::detect`] gives does); `a` must hold rows
-/// `row0..row0 + rows` of `k` floats; `c.len()` must be a multiple of `b.n`; when
+/// `b`'s [`Isa`] must run on this CPU (as the one [`Isa::detect`] gives does); `a` must
+/// hold rows `row0..row0 + rows` of `k` floats; `c.len()` must be a multiple of `b.n`; when
 /// `beta != 0`, `c` must be initialised.
 pub(crate) unsafe fn gemm_rows(
     alpha: f32,
