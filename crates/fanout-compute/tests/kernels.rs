@@ -4,7 +4,7 @@
 mod common;
 
 use common::{rand_tensor, OwnedBlock};
-use fanout_compute::cpu::gemm::{gemm_dense, gemm_matrixmultiply, skips_zeros};
+use fanout_compute::cpu::gemm::{gemm_dense, gemm_dense_tiled, gemm_matrixmultiply, skips_zeros};
 use fanout_compute::cpu::sparse_grad;
 use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, DropoutSpec, Tensor};
 use fanout_rand::Rng;
@@ -438,6 +438,15 @@ fn results_do_not_depend_on_the_thread_count() {
         );
         let mut dw2 = rand_tensor(130, 300, &mut rng);
         BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2);
+        // A weight gradient whose inputs pass 8 MiB: split along the inner dimension into
+        // partial products added in chunk order, though C holds four tiles.
+        let (s1, s2) = (
+            rand_tensor(8200, 130, &mut rng),
+            rand_tensor(8200, 130, &mut rng),
+        );
+        let mut dw5 = rand_tensor(130, 130, &mut rng);
+        BE.gemm(0.7, &s1, true, &s2, false, 1.0, &mut dw5);
+        let dw2 = (dw2, dw5);
         // Weight gradients of a sparse G (the zero-skipping path where the CPU has it).
         let gs = rand_sparse(2600, 300, 0.2, &mut rng);
         let mut dw3 = rand_tensor(130, 300, &mut rng);
@@ -594,6 +603,30 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
         let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&sums), bits(&want_sums), "{rows}x{cols}: column sums");
     }
+}
+
+#[test]
+fn long_inner_dimensions_give_the_product_split_either_way() {
+    // A weight gradient `A^T G` over 8,200 rows (inputs of 8.5 MB): `gemm_dense` splits the
+    // inner dimension into partial products, `gemm_dense_tiled` computes one full-length
+    // product per 128 x 128 tile of C. Both are the product, accumulated with beta.
+    let mut rng = Rng::new(33);
+    let (a, g) = (
+        rand_tensor(8200, 130, &mut rng),
+        rand_tensor(8200, 130, &mut rng),
+    );
+    let c0 = rand_tensor(130, 130, &mut rng);
+    let ab = naive_matmul(&a, true, &g, false);
+    let want = Tensor::from_fn(130, 130, |i, j| 0.5 * ab.get(i, j) + c0.get(i, j));
+    let (mut split, mut tiles) = (c0.clone(), c0.clone());
+    gemm_dense(0.5, &a, true, &g, false, 1.0, &mut split);
+    gemm_dense_tiled(0.5, &a, true, &g, false, 1.0, &mut tiles);
+    for (what, got) in [("split", &split), ("tiles", &tiles)] {
+        let d = got.max_abs_diff(&want);
+        assert!(d < 1e-3, "{what}: off the naive product by {d}");
+    }
+    // The two paths round differently, so a mutation that sent both down one would show.
+    assert!(split != tiles, "the split and the tiles gave the same bits");
 }
 
 #[test]

@@ -80,6 +80,14 @@ const K_SPLIT_MIN: usize = 2048;
 const K_SPLIT_MAX_PARTS: usize = 16;
 /// Inner-dimension chunks are at least this long.
 const K_SPLIT_CHUNK: usize = 1024;
+/// Bytes of op(A) and op(B) together from which a long-inner-dimension product is split
+/// along the inner dimension even when C holds two or more tiles. Measured with
+/// `examples/tn_speed.rs` (two threads, Sapphire Rapids VM, alternating the two splits on the
+/// same data): the split was 1.01-1.13x faster than the tiles for 128-256 x 8,000-40,000 x
+/// 47-256 products and 1.30-1.34x for 256 x 150,000 x 256 (a GAT weight gradient over a
+/// first layer's sources); at 3,700 rows (under 8 MiB of inputs) the tiles won on the Zen 3
+/// VM (100-117 GFLOP/s against 67-98) and the two were within 3-8% here.
+const K_SPLIT_STREAM_BYTES: usize = 8 << 20;
 /// Side of the output tiles of the long-inner-dimension products (a multiple of every
 /// micro-kernel's height and width, so the split never changes which elements go through a
 /// full micro-tile).
@@ -257,13 +265,30 @@ pub fn gemm_matrixmultiply(
     );
 }
 
-/// Which kernels a dense product may use.
+/// [`gemm_dense`] with a long inner dimension always split into output tiles, however large
+/// its inputs (see `K_SPLIT_STREAM_BYTES`): the reference the inner-dimension split is
+/// benchmarked against (`examples/tn_speed.rs`).
+pub fn gemm_dense_tiled(
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+) {
+    gemm_dense_with(alpha, a, trans_a, b, trans_b, beta, c, Kernels::TiledLongK);
+}
+
+/// Which kernels and splits a dense product may use.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernels {
     /// The fastest for the shape (`rowmajor` where it applies).
     Any,
     /// `matrixmultiply` only.
     MatrixMultiply,
+    /// As `Any`, but a long inner dimension is always split into output tiles.
+    TiledLongK,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -466,12 +491,17 @@ unsafe fn gemm_into(
     let serial = m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS;
     let tiles = m.div_ceil(GRID_TILE) * n.div_ceil(GRID_TILE);
     let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
+    // Inputs of a long inner dimension too large to stay in cache between the tiles that
+    // re-read them (each column block of op(A) once per tile column, and of op(B) once per
+    // tile row): then the inner-dimension split, which reads each input once, is faster.
+    let streams_inputs = kernels != Kernels::TiledLongK
+        && k.saturating_mul(m + n).saturating_mul(4) >= K_SPLIT_STREAM_BYTES;
     // A row-major op(A) is read in place by `rowmajor` where the CPU runs it and op(B) is
     // narrow enough for its instructions, in the splits that go through `block`; op(B) is
     // packed once for every block.
     let packed = rowmajor::Isa::detect()
         .filter(|isa| {
-            kernels == Kernels::Any
+            kernels != Kernels::MatrixMultiply
                 && !long_k
                 && !trans_a
                 && k >= TRANSPOSE_MIN_K
@@ -521,7 +551,7 @@ unsafe fn gemm_into(
         block(0, c);
         return;
     }
-    if long_k && tiles >= 2 {
+    if long_k && tiles >= 2 && !streams_inputs {
         // Few output rows, a long inner dimension, and C wide enough for two or more
         // GRID_TILE x GRID_TILE tiles: one full-length product per tile, in parallel. No
         // partial sums to add up, and (measured on 128 x 3,700 x 256 weight gradients, two
