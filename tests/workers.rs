@@ -129,7 +129,8 @@ fn the_epoch_line_counts_the_feature_bytes_of_every_worker() {
             format!("{:.1}", host as f64 / 1e6),
             "{line}"
         );
-        let hit = 100.0 * (total - host) as f64 / total as f64;
+        // As `ExtractStats::hit_rate`: cache and reused bytes over all bytes.
+        let hit = 100.0 * (sum("bytes_from_cache") + sum("bytes_reused")) as f64 / total as f64;
         assert_eq!(
             format!("{:.1}", after(line, "hit ")),
             format!("{hit:.1}"),

@@ -198,12 +198,8 @@ mod tests {
         assert_eq!(cached_or_measured(Some(&path), 3), Some(fake));
         // Rates measured with other kernels (an older build's file, without the field) are
         // measured again, and the file then holds this build's revision.
-        let old = format!(
-            r#"{{"cpu": {:?}, "rates": {{"3": {}}}}}"#,
-            cpu_model(),
-            serde_json::to_string(&fake).unwrap()
-        );
-        std::fs::write(&path, old).unwrap();
+        let old = serde_json::json!({"cpu": cpu_model(), "rates": {"3": fake}});
+        std::fs::write(&path, old.to_string()).unwrap();
         let again = cached_or_measured(Some(&path), 3).unwrap();
         assert_ne!(again, fake);
         let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();

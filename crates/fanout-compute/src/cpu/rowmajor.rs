@@ -336,16 +336,22 @@ mod x86 {
         };
         for r in 0..R {
             // SAFETY: row r of the tile has w valid columns at c + r * ldc; the masked loads
-            // and stores touch only lanes below w.
+            // and stores touch only lanes below w, and the second vector's address is formed
+            // only when it has such lanes (w > 16), so it stays inside C.
             unsafe {
                 let out = c.add(r * ldc);
-                let (mut x0, mut x1) = (_mm512_mul_ps(lo[r], va), _mm512_mul_ps(hi[r], va));
+                let mut x0 = _mm512_mul_ps(lo[r], va);
                 if beta != 0.0 {
                     x0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_lo, out), vb, x0);
-                    x1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_hi, out.add(16)), vb, x1);
                 }
                 _mm512_mask_storeu_ps(out, m_lo, x0);
-                _mm512_mask_storeu_ps(out.add(16), m_hi, x1);
+                if m_hi != 0 {
+                    let (out, mut x1) = (out.add(16), _mm512_mul_ps(hi[r], va));
+                    if beta != 0.0 {
+                        x1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_hi, out), vb, x1);
+                    }
+                    _mm512_mask_storeu_ps(out, m_hi, x1);
+                }
             }
         }
     }
@@ -418,17 +424,21 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// `C <- alpha A B + beta C` through [`gemm_rows`] with `isa`'s tiles, all rows at once.
+    /// `C <- alpha A B + beta C` through [`gemm_rows`] with `isa`'s tiles, all rows at once;
+    /// `b` is `B` row-major (`k x n`), or `B^T` row-major (`n x k`) when `transposed`.
+    #[allow(clippy::too_many_arguments)]
     fn product(
         isa: Isa,
         a: &[f32],
         b: &[f32],
+        transposed: bool,
         c: &[f32],
         k: usize,
         n: usize,
         beta: f32,
     ) -> Vec<f32> {
-        let packed = PackedB::new(isa, b, n, 1, k, n);
+        let (rs, cs) = if transposed { (1, k) } else { (n, 1) };
+        let packed = PackedB::new(isa, b, rs, cs, k, n);
         let mut out: Vec<MaybeUninit<f32>> = c.iter().map(|&x| MaybeUninit::new(x)).collect();
         // SAFETY: the test runs `isa` only where the CPU has it; `a` holds `c.len() / n`
         // rows of `k` floats; `out` is initialised.
@@ -444,7 +454,9 @@ mod tests {
         // Each element must be the chain fma(a_ik, b_kj, acc) for k = 0, 1, ... from zero,
         // times alpha, plus beta C (fused): computed here in scalar code. Rows that leave
         // every remainder of both tile heights (1..11) and of ROW_CHUNK, widths that leave
-        // partial panels of both widths (masked lanes in the AVX-512 tile).
+        // partial panels of both widths (masked lanes in the AVX-512 tile), and B's that are
+        // packed in parallel (k * n from 65,536 floats). B is given plain and transposed (the
+        // two packing loops), and with beta = 0 C holds NaNs, which must not be read.
         let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
             .into_iter()
             .filter(|i| i.runs_here())
@@ -467,11 +479,19 @@ mod tests {
             (203, 64, 96),
             (11, 5, 1),
             (97, 40, 63),
+            (30, 300, 250),
+            (5, 2048, 33),
         ] {
             let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
             let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
-            let c: Vec<f32> = (0..m * n).map(|_| next()).collect();
+            let bt: Vec<f32> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| next()).collect();
             for beta in [0.0f32, 1.5] {
+                let c = if beta == 0.0 {
+                    vec![f32::NAN; m * n]
+                } else {
+                    c0.clone()
+                };
                 let want: Vec<f32> = (0..m * n)
                     .map(|e| {
                         let (i, j) = (e / n, e % n);
@@ -485,12 +505,14 @@ mod tests {
                     })
                     .collect();
                 for &isa in &isas {
-                    let got = product(isa, &a, &b, &c, k, n, beta);
-                    let bad = (0..m * n).find(|&e| got[e].to_bits() != want[e].to_bits());
-                    assert!(
-                        bad.is_none(),
-                        "{isa:?} {m}x{k}x{n} beta {beta}: element {bad:?}"
-                    );
+                    for (bb, transposed) in [(&b, false), (&bt, true)] {
+                        let got = product(isa, &a, bb, transposed, &c, k, n, beta);
+                        let bad = (0..m * n).find(|&e| got[e].to_bits() != want[e].to_bits());
+                        assert!(
+                            bad.is_none(),
+                            "{isa:?} {m}x{k}x{n} beta {beta} B^T {transposed}: element {bad:?}"
+                        );
+                    }
                 }
             }
         }
