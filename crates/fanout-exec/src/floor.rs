@@ -6,8 +6,9 @@
 //! `machine-rates.json` under fanout's cache folder (`$FANOUT_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/fanout`, else `~/.cache/fanout`), keyed by the CPU's model name, family,
 //! model and stepping and by the GEMM kernels' revision ([`GEMM_KERNELS_REVISION`]); delete
-//! the file to measure again. Without a writable cache folder they
-//! are measured once per process.
+//! the file to measure again. Each process times one small product first and measures again
+//! when it runs well above the cached rate (rates measured on a busy machine heal). Without a
+//! writable cache folder they are measured once per process.
 
 use fanout_compute::{MachineRates, GEMM_KERNELS_REVISION};
 use std::collections::BTreeMap;
@@ -76,14 +77,20 @@ fn cached_or_measured(path: Option<&std::path::Path>, threads: usize) -> Option<
             kernels: GEMM_KERNELS_REVISION,
             rates: BTreeMap::new(),
         });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("rates-{i}"))
+        .build()
+        .ok()?;
     let rates = match file.rates.get(&threads) {
-        Some(r) if r.gemm_flops_per_s > 0.0 && r.copy_bytes_per_s > 0.0 => *r,
+        Some(r)
+            if r.gemm_flops_per_s > 0.0
+                && r.copy_bytes_per_s > 0.0
+                && !pool.install(|| beaten_by_probe(r)) =>
+        {
+            *r
+        }
         _ => {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("rates-{i}"))
-                .build()
-                .ok()?;
             let r = pool.install(MachineRates::measure);
             file.rates.insert(threads, r);
             if let Some(p) = path {
@@ -93,6 +100,24 @@ fn cached_or_measured(path: Option<&std::path::Path>, threads: usize) -> Option<
         }
     };
     Some(rates)
+}
+
+/// A small product (`PROBE_SHAPE`) timed now runs faster than this factor times the cached
+/// GEMM rate: the cached rate was measured while the machine was busy (a build, tests run in
+/// parallel: such rates came out at a half to a third of the quiet rate and made epochs look
+/// faster than their floor), so it is measured again. On the quiet 2-core Sapphire Rapids VM
+/// the probe ran at 0.99-1.03x the cached rate, well inside the margin.
+const PROBE_MARGIN: f64 = 1.3;
+
+/// The probe's `m x k x n`: a layer-shaped product of about 0.27 GFLOP (a millisecond or two
+/// on two cores, timed three times).
+const PROBE_SHAPE: (usize, usize, usize) = (2048, 256, 256);
+
+/// True when the probe beats `cached`'s GEMM rate by more than [`PROBE_MARGIN`] on the
+/// current pool.
+fn beaten_by_probe(cached: &MachineRates) -> bool {
+    let (m, k, n) = PROBE_SHAPE;
+    fanout_compute::cpu::rates::measure_gemm(m, k, n, 3) > PROBE_MARGIN * cached.gemm_flops_per_s
 }
 
 /// Writes the cache atomically; failures are ignored (the rates are then measured again by the
@@ -183,9 +208,10 @@ mod tests {
         assert_eq!(f.rates.get(&1), Some(&r));
         // Rates this CPU's cache holds are used as stored, without measuring, to the last
         // bit (this rate once came back one ulp off, before serde_json's float_roundtrip).
+        // A GEMM rate no probe beats (so it is kept), with all its digits significant.
         let fake = MachineRates {
             threads: 3,
-            gemm_flops_per_s: 135492381042.93523,
+            gemm_flops_per_s: 135492381042935.23,
             copy_bytes_per_s: 2.0,
         };
         let mut other = CacheFile {
@@ -204,6 +230,24 @@ mod tests {
         assert_ne!(again, fake);
         let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(f.kernels, GEMM_KERNELS_REVISION);
+        // A rate measured on a busy machine (far below what a small product reaches now) is
+        // measured again and replaced.
+        let busy = MachineRates {
+            threads: 2,
+            gemm_flops_per_s: 1e6,
+            copy_bytes_per_s: 2.0,
+        };
+        let mut file = CacheFile {
+            cpu: cpu_model(),
+            kernels: GEMM_KERNELS_REVISION,
+            rates: BTreeMap::new(),
+        };
+        file.rates.insert(2, busy);
+        store(&path, &file);
+        let again = cached_or_measured(Some(&path), 2).unwrap();
+        assert!(again.gemm_flops_per_s > 1e8, "{again:?}");
+        let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(f.rates.get(&2), Some(&again));
     }
 
     #[test]
