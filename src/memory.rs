@@ -141,7 +141,9 @@ mod tests {
         });
         assert_eq!(h.join().unwrap(), n as u64);
         let p = HostHeap.peak();
-        assert!(p >= start + n as u64, "peak {p} after start {start}");
+        // At least the buffer (the other tests of this binary run in parallel and may free
+        // a few KB between the reset and the allocation, so not necessarily `start + n`).
+        assert!(p >= n as u64 && p >= start, "peak {p} after start {start}");
         // Resetting forgets the buffer, which is freed.
         let again = HostHeap.reset_peak();
         assert!(HostHeap.peak() < again + n as u64);
