@@ -200,10 +200,21 @@ mod tests {
         // by other tests of this binary.
         let t = tempfile::tempdir().unwrap();
         let path = t.path().join(CACHE_FILE);
+        // The file as written, and a file of this CPU and build holding `rates` alone.
+        let read =
+            || -> CacheFile { serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap() };
+        let store_only = |rates: MachineRates| {
+            let mut f = CacheFile {
+                cpu: cpu_model(),
+                kernels: GEMM_KERNELS_REVISION,
+                rates: BTreeMap::new(),
+            };
+            f.rates.insert(rates.threads, rates);
+            store(&path, &f);
+        };
         let r = cached_or_measured(Some(&path), 1).unwrap();
         assert!(r.gemm_flops_per_s > 0.0 && r.copy_bytes_per_s > 0.0);
-        let f: CacheFile =
-            serde_json::from_slice(&std::fs::read(t.path().join(CACHE_FILE)).unwrap()).unwrap();
+        let f = read();
         assert_eq!(f.cpu, cpu_model());
         assert_eq!(f.rates.get(&1), Some(&r));
         // Rates this CPU's cache holds are used as stored, without measuring, to the last
@@ -214,13 +225,7 @@ mod tests {
             gemm_flops_per_s: 135492381042935.23,
             copy_bytes_per_s: 2.0,
         };
-        let mut other = CacheFile {
-            cpu: cpu_model(),
-            kernels: GEMM_KERNELS_REVISION,
-            rates: BTreeMap::new(),
-        };
-        other.rates.insert(3, fake);
-        store(&t.path().join(CACHE_FILE), &other);
+        store_only(fake);
         assert_eq!(cached_or_measured(Some(&path), 3), Some(fake));
         // Rates measured with other kernels (an older build's file, without the field) are
         // measured again, and the file then holds this build's revision.
@@ -228,26 +233,17 @@ mod tests {
         std::fs::write(&path, old.to_string()).unwrap();
         let again = cached_or_measured(Some(&path), 3).unwrap();
         assert_ne!(again, fake);
-        let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(f.kernels, GEMM_KERNELS_REVISION);
+        assert_eq!(read().kernels, GEMM_KERNELS_REVISION);
         // A rate measured on a busy machine (far below what a small product reaches now) is
         // measured again and replaced.
-        let busy = MachineRates {
+        store_only(MachineRates {
             threads: 2,
             gemm_flops_per_s: 1e6,
             copy_bytes_per_s: 2.0,
-        };
-        let mut file = CacheFile {
-            cpu: cpu_model(),
-            kernels: GEMM_KERNELS_REVISION,
-            rates: BTreeMap::new(),
-        };
-        file.rates.insert(2, busy);
-        store(&path, &file);
+        });
         let again = cached_or_measured(Some(&path), 2).unwrap();
         assert!(again.gemm_flops_per_s > 1e8, "{again:?}");
-        let f: CacheFile = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(f.rates.get(&2), Some(&again));
+        assert_eq!(read().rates.get(&2), Some(&again));
     }
 
     #[test]
