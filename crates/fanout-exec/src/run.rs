@@ -1287,21 +1287,21 @@ impl<'a> TrialTurns<'a> {
             sharing: comm.size() as u64,
         }
     }
+}
 
-    /// True when the turns are taken: workers of one process (`local`), more than one, and
-    /// a cache sized `auto` in `cfg`.
-    fn needed(&self, cfg: &TrainConfig) -> bool {
-        self.comm.kind() == "local"
-            && self.comm.size() > 1
-            && matches!(cache_spec(cfg), Ok((Some(_), CacheSizeSpec::Auto)))
-    }
+/// True when the workers of `comm` take [`TrialTurns`]: workers of one process (`local`),
+/// more than one, and a cache sized `auto` in `cfg`.
+fn trial_turns_needed(cfg: &TrainConfig, comm: &dyn Comm) -> bool {
+    comm.kind() == "local"
+        && comm.size() > 1
+        && matches!(cache_spec(cfg), Ok((Some(_), CacheSizeSpec::Auto)))
 }
 
 /// The barriers of [`build_cache`]'s trial turns for a worker of `comm` without a cache (a
 /// factored run's sampler), so that the workers with one can measure one at a time while it
 /// waits, allocating nothing.
 pub(crate) fn sit_out_trials(cfg: &TrainConfig, comm: &dyn Comm) -> Result<()> {
-    if TrialTurns::all(comm).needed(cfg) {
+    if trial_turns_needed(cfg, comm) {
         for _ in 0..=comm.size() {
             comm.barrier()?;
         }
@@ -1500,7 +1500,7 @@ fn auto_size<B: Backend>(
     // would change from run to run. The workers with a cache share the host's memory, so
     // each sizes its cache for its share of the budget.
     let budget = device_memory;
-    let (trial, shares) = match turns.filter(|t| t.needed(cfg)) {
+    let (trial, shares) = match turns.filter(|t| trial_turns_needed(cfg, t.comm)) {
         Some(t) => {
             // Every worker's set-up done before the first trial (one barrier), then one turn
             // between each pair of the `size` barriers that follow, in rank order (a worker
