@@ -579,13 +579,22 @@ fn auto_sized_caches_of_in_process_workers_share_the_budget_and_repeat() {
             rows > 0 && rows < 2708,
             "{extra:?}: a partial cache was expected: {cache}"
         );
+        // The same size in every run, to a few rows: a trial's peak still moves by about
+        // 2 KB between runs (1-2 of cora's 5.7 KB rows; seen in CI), where a worker that
+        // counted another's trial (about 3.8 MB) lost hundreds of rows.
+        let close = |a: u64, b: u64| a.abs_diff(b) as f64 <= 0.02 * a.max(b) as f64;
         for name in ["b.json", "c.json"] {
             let (again, from_host) = run(name);
-            assert_eq!(again["rows"], cache["rows"], "{extra:?}: {again}");
+            let again_rows = again["rows"].as_u64().unwrap();
+            assert!(
+                again_rows.abs_diff(rows) <= 4,
+                "{extra:?}: {again_rows} rows against {rows}: {again}"
+            );
             if shares == 3 {
-                assert_eq!(
-                    from_host, first,
-                    "every worker's cache the same size in every run"
+                assert!(
+                    from_host.iter().zip(&first).all(|(&a, &b)| close(a, b)),
+                    "every worker's cache the same size in every run: {from_host:?} against \
+                     {first:?}"
                 );
             }
         }
