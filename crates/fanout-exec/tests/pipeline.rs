@@ -287,3 +287,34 @@ fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
     let mut t = trainer(&ds, ModelKind::Sage, 0.5);
     assert!(fit_with(&mut t, &train, v, None, cfg(3), &solo(), &mut (), ctl).is_err());
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn fit_flushes_subnormals_while_it_trains_and_gives_the_callers_mode_back() {
+    use fanout_compute::cpu::denormals::flushing_denormals;
+    use fanout_exec::{BatchOutcome, FitObserver};
+    /// Whether the step's thread and every worker of the pool flushed, at each batch.
+    struct Seen(Vec<(bool, bool)>);
+    impl FitObserver for Seen {
+        fn batch_done(&mut self, _: &BatchOutcome) {
+            let pool = rayon::broadcast(|_| flushing_denormals());
+            self.0.push((flushing_denormals(), pool.iter().all(|&f| f)));
+        }
+    }
+    let ds = tiny(200);
+    let train = pipeline(&ds, vec![4, 4], ds.train.to_vec(), true);
+    let mut t = trainer(&ds, ModelKind::Sage, 0.0);
+    let cfg = FitConfig {
+        epochs: 2,
+        eval_every: 0,
+    };
+    assert!(!flushing_denormals());
+    let mut seen = Seen(Vec::new());
+    fit(&mut t, &train, None, None, cfg, &solo(), &mut seen).unwrap();
+    assert!(!seen.0.is_empty());
+    assert!(seen.0.iter().all(|&s| s == (true, true)), "{:?}", seen.0);
+    assert!(!flushing_denormals(), "the caller's mode is given back");
+    assert!(rayon::broadcast(|_| !flushing_denormals())
+        .iter()
+        .all(|&f| f));
+}

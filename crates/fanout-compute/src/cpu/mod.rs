@@ -7,6 +7,7 @@
 //! `dense`, `loss` and `optim`. The thread count is rayon's: set `RAYON_NUM_THREADS` or run
 //! inside a `rayon::ThreadPool::install`. Results are bit-identical for any thread count.
 
+pub mod denormals;
 mod dense;
 pub mod gemm;
 pub mod graph;
