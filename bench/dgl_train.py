@@ -45,6 +45,11 @@ def parse():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--eval-every", type=int, default=1)
+    p.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="torch.set_flush_denormal(True), as fanout does while it trains (off by default in PyTorch)",
+    )
     return p.parse_args()
 
 
@@ -63,6 +68,8 @@ def main():
     import dgl.nn as dglnn
 
     torch.set_num_threads(a.threads)
+    if a.flush_denormal:
+        torch.set_flush_denormal(True)
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)
     dgl.seed(a.seed)

@@ -8,6 +8,7 @@
 #   MODEL=gcn FANOUTS=15,10,5 bash bench/floor_grid.sh
 #   SUMMARY_ONLY=1 bash bench/floor_grid.sh                    # only the table, from $OUT
 #   F16=1 bash bench/floor_grid.sh                             # features stored as f16 (both)
+#   DGL_FLUSH=1 bash bench/floor_grid.sh                       # DGL with torch.set_flush_denormal(True)
 #
 # Datasets: the products preset at NODES vertices (`fanout dataset gen --feat-dim W`) for every
 # width in WIDTHS, and cnr2000 with W-dim random features (10% train) for every width in
@@ -16,7 +17,9 @@
 # the copy bandwidth, both measured once per machine: README "Distance to the floor"), and
 # the floor of the flops it did (the compute floor less the zero-skipped products). The
 # table gives the medians over runs, epoch / compute floor, and DGL's epoch over fanout's
-# (median of per-run ratios). Raw JSON in $OUT.
+# (median of per-run ratios). fanout flushes subnormal floats to zero while it trains; PyTorch
+# (so DGL) does not unless DGL_FLUSH is set, and late epochs of wide features slow it down
+# several times (docs/performance.md). Raw JSON in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-$(nproc)}
@@ -58,7 +61,7 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
       echo "[$c run $r/$RUNS] fanout" >&2
       $BIN --quiet train --dataset "$OUT/$c" $COMMON --seed "$r" --metrics-out "$OUT/ours-$c-$r.json" > /dev/null
       echo "[$c run $r/$RUNS] dgl" >&2
-      DGLBACKEND=pytorch "$PY" bench/dgl_train.py --dataset "$OUT/$c" $COMMON --seed "$r" \
+      DGLBACKEND=pytorch "$PY" bench/dgl_train.py --dataset "$OUT/$c" $COMMON --seed "$r" ${DGL_FLUSH:+--flush-denormal} \
         2> /dev/null > "$OUT/dgl-$c-$r.json"
     done
     # The widest datasets take gigabytes: keep only what the table needs.

@@ -18,7 +18,7 @@ use std::time::Instant;
 /// vertices, read through this worker's extractor (its cache). Sampling talks to the other
 /// workers on a communicator of its own (split from the run's): where the communicator allows
 /// collectives on two threads at once ([`Comm::concurrent_collectives`]) a thread prepares up
-/// to [`PREFETCH`] + 1 steps ahead while the current one trains; under MPI's `SERIALIZED`
+/// to `PREFETCH` + 1 steps ahead while the current one trains; under MPI's `SERIALIZED`
 /// threading, batches are made when the training loop asks for them, on its thread, with no
 /// overlap.
 pub struct SplitSource {
