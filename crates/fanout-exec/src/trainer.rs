@@ -639,6 +639,9 @@ impl<B: Backend> Trainer<B> {
     where
         B: Send,
     {
+        // The same arithmetic as evaluations inside `fit_with` (a saved model scores what its
+        // run reported).
+        let _flush = self.flush_denormals();
         let late = self.model.backend().defers_reads();
         let (mut correct, mut labelled) = (0usize, 0usize);
         let mut add = |(c, l): (usize, usize)| {

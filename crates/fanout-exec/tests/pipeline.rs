@@ -293,28 +293,35 @@ fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
 fn fit_flushes_subnormals_while_it_trains_and_gives_the_callers_mode_back() {
     use fanout_compute::cpu::denormals::flushing_denormals;
     use fanout_exec::{BatchOutcome, FitObserver};
+    // A pool of the trainer's own: other tests of this binary train on the global pool at the
+    // same time, and their guards flush it while they run.
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap(),
+    );
     /// Whether the step's thread and every worker of the pool flushed, at each batch.
-    struct Seen(Vec<(bool, bool)>);
+    struct Seen(Arc<rayon::ThreadPool>, Vec<(bool, bool)>);
     impl FitObserver for Seen {
         fn batch_done(&mut self, _: &BatchOutcome) {
-            let pool = rayon::broadcast(|_| flushing_denormals());
-            self.0.push((flushing_denormals(), pool.iter().all(|&f| f)));
+            let workers = self.0.broadcast(|_| flushing_denormals());
+            self.1
+                .push((flushing_denormals(), workers.iter().all(|&f| f)));
         }
     }
     let ds = tiny(200);
     let train = pipeline(&ds, vec![4, 4], ds.train.to_vec(), true);
-    let mut t = trainer(&ds, ModelKind::Sage, 0.0);
+    let mut t = trainer(&ds, ModelKind::Sage, 0.0).with_pool(Some(pool.clone()));
     let cfg = FitConfig {
         epochs: 2,
         eval_every: 0,
     };
     assert!(!flushing_denormals());
-    let mut seen = Seen(Vec::new());
+    let mut seen = Seen(pool.clone(), Vec::new());
     fit(&mut t, &train, None, None, cfg, &solo(), &mut seen).unwrap();
-    assert!(!seen.0.is_empty());
-    assert!(seen.0.iter().all(|&s| s == (true, true)), "{:?}", seen.0);
+    assert!(!seen.1.is_empty());
+    assert!(seen.1.iter().all(|&s| s == (true, true)), "{:?}", seen.1);
     assert!(!flushing_denormals(), "the caller's mode is given back");
-    assert!(rayon::broadcast(|_| !flushing_denormals())
-        .iter()
-        .all(|&f| f));
+    assert!(pool.broadcast(|_| !flushing_denormals()).iter().all(|&f| f));
 }

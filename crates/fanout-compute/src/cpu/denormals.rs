@@ -78,7 +78,8 @@ fn enter() {
     let _ = depth;
 }
 
-/// Undoes [`enter`]: the last guard out puts the remembered setting back.
+/// Undoes [`enter`]: the last guard out puts the remembered FTZ and DAZ bits back (the
+/// other bits, such as the exception flags raised meanwhile, are left as they are).
 fn leave() {
     let depth = DEPTH.with(|d| {
         let n = d.get().saturating_sub(1);
@@ -86,9 +87,9 @@ fn leave() {
         n
     });
     if depth == 0 {
-        if let Some(_csr) = SAVED.with(Cell::take) {
+        if let Some(_saved) = SAVED.with(Cell::take) {
             #[cfg(target_arch = "x86_64")]
-            set_control_word(_csr);
+            set_control_word((control_word() & !FTZ_DAZ) | (_saved & FTZ_DAZ));
         }
     }
 }
@@ -96,31 +97,45 @@ fn leave() {
 /// While alive, the thread that made it and every thread of its pool flush subnormal floats
 /// to zero (see the module docs); dropped, each gets its previous setting back. Results of
 /// the kernels then stay bit-identical for any thread count: every thread rounds alike.
+///
+/// A thread starts with the setting of the thread that starts it, so threads started from
+/// the guarded thread while the guard lives flush too, and keep flushing after it: the guard
+/// starts rayon's global pool before it flushes the calling thread, so that pool's workers
+/// are never born flushing. The guard must be dropped on the thread that made it (it is not
+/// `Send`). Every worker of the pool runs a short job when the guard is made and when it is
+/// dropped, so a pool whose workers wait on the calling thread must not be given to it.
 #[must_use = "the setting lasts as long as the guard"]
 pub struct FlushDenormals {
     pool: Option<std::sync::Arc<rayon::ThreadPool>>,
+    /// Tied to the thread whose setting it changed.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl FlushDenormals {
     /// Flushes on the calling thread and on every worker of `pool`, or of the current rayon
     /// pool when `None` (the pool of the calling worker, else the global one).
     pub fn on(pool: Option<std::sync::Arc<rayon::ThreadPool>>) -> Self {
-        enter();
+        // Starts the global pool, if nothing has, while this thread still has its own mode.
+        let _ = rayon::current_num_threads();
         match &pool {
             Some(p) => p.broadcast(|_| enter()),
             None => rayon::broadcast(|_| enter()),
         };
-        FlushDenormals { pool }
+        enter();
+        FlushDenormals {
+            pool,
+            _thread: std::marker::PhantomData,
+        }
     }
 }
 
 impl Drop for FlushDenormals {
     fn drop(&mut self) {
+        leave();
         match &self.pool {
             Some(p) => p.broadcast(|_| leave()),
             None => rayon::broadcast(|_| leave()),
         };
-        leave();
     }
 }
 
@@ -172,8 +187,28 @@ mod tests {
     }
 
     #[test]
+    fn threads_started_under_a_guard_flush_and_the_global_pool_stops_after_it() {
+        std::thread::spawn(|| {
+            let _g = FlushDenormals::on(None);
+            assert!(std::thread::spawn(flushing_denormals).join().unwrap());
+            assert!(rayon::broadcast(|_| flushing_denormals())
+                .iter()
+                .all(|&f| f));
+            drop(_g);
+            assert!(rayon::broadcast(|_| !flushing_denormals())
+                .iter()
+                .all(|&f| f));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn a_thread_that_already_flushed_keeps_flushing_after_a_guard() {
         std::thread::spawn(|| {
+            // The global pool started first: started from this thread once it flushes, its
+            // workers would flush for good (and fail the test beside this one).
+            let _ = rayon::current_num_threads();
             set_control_word(control_word() | FTZ_DAZ);
             drop(FlushDenormals::on(Some(std::sync::Arc::new(
                 rayon::ThreadPoolBuilder::new()

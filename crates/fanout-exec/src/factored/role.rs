@@ -283,6 +283,11 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
         };
         (metrics, cache_json, mine)
     } else {
+        // A standby's gradients are added to a trainer's step: computed as the trainers'
+        // own, with subnormals flushed (`fit_with`).
+        let _flush = f
+            .switching
+            .then(|| fanout_compute::cpu::denormals::FlushDenormals::on(pool.clone()));
         let standby = match f.switching {
             true => Some(Standby {
                 trainer: &mut trainer,
