@@ -865,8 +865,9 @@ pub fn fit<B: Backend + Send>(
 /// [`fit`] under `ctl` (see [`FitControl`]). Besides, every step's loss and gradients are
 /// checked: the first non-finite one stops the run with [`ExecError::NonFinite`] before the
 /// optimiser applies it. Until it returns, the calling thread and the trainer's pool flush
-/// subnormal floats to zero ([`Trainer::flush_denormals`]); each gets its own setting back. [`RunMetrics::epochs`] lists the epochs this call trained; the best
-/// model and its accuracies may come from `ctl.resume`.
+/// subnormal floats to zero ([`Trainer::flush_denormals`]); each gets its own setting back.
+/// [`RunMetrics::epochs`] lists the epochs this call trained; the best model and its
+/// accuracies may come from `ctl.resume`.
 #[allow(clippy::too_many_arguments)]
 pub fn fit_with<B: Backend + Send>(
     trainer: &mut Trainer<B>,
@@ -912,8 +913,8 @@ pub fn fit_with<B: Backend + Send>(
     };
     train.take_times();
     // Late in training, gradients shrink into subnormal floats, on which x86 cores compute
-    // several times slower (a wide-feature epoch went from 3.1 to 17 s); flushed to zero,
-    // as TensorFlow does, until this call returns.
+    // several times slower (docs/performance.md); flushed to zero, as TensorFlow does, until
+    // this call returns.
     let _flush = trainer.flush_denormals();
     let mut grads: Vec<f32> = Vec::new();
     // A backend whose reads wait for its queue reads each one-worker step's figures after
