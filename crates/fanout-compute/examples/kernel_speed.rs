@@ -87,7 +87,7 @@ fn main() {
     // load changes hit both; median of the rounds' medians.
     let (xd, xa) = (filled(rows, width), filled(rows, width));
     let pcts: &[u64] = if fanout_compute::cpu::sparse_grad::available() {
-        &[10, 22, 30, 40, 50]
+        &[10, 22, 30, 40, 50, 60, 70]
     } else {
         println!("(no AVX2 + FMA: the zero-skipping weight gradient is not measured)");
         &[]

@@ -366,16 +366,17 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
 
 /// Largest fraction of non-zeros in `g` at which `a^T g` goes through
 /// [`sparse_grad::gemm_tn_sparse`]. Measured with `kernel_speed 6000 WIDTH` (two
-/// `WIDTH x 6,000 x 256` gradients, two threads, AVX-512): at 34% non-zero the zero-skipping
-/// kernel is 1.35x faster than the dense product for WIDTH 100 and 2.15x for 1024; at 43% it
-/// is 0.90x and 1.42x.
-const SPARSE_MAX_DENSITY: f64 = 0.35;
+/// `WIDTH x 6,000 x 256` gradients, two threads, AVX-512), WIDTH 100, 256 and 1,024: at 51%
+/// non-zero the zero-skipping kernel is 1.28-1.34x faster than the dense product, at 60%
+/// 1.15-1.22x; the margin covers the density being estimated from every 16th row.
+const SPARSE_MAX_DENSITY: f64 = 0.5;
 
 /// True when [`gemm`] computes `a^T g` for an `a` of `k` columns by skipping `g`'s zeros: a
 /// weight-gradient shape (`g`'s rows, the inner dimension, at least 2,048) large enough to be
-/// parallel, a CPU with the kernel, and `g`, sampled every 16th row, at most 35% non-zero.
-/// Wide `a` included: with 26% non-zeros the kernel is 2.1-2.2x faster than the dense product
-/// for `k` = 1,024 and 4,096 over 2,100 to 6,000 rows (`kernel_speed ROWS WIDTH`, two threads).
+/// parallel, a CPU with the kernel, and `g`, sampled every 16th row, at most 50% non-zero.
+/// Wide `a` included: with 26% non-zeros the kernel is 2.0x faster than the dense product
+/// for `k` = 256 over 3,640 rows, 1.75x for `k` = 100 over 6,000 (`kernel_speed ROWS WIDTH`,
+/// two threads).
 pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
     let (inner, n) = g.shape();
     inner >= K_SPLIT_MIN

@@ -3,17 +3,17 @@
 //! In a GNN layer followed by ReLU and dropout, the gradient at the layer's pre-activation is
 //! zero wherever the unit was inactive or dropped: about 78% of a GraphSAGE hidden layer's
 //! entries with dropout 0.5 (measured on cnr2000 with fanouts 10,25). A dense `A^T G`
-//! multiplies all of those zeros. This kernel visits only the non-zeros: it lists each
-//! column's non-zeros (row, value) per block of `ROW_BLOCK` (64) rows of `G`, packing them out
-//! of transposed 8 x 8 tiles with one lane permutation each; then for every column it holds a
-//! strip of up to 128 floats of `C^T`'s row in registers and adds `value * A[row, strip]` for
-//! each listed non-zero, one load and one fused multiply-add per vector, as in a dense
+//! multiplies all of those zeros. This kernel visits only the non-zeros: per block of
+//! `ROW_BLOCK` (64) rows of `G` it copies the block transposed (8 x 8 tiles in registers) and
+//! marks each column's non-zero rows in a 64-bit mask; then for every column it holds a strip
+//! of up to 128 floats of `C^T`'s row in registers and, for each set bit of the column's mask,
+//! adds `value * A[row, strip]`, one load and one fused multiply-add per vector, as in a dense
 //! micro-kernel, over a fifth of the products. The strip of `A` is first copied out of the
 //! block's rows into a contiguous buffer, and each task owns a strip of `A`'s columns, so a
 //! wide `A` is read from memory once (`cargo run --release -p fanout-compute --example
 //! kernel_speed -- ROWS WIDTH` compares it with the dense product).
 //!
-//! Several products that share `G` (GraphSAGE's `W_self` and `W_neigh` gradients) list its
+//! Several products that share `G` (GraphSAGE's `W_self` and `W_neigh` gradients) mark its
 //! non-zeros once. No crate offers a dense-transposed-times-sparse product on a dense
 //! row-major `G`: sparse-matrix crates (`sprs`, `nalgebra-sparse`) take a compressed matrix
 //! built beforehand, which here costs as much as the product, and multiply with scalar loops;
@@ -28,7 +28,7 @@ use rayon::prelude::*;
 
 use crate::tensor::Tensor;
 
-/// Rows of `G` whose non-zeros are listed together, and rows of `A` packed together: a
+/// Rows of `G` whose non-zeros are marked together, and rows of `A` packed together: a
 /// block's strip of `A` (64 rows x [`STRIP`] floats, 32 KiB) stays in L1 while every column
 /// of `G` uses it.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -89,7 +89,7 @@ impl Simd {
 
 /// `C_i <- beta * C_i + alpha * A_i^T G` for every `(A_i, C_i)` in `pairs`, with `A_i`
 /// (`m x k_i`), `G` (`m x n`), `C_i` (`k_i x n`), visiting only the non-zero entries of `G`
-/// (listed once for all pairs). With `beta == 0` the old contents of each `C_i` are ignored.
+/// (marked once for all pairs). With `beta == 0` the old contents of each `C_i` are ignored.
 /// A NaN in `G` reaches its whole column of `C_i`, as in a dense product; a NaN or infinity in
 /// `A_i` that meets only zeros of `G` contributes nothing (a dense product would give NaN).
 ///
@@ -108,13 +108,13 @@ pub fn gemm_tn_sparse(
 
 /// [`gemm_tn_sparse`] with the given vector width.
 ///
-/// First G's non-zeros are listed per block of [`ROW_BLOCK`] rows and per column, in
-/// parallel over the blocks. Then each task owns a [`STRIP`] of one `A_i`'s columns (so `A`
-/// is read from memory once in all, and `C_i`'s rows are split between tasks, never the rows
-/// of `G`): per row block it copies its strip of the block's rows of `A` into a contiguous
-/// buffer (rows of a wide `A` lie a multiple of 4 KiB apart and would fight over the same L1
-/// sets) and, for every column of `G`, adds `value * A[row, strip]` over the column's listed
-/// non-zeros into the strip held in registers. Each element of `C_i` sums its products in
+/// First G's row blocks of [`ROW_BLOCK`] rows are transposed and their non-zeros marked per
+/// column, in parallel over the blocks. Then each task owns a [`STRIP`] of one `A_i`'s
+/// columns (so `A` is read from memory once in all, and `C_i`'s rows are split between
+/// tasks, never the rows of `G`): per row block it copies its strip of the block's rows of
+/// `A` into a contiguous buffer (rows of a wide `A` lie a multiple of 4 KiB apart and would
+/// fight over the same L1 sets) and, for every column of `G`, adds `value * A[row, strip]`
+/// over the column's marked non-zeros into the strip held in registers. Each element of `C_i` sums its products in
 /// increasing row order whatever the thread count, so results are bit-identical for any
 /// `RAYON_NUM_THREADS`; they differ from the dense product's only by rounding.
 fn gemm_tn_sparse_with(
@@ -137,8 +137,8 @@ fn gemm_tn_sparse_with(
     if n == 0 {
         return 0;
     }
-    let lists = NonZeros::of(g);
-    let listed = lists.blocks.iter().map(|b| b.rows.len()).sum();
+    let nz = NonZeros::of(g);
+    let listed = nz.count();
     let mut tasks: Vec<(&Tensor, usize, &mut [f32])> = Vec::new();
     for (a, c) in pairs.iter_mut() {
         let a: &Tensor = a;
@@ -151,7 +151,7 @@ fn gemm_tn_sparse_with(
         let spw = padded(sw);
         // C^T's rows kc..kc + sw, each padded to whole 16-float vectors.
         let mut ct = vec![0.0f32; n * spw];
-        accumulate(simd, a, &lists, kc, sw, &mut ct);
+        accumulate(simd, a, &nz, kc, sw, &mut ct);
         for (kk, row) in out.chunks_exact_mut(n).enumerate() {
             for (j, o) in row.iter_mut().enumerate() {
                 let s = ct[j * spw + kk];
@@ -173,104 +173,96 @@ fn padded(k: usize) -> usize {
     k.div_ceil(16) * 16
 }
 
-/// G's non-zeros, per block of [`ROW_BLOCK`] rows.
+/// G's non-zeros, per block of [`ROW_BLOCK`] rows: a transposed copy of G (as many floats
+/// as G) and one 64-bit mask per column and block. Reading a column's values from G itself
+/// would stride a full row of G per value, and a block's rows, 1 KiB apart for 256 columns,
+/// fall into the same few L1 sets as the strip of `A`; a list of `(row, value)` pairs per
+/// column took longer to build than the masks and the copy together (docs/performance.md).
 struct NonZeros {
     /// G's columns.
     n: usize,
     blocks: Vec<BlockNonZeros>,
 }
 
-/// One row block's non-zeros: column `j`'s are `rows[start[j]..start[j + 1]]` (block-local
-/// row numbers, increasing) and the same range of `vals`.
+/// One row block of G, transposed, and where its non-zeros are: column `j`'s rows are
+/// `gt[j * ROW_BLOCK..][..rows]` (block-local), and bit `r` of `masks[j]` is set when row `r`
+/// of that column is not zero (or is NaN).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct BlockNonZeros {
-    start: Vec<u32>,
-    rows: Vec<u32>,
-    vals: Vec<f32>,
+    masks: Vec<u64>,
+    gt: Vec<f32>,
 }
 
 impl NonZeros {
-    /// Lists `g`'s non-zeros (NaNs included), in parallel over row blocks.
+    /// Transposes and marks `g`'s row blocks in parallel.
     fn of(g: &Tensor) -> NonZeros {
         let (m, n) = g.shape();
         let blocks = (0..m.div_ceil(ROW_BLOCK))
             .into_par_iter()
-            .map_init(
-                || {
-                    (
-                        vec![0u32; n * ROW_BLOCK],
-                        vec![0.0f32; n * ROW_BLOCK],
-                        vec![0usize; n],
-                    )
-                },
-                |(rows, vals, cnt), b| {
-                    let i0 = b * ROW_BLOCK;
-                    cnt.fill(0);
-                    list_block(g, i0, ROW_BLOCK.min(m - i0), rows, vals, cnt);
-                    let total: usize = cnt.iter().sum();
-                    let mut block = BlockNonZeros {
-                        start: Vec::with_capacity(n + 1),
-                        rows: Vec::with_capacity(total),
-                        vals: Vec::with_capacity(total),
-                    };
-                    block.start.push(0);
-                    for (j, &c) in cnt.iter().enumerate() {
-                        block.rows.extend_from_slice(&rows[j * ROW_BLOCK..][..c]);
-                        block.vals.extend_from_slice(&vals[j * ROW_BLOCK..][..c]);
-                        block.start.push(block.rows.len() as u32);
-                    }
-                    block
-                },
-            )
+            .map(|b| {
+                let i0 = b * ROW_BLOCK;
+                let mut block = BlockNonZeros {
+                    masks: vec![0u64; n],
+                    gt: vec![0.0f32; n * ROW_BLOCK],
+                };
+                mark_block(g, i0, ROW_BLOCK.min(m - i0), &mut block);
+                block
+            })
             .collect();
         NonZeros { n, blocks }
     }
+
+    /// The number of entries marked: non-zeros and NaNs.
+    fn count(&self) -> usize {
+        self.blocks
+            .iter()
+            .flat_map(|b| &b.masks)
+            .map(|m| m.count_ones() as usize)
+            .sum()
+    }
 }
 
-/// `x86::extract_block` over all of G's columns (the caller asserted [`available`]).
-fn list_block(
-    g: &Tensor,
-    i0: usize,
-    ib: usize,
-    rows: &mut [u32],
-    vals: &mut [f32],
-    cnt: &mut [usize],
-) {
+/// `x86::mark_block` over G's rows `i0..i0 + ib` (the caller asserted [`available`]).
+fn mark_block(g: &Tensor, i0: usize, ib: usize, block: &mut BlockNonZeros) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `gemm_tn_sparse_with` asserted `available()`; `ib <= ROW_BLOCK`, the rows are
-    // inside G and the lists hold `n * ROW_BLOCK` entries.
+    // inside G, and the block holds `n` masks and `n * ROW_BLOCK` floats.
     unsafe {
-        x86::extract_block(g.data(), g.cols(), i0, ib, 0, g.cols(), rows, vals, cnt)
+        x86::mark_block(g.data(), g.cols(), i0, ib, &mut block.gt, &mut block.masks)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (g, i0, ib, rows, vals, cnt);
+        let _ = (g, i0, ib, block);
         unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
     }
 }
 
 /// The task body: `ct[j * padded(sw) + kk] += sum_r A[r, kc + kk] * G[r, j]` for `kk < sw`
-/// over G's listed non-zeros, adding in increasing `r` for every element.
-fn accumulate(simd: Simd, a: &Tensor, lists: &NonZeros, kc: usize, sw: usize, ct: &mut [f32]) {
+/// over G's marked non-zeros, adding in increasing `r` for every element.
+fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &mut [f32]) {
     let (m, k) = a.shape();
     let spw = padded(sw);
-    assert!(kc + sw <= k && sw > 0 && ct.len() == lists.n * spw);
-    assert_eq!(lists.blocks.len(), m.div_ceil(ROW_BLOCK));
-    // The block's rows of A's strip, packed; the lanes past `sw` stay zero.
-    let mut pa = vec![0.0f32; ROW_BLOCK * spw];
-    for (b, block) in lists.blocks.iter().enumerate() {
+    assert!(kc + sw <= k && sw > 0 && ct.len() == nz.n * spw);
+    assert_eq!(nz.blocks.len(), m.div_ceil(ROW_BLOCK));
+    // The block's rows of A's strip, packed and 64-byte aligned (so that no vector load
+    // straddles two cache lines); the lanes past `sw` stay zero.
+    let mut buf = vec![0.0f32; ROW_BLOCK * spw + 15];
+    let at = buf.as_ptr().align_offset(64).min(15);
+    let pa = &mut buf[at..at + ROW_BLOCK * spw];
+    for (b, block) in nz.blocks.iter().enumerate() {
         let i0 = b * ROW_BLOCK;
         for r in 0..ROW_BLOCK.min(m - i0) {
             pa[r * spw..][..sw].copy_from_slice(&a.row(i0 + r)[kc..][..sw]);
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller asserted `available()` (AVX2 + FMA), and `Simd::Avx512` is only
-        // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw` and every listed row is
-        // below ROW_BLOCK; `ct` is `n x spw`.
+        // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw`, every marked row is
+        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values, and `ct` is
+        // `n x spw`.
         unsafe {
             match simd {
-                Simd::Avx512 => x86::block_avx512(&pa, spw, block, ct),
-                Simd::Avx2 => x86::block_avx2(&pa, spw, block, ct),
+                Simd::Avx512 => x86::block_avx512(pa, spw, block, ct),
+                Simd::Avx2 => x86::block_avx2(pa, spw, block, ct),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -287,98 +279,61 @@ pub(super) mod x86 {
 
     use super::{BlockNonZeros, ROW_BLOCK};
 
-    /// Byte `b` of `PACK[mask]` is the position of `mask`'s `b`-th set bit (the lane
-    /// permutation that moves the set lanes of an 8-lane vector to its front, in order).
-    static PACK: [u64; 256] = {
-        let mut t = [0u64; 256];
-        let mut mask = 0;
-        while mask < 256 {
-            let (mut bit, mut out) = (0, 0);
-            while bit < 8 {
-                if mask & (1 << bit) != 0 {
-                    t[mask] |= (bit as u64) << (8 * out);
-                    out += 1;
-                }
-                bit += 1;
-            }
-            mask += 1;
-        }
-        t
-    };
-
-    /// Appends the non-zeros of G's rows `i0..i0 + ib` and columns `j0..j0 + w` to the
-    /// per-column lists (`rows`/`vals` at `j * ROW_BLOCK + cnt[j]`, rows block-local), in
-    /// increasing row order per column. `cnt` must be zero on entry.
+    /// Copies G's rows `i0..i0 + ib` (all `n` columns) into `gt` transposed (column `j` at
+    /// `gt[j * ROW_BLOCK..][..ib]`) and sets bit `r` of `masks[j]` for every non-zero (or NaN)
+    /// `G[i0 + r, j]`. `masks` must be zero on entry.
     ///
-    /// Full 8 x 8 tiles are transposed so that each column's eight rows sit in one vector;
-    /// its non-zero lanes are packed to the front with one permutation and stored whole
-    /// (the lanes past the count are scratch, overwritten by the next append).
+    /// Full 8 x 8 tiles are transposed in registers, sixteen columns (one cache line of a
+    /// row) at a time down the block, so that each line of G is read once and each column's
+    /// rows are written together.
     ///
     /// # Safety
-    /// AVX2; `ib <= ROW_BLOCK`, `i0 + ib <= G's rows`, `j0 + w <= n`, lists `w * ROW_BLOCK`.
-    #[allow(clippy::too_many_arguments)]
+    /// AVX2; `ib <= ROW_BLOCK`, `i0 + ib <= G's rows`, `gt.len() == n * ROW_BLOCK`,
+    /// `masks.len() == n`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn extract_block(
+    pub(super) unsafe fn mark_block(
         gd: &[f32],
         n: usize,
         i0: usize,
         ib: usize,
-        j0: usize,
-        w: usize,
-        rows: &mut [u32],
-        vals: &mut [f32],
-        cnt: &mut [usize],
+        gt: &mut [f32],
+        masks: &mut [u64],
     ) {
-        let (full_r, full_c) = (ib / 8 * 8, w / 8 * 8);
-        // One element at a time, for the rows and columns outside full tiles.
-        let push = |rows: &mut [u32], vals: &mut [f32], cnt: &mut [usize], j: usize, r: usize| {
-            let v = gd[(i0 + r) * n + j0 + j];
-            // `!=` holds for NaN, so NaNs count as non-zero here too.
-            if v != 0.0 {
-                rows[j * ROW_BLOCK + cnt[j]] = r as u32;
-                vals[j * ROW_BLOCK + cnt[j]] = v;
-                cnt[j] += 1;
-            }
-        };
-        for r8 in (0..full_r).step_by(8) {
-            let base = gd.as_ptr().add((i0 + r8) * n + j0);
-            if i0 + r8 + 16 <= gd.len() / n {
-                // The next tile row: its rows are a full row of G apart.
-                for t in 0..8 {
-                    for off in (0..w).step_by(16) {
-                        _mm_prefetch::<_MM_HINT_T0>(base.add((8 + t) * n + off).cast());
+        debug_assert!(ib <= ROW_BLOCK && gt.len() == n * ROW_BLOCK && masks.len() == n);
+        let (full_r, full_c) = (ib / 8 * 8, n / 8 * 8);
+        let (src, dst) = (gd.as_ptr().add(i0 * n), gt.as_mut_ptr());
+        for c16 in (0..full_c).step_by(16) {
+            for r8 in (0..full_r).step_by(8) {
+                for c8 in (c16..full_c.min(c16 + 16)).step_by(8) {
+                    let p = src.add(r8 * n + c8);
+                    let cols = transpose8(std::array::from_fn(|t| _mm256_loadu_ps(p.add(t * n))));
+                    for (c, v) in cols.into_iter().enumerate() {
+                        let j = c8 + c;
+                        _mm256_storeu_ps(dst.add(j * ROW_BLOCK + r8), v);
+                        // Unordered-or-not-equal: NaNs count as non-zero, as in a dense
+                        // product.
+                        let ne = _mm256_cmp_ps::<_CMP_NEQ_UQ>(v, _mm256_setzero_ps());
+                        masks[j] |= (_mm256_movemask_ps(ne) as u64) << r8;
                     }
                 }
             }
-            let first = _mm256_set1_epi32(r8 as i32);
-            for c8 in (0..full_c).step_by(8) {
-                let p = base.add(c8);
-                let cols = transpose8(std::array::from_fn(|t| _mm256_loadu_ps(p.add(t * n))));
-                for (c, v) in cols.into_iter().enumerate() {
-                    // Unordered-or-not-equal: NaNs count as non-zero, as in a dense product.
-                    let ne = _mm256_cmp_ps::<_CMP_NEQ_UQ>(v, _mm256_setzero_ps());
-                    let mask = _mm256_movemask_ps(ne) as usize;
-                    let perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(PACK[mask] as i64));
-                    let j = c8 + c;
-                    let at = j * ROW_BLOCK + cnt[j];
-                    _mm256_storeu_ps(vals.as_mut_ptr().add(at), _mm256_permutevar8x32_ps(v, perm));
-                    _mm256_storeu_si256(
-                        rows.as_mut_ptr().add(at).cast(),
-                        _mm256_add_epi32(perm, first),
-                    );
-                    cnt[j] += mask.count_ones() as usize;
-                }
+        }
+        // The rows and columns outside full tiles, one element at a time.
+        let mut one = |r: usize, j: usize| {
+            let v = gd[(i0 + r) * n + j];
+            gt[j * ROW_BLOCK + r] = v;
+            if v != 0.0 {
+                masks[j] |= 1 << r;
             }
-            for t in 0..8 {
-                let r = r8 + t;
-                for j in full_c..w {
-                    push(rows, vals, cnt, j, r);
-                }
+        };
+        for r in 0..full_r {
+            for j in full_c..n {
+                one(r, j);
             }
         }
         for r in full_r..ib {
-            for j in 0..w {
-                push(rows, vals, cnt, j, r);
+            for j in 0..n {
+                one(r, j);
             }
         }
     }
@@ -419,12 +374,14 @@ pub(super) mod x86 {
     }
 
     /// [`super::accumulate`]'s multiply-adds for one row block with 16-float vectors: for
-    /// every column `j` with non-zeros, `ct[j * spw..][..spw] += v * pa[r * spw..][..spw]` over
-    /// its listed `(r, v)`, the strip held in registers.
+    /// every column `j` with non-zeros, `ct[j * spw..][..spw] += G[r, j] * pa[r * spw..][..spw]`
+    /// over the rows `r` marked in the block's `masks[j]`, in increasing order, the strip held
+    /// in registers.
     ///
     /// # Safety
-    /// AVX-512F; `spw` a multiple of 16 in `16..=128`; `pa` holds the block's listed rows
-    /// (`r * spw + spw <= pa.len()`); `ct` is `(block.start.len() - 1) x spw`.
+    /// AVX-512F; `spw` a multiple of 16 in `16..=128`; `pa` holds the block's marked rows
+    /// (`r * spw + spw <= pa.len()`); the block holds `n` masks and `n * ROW_BLOCK` values;
+    /// `ct` is `n x spw`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn block_avx512(
         pa: &[f32],
@@ -436,7 +393,7 @@ pub(super) mod x86 {
     }
 
     /// [`block_avx512`] with 8-float vectors: the strip's first 64 floats, then the rest (two
-    /// passes over the lists, eight accumulators at most in each).
+    /// passes over the masks, eight accumulators at most in each).
     ///
     /// # Safety
     /// AVX2 and FMA; otherwise as [`block_avx512`].
@@ -530,8 +487,9 @@ pub(super) mod x86 {
         }
     }
 
-    /// `ct[j * spw + off..][..NV * LANES] += v * pa[r * spw + off..][..NV * LANES]` for every
-    /// column's listed `(r, v)`, in list order, the accumulators held in `NV` registers.
+    /// `ct[j * spw + off..][..NV * LANES] += G[r, j] * pa[r * spw + off..][..NV * LANES]` for
+    /// every column's marked rows `r`, in increasing order, the accumulators held in `NV`
+    /// registers.
     ///
     /// # Safety
     /// The CPU features of `V`; `off + NV * V::LANES <= spw`; as [`block_avx512`].
@@ -543,17 +501,19 @@ pub(super) mod x86 {
         block: &BlockNonZeros,
         ct: &mut [f32],
     ) {
-        let (rows, vals) = (block.rows.as_ptr(), block.vals.as_ptr());
-        for (j, w) in block.start.windows(2).enumerate() {
-            let (s, e) = (w[0] as usize, w[1] as usize);
-            if s == e {
+        let (pa, gt) = (pa.as_ptr().add(off), block.gt.as_ptr());
+        for (j, &mask) in block.masks.iter().enumerate() {
+            if mask == 0 {
                 continue;
             }
             let out = ct.as_mut_ptr().add(j * spw + off);
             let mut acc: [V; NV] = std::array::from_fn(|q| V::load(out.add(V::LANES * q)));
-            for t in s..e {
-                let x = pa.as_ptr().add(*rows.add(t) as usize * spw + off);
-                let b = V::splat(*vals.add(t));
+            let mut bits = mask;
+            while bits != 0 {
+                let r = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let x = pa.add(r * spw);
+                let b = V::splat(*gt.add(j * ROW_BLOCK + r));
                 for (q, v) in acc.iter_mut().enumerate() {
                     *v = V::fma(b, V::load(x.add(V::LANES * q)), *v);
                 }
