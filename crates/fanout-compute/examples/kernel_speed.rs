@@ -83,7 +83,7 @@ fn main() {
     }
     // GraphSAGE's two weight gradients `X_dst^T G` and `A^T G` (rows x 128 each, G rows x
     // 256) with G as sparse as behind a ReLU and dropout: the dense products against the
-    // zero-skipping kernel that lists G's non-zeros once for both. Alternating rounds, so that
+    // zero-skipping kernel that marks G's non-zeros once for both. Alternating rounds, so that
     // load changes hit both; median of the rounds' medians.
     let (xd, xa) = (filled(rows, width), filled(rows, width));
     let pcts: &[u64] = if fanout_compute::cpu::sparse_grad::available() {

@@ -203,7 +203,7 @@ unsafe impl Send for SendPtr {}
 ///
 /// Panics unless `op(A)` is `m x k`, `op(B)` is `k x n` and `C` is `m x n`. When `beta == 0`
 /// the old contents of `C` are ignored (NaNs included). A weight-gradient product `A^T B`
-/// whose `B` is mostly zeros (a ReLU and dropout layer's gradient) goes through
+/// whose `B` is at least half zeros (a ReLU or dropout layer's gradient) goes through
 /// [`sparse_grad::gemm_tn_sparse`], which skips them (see [`skips_zeros`]; a NaN or infinity
 /// in A that meets only zeros of B then contributes nothing); everything else through
 /// [`gemm_dense`]. Either way the results do not depend on the thread count.
@@ -346,7 +346,7 @@ pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
 
 /// `c_i <- c_i + a_i^T g` for every `(a_i, c_i)` in `pairs` (weight gradients that share the
 /// output gradient `g`): one [`gemm_dense`] per pair, or, when [`skips_zeros`] says so,
-/// one pass of [`sparse_grad::gemm_tn_sparse`] that lists `g`'s non-zeros once for all pairs.
+/// one pass of [`sparse_grad::gemm_tn_sparse`] that marks `g`'s non-zeros once for all pairs.
 /// Panics on mismatched shapes.
 pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
     let widest = pairs.iter().map(|(a, _)| a.cols()).max().unwrap_or(0);

@@ -33,6 +33,8 @@ use crate::tensor::Tensor;
 /// of `G` uses it.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROW_BLOCK: usize = 64;
+// A block's rows are the bits of one `u64` mask per column.
+const _: () = assert!(ROW_BLOCK <= 64);
 /// Columns of `A` (rows of `C`) per parallel task: one strip of `C^T`'s row held in
 /// registers across a column's non-zeros (eight 16-float AVX-512 vectors, or two passes of
 /// eight 8-float AVX2 vectors).
@@ -114,9 +116,10 @@ pub fn gemm_tn_sparse(
 /// tasks, never the rows of `G`): per row block it copies its strip of the block's rows of
 /// `A` into a contiguous buffer (rows of a wide `A` lie a multiple of 4 KiB apart and would
 /// fight over the same L1 sets) and, for every column of `G`, adds `value * A[row, strip]`
-/// over the column's marked non-zeros into the strip held in registers. Each element of `C_i` sums its products in
-/// increasing row order whatever the thread count, so results are bit-identical for any
-/// `RAYON_NUM_THREADS`; they differ from the dense product's only by rounding.
+/// over the column's marked non-zeros into the strip held in registers. Each element of
+/// `C_i` sums its products in increasing row order whatever the thread count, so results
+/// are bit-identical for any `RAYON_NUM_THREADS`; they differ from the dense product's only
+/// by rounding.
 fn gemm_tn_sparse_with(
     simd: Simd,
     alpha: f32,
@@ -173,8 +176,8 @@ fn padded(k: usize) -> usize {
     k.div_ceil(16) * 16
 }
 
-/// G's non-zeros, per block of [`ROW_BLOCK`] rows: a transposed copy of G (as many floats
-/// as G) and one 64-bit mask per column and block. Reading a column's values from G itself
+/// G's non-zeros, per block of [`ROW_BLOCK`] rows: a transposed copy of G (its rows rounded
+/// up to whole blocks) and one 64-bit mask per column and block. Reading a column's values from G itself
 /// would stride a full row of G per value, and a block's rows, 1 KiB apart for 256 columns,
 /// fall into the same few L1 sets as the strip of `A`; a list of `(row, value)` pairs per
 /// column took longer to build than the masks and the copy together (docs/performance.md).
@@ -185,8 +188,8 @@ struct NonZeros {
 }
 
 /// One row block of G, transposed, and where its non-zeros are: column `j`'s rows are
-/// `gt[j * ROW_BLOCK..][..rows]` (block-local), and bit `r` of `masks[j]` is set when row `r`
-/// of that column is not zero (or is NaN).
+/// `gt[j * ROW_BLOCK..]` (block-local; zeros past the block's last row), and bit `r` of
+/// `masks[j]` is set when row `r` of that column is not zero (or is NaN).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct BlockNonZeros {
     masks: Vec<u64>,
@@ -300,6 +303,7 @@ pub(super) mod x86 {
         masks: &mut [u64],
     ) {
         debug_assert!(ib <= ROW_BLOCK && gt.len() == n * ROW_BLOCK && masks.len() == n);
+        debug_assert!((i0 + ib) * n <= gd.len());
         let (full_r, full_c) = (ib / 8 * 8, n / 8 * 8);
         let (src, dst) = (gd.as_ptr().add(i0 * n), gt.as_mut_ptr());
         for c16 in (0..full_c).step_by(16) {
@@ -595,7 +599,10 @@ mod tests {
                 let a = rand(m, k, 1.0);
                 let mut g = rand(m, n, density);
                 if density == 0.3 {
+                    // One NaN inside a full 8 x 8 tile (for most shapes), one in the last
+                    // column (outside full tiles when n is not a multiple of 8).
                     g.data_mut()[(m / 2) * n + n / 2] = f32::NAN;
+                    g.data_mut()[n - 1] = f32::NAN;
                 }
                 // Non-zeros and the NaN: the entries the kernel must use.
                 let used = g.data().iter().filter(|&&v| v != 0.0).count();
