@@ -177,10 +177,11 @@ fn padded(k: usize) -> usize {
 }
 
 /// G's non-zeros, per block of [`ROW_BLOCK`] rows: a transposed copy of G (its rows rounded
-/// up to whole blocks) and one 64-bit mask per column and block. Reading a column's values from G itself
-/// would stride a full row of G per value, and a block's rows, 1 KiB apart for 256 columns,
-/// fall into the same few L1 sets as the strip of `A`; a list of `(row, value)` pairs per
-/// column took longer to build than the masks and the copy together (docs/performance.md).
+/// up to whole blocks) and one 64-bit mask per column and block. Reading a column's values
+/// from G itself would stride a full row of G per value, and a block's rows, 1 KiB apart for
+/// 256 columns, fall into the same few L1 sets as the strip of `A`; a list of `(row, value)`
+/// pairs per column took longer to build than the masks and the copy together
+/// (docs/performance.md).
 struct NonZeros {
     /// G's columns.
     n: usize,
