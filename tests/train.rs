@@ -504,13 +504,13 @@ fn epochs_report_their_gemm_flops_and_floors_at_the_measured_rates() {
     let (a, b) = (run("32"), run("64"));
     assert_eq!(
         a["machine_rates"], b["machine_rates"],
-        "rates read once stored"
+        "two runs after the first must both read the stored rates, not measure them"
     );
     let threads = a["machine_rates"]["threads"].to_string();
     let want = &stored["rates"][threads.as_str()]["gemm_flops_per_s"];
     assert_eq!(
         &a["machine_rates"]["gemm_flops_per_s"], want,
-        "the stored rate is read"
+        "the run reports the GEMM rate the cache file holds (it measured instead of reading it)"
     );
     let gemm = a["machine_rates"]["gemm_flops_per_s"].as_f64().unwrap();
     let copy = a["machine_rates"]["copy_bytes_per_s"].as_f64().unwrap();
