@@ -801,6 +801,57 @@ fn memory_aware_kernels_equal_the_plain_ones() {
     r.finish("memory_aware_kernels_equal_the_plain_ones");
 }
 
+/// The zero-copy gather runs on the backend's side stream: the backend stream's first reader
+/// of its rows must wait for it, whether that stream is idle (the reader would otherwise start
+/// at once, beside a gather still crossing the bus) or busy with earlier work (the gather then
+/// overlaps it). Each round gathers 200,000 rows over the bus (80 MB, milliseconds) and reads
+/// them at once on the backend stream with a row gather; a reader that did not wait sees rows
+/// not yet written. The rows' buffers are freed and reused between rounds, across the streams.
+#[test]
+fn side_stream_gather_is_ordered_before_its_readers() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(29);
+    let (rows, cols) = (500_000usize, 100usize);
+    let x = rand(rows, cols, &mut rng);
+    let mapped = g
+        .map_host_rows(rows, cols, &mut |t| t.copy_from_slice(x.data()))
+        .expect("maps")
+        .expect("page-locked memory");
+    let big = rand(2048, 2048, &mut rng);
+    let gbig = g.upload(&big);
+    let mut r = Report {
+        failures: Vec::new(),
+        checked: 0,
+        bit_equal: 0,
+    };
+    for round in 0..8 {
+        let ids: Vec<u32> = (0..200_000)
+            .map(|_| rng.below(rows as u64) as u32)
+            .collect();
+        let again: Vec<u32> = (0..50_000).map(|_| rng.below(200_000) as u32).collect();
+        let busy = round % 2 == 1;
+        if busy {
+            // Queued ahead on the backend stream: the gather overlaps these products.
+            for _ in 0..4 {
+                std::hint::black_box(g.matmul(&gbig, false, &gbig, false));
+            }
+        }
+        let gathered = g.gather_mapped_rows(&mapped, &ids, None);
+        let read = g.gather_rows(&gathered, &again);
+        drop(gathered);
+        let want = CPU.gather_rows(&CPU.gather_rows(&x, &ids), &again);
+        r.same_bits(
+            &format!(
+                "round {round} ({}): rows read on the backend stream",
+                if busy { "busy" } else { "idle" }
+            ),
+            &want,
+            &g.download(&read),
+        );
+    }
+    r.finish("side_stream_gather_is_ordered_before_its_readers");
+}
+
 /// `loss_and_accuracy` (both figures read back at once) gives the loss of
 /// `softmax_cross_entropy` on the same GPU bit for bit, its gradient, and the CPU's correct
 /// count, with unlabelled rows and with none labelled.

@@ -3,12 +3,45 @@
 //! UVA feature fetch, for tables that do not fit in device memory. Each batch's rows are
 //! gathered by the same warp-per-row kernel as rows in device memory, reading over the bus;
 //! nothing is gathered or copied on the host.
+//!
+//! The gather (with the upload of its ids, when the sampler did not leave them on the device)
+//! is queued on the backend's side stream, with few thread blocks (two per multiprocessor by
+//! default): each warp waits on the bus for its row, and a grid as large as the rows would
+//! hold every multiprocessor's warp slots while it waits, leaving none to the kernels it
+//! should run beside. A step's rows are gathered as soon as the trainer
+//! asks for them, which with steps read a step late is while the device still computes the
+//! step before: the bus and the compute overlap instead of taking turns on one stream. The
+//! gathered rows are the same; the first kernel that reads them waits for the gather (the
+//! event cudarc records at each write).
 
-use super::kernels::launch;
 use super::{CudaBackend, CudaTensor};
-use cudarc::driver::{CudaContext, PinnedHostSlice};
+use cudarc::driver::{CudaContext, PinnedHostSlice, PushKernelArg};
 use fanout_compute::{ComputeError, MappedRows, Result};
 use std::sync::Arc;
+
+/// Thread blocks of the zero-copy gather per multiprocessor, unless
+/// `FANOUT_CUDA_MAPPED_GATHER_BLOCKS` says otherwise.
+const BLOCKS_PER_SM: u32 = 2;
+
+/// The thread blocks of the zero-copy gather on the device of `ctx`: `BLOCKS_PER_SM` per
+/// multiprocessor, or per multiprocessor the number `FANOUT_CUDA_MAPPED_GATHER_BLOCKS` gives
+/// (a switch for measuring; `0`: as many as the rows need, the grid of the other gathers).
+pub(super) fn gather_blocks(ctx: &Arc<CudaContext>) -> std::result::Result<u32, crate::Error> {
+    let per_sm = match std::env::var("FANOUT_CUDA_MAPPED_GATHER_BLOCKS").as_deref() {
+        Err(_) | Ok("") => BLOCKS_PER_SM,
+        Ok(v) => v.parse().map_err(|_| crate::Error::Setting {
+            variable: "FANOUT_CUDA_MAPPED_GATHER_BLOCKS",
+            value: v.to_string(),
+            expected: "thread blocks per multiprocessor, a whole number (0: no limit)",
+        })?,
+    };
+    let sms = crate::cuda::guarded_any("cuDeviceGetAttribute(multiprocessors)", || {
+        ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+    })?;
+    Ok(per_sm.saturating_mul(sms.max(1) as u32))
+}
 
 /// The page-locked, device-mapped table of a [`MappedRows`] made by a [`CudaBackend`].
 struct HostMappedTable {
@@ -80,25 +113,56 @@ impl CudaBackend {
                 panic!("gather_mapped_rows: a {rows} x {cols} table this device did not map")
             });
         super::ops::check_ids(idx, rows, "gather_mapped_rows");
-        let mut out = self.new_tensor(idx.len(), cols);
-        if idx.is_empty() || cols == 0 {
+        let side = self.side_stream();
+        let len = idx.len() * cols;
+        // Allocated on the side stream (not zeroed: the kernel writes every element), so that
+        // nothing here waits for the backend stream's queued work.
+        // SAFETY: every element of `out` is written by the gather below before any kernel
+        // reads it (the empty case allocates one element that nothing reads).
+        let data = unsafe { side.alloc::<f32>(len.max(1)) }
+            .unwrap_or_else(|e| super::device_failed("cuMemAlloc", e));
+        let mut out = CudaTensor {
+            rows: idx.len(),
+            cols,
+            data,
+        };
+        if len == 0 {
             return out;
         }
         let uploaded;
         let ids = match self.resident_inputs(resident, idx) {
             Some(ids) => ids,
             None => {
-                uploaded = self.to_device(idx);
+                uploaded = self.to_device_on(side, "side: copy to device", idx);
                 &uploaded
             }
         };
         let (x_rows, n, c32) = (rows as i64, idx.len() as i64, cols as i32);
-        launch!(
-            self.inner,
-            "gather_rows_warp",
-            idx.len() * 32,
-            [&mapped.addr, &x_rows, ids, &mut out.data, &n, &c32]
-        );
+        let func = self.kernels().get("gather_rows_warp");
+        let mut b = side.launch_builder(func);
+        b.arg(&mapped.addr)
+            .arg(&x_rows)
+            .arg(ids)
+            .arg(&mut out.data)
+            .arg(&n)
+            .arg(&c32);
+        let work = super::profile::Work::Bytes((len * 8) as f64);
+        // SAFETY: the arguments are `gather_rows_warp`'s in kernels.cu: the mapped table's
+        // address (read-only, `rows x cols`, alive while `table` is), its row count, `n` ids
+        // (each below `rows`, checked above) and an output of `n x cols` elements.
+        let mut cfg = super::kernels::grid(idx.len() * 32);
+        if self.inner.mapped_gather_blocks > 0 {
+            cfg.grid_dim.0 = cfg.grid_dim.0.min(self.inner.mapped_gather_blocks);
+        }
+        // (The kernel strides over the rows by the grid's warps: any grid gathers them all.)
+        let launched = self
+            .inner
+            .timed_on(side, "side: gather_rows_warp", work, || unsafe {
+                b.launch(cfg)
+            });
+        if let Err(e) = launched {
+            super::device_failed("launch gather_rows_warp", e);
+        }
         out
     }
 }

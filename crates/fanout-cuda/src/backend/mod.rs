@@ -3,7 +3,10 @@
 //! Tensors live in device memory ([`CudaTensor`]); dense products go to cuBLAS (FP32, no TF32),
 //! everything else to the CUDA C kernels of `kernels.cu`, compiled with NVRTC once per process
 //! and device. All work is queued on one stream, in order; host values (`download`, `dot`, the
-//! loss, accuracy counts) wait for it.
+//! loss, accuracy counts) wait for it. The one exception is the zero-copy gather of feature rows
+//! from page-locked host memory (`mapped.rs`), queued on a side stream so that it crosses the
+//! bus while the backend stream computes the step before; cudarc's per-buffer events order its
+//! output before the first kernel that reads it.
 //!
 //! The `Backend` trait's methods return values: a device error inside one (out of memory, a
 //! failed launch) goes through [`fanout_compute::device_failed`] with a message naming the call
@@ -62,6 +65,11 @@ struct Inner {
     reads: deferred::ReadBuffers,
     /// The NCCL group this backend joined (`group.rs`), if any.
     group: std::sync::OnceLock<group::Group>,
+    /// The side stream of the zero-copy gather (`mapped.rs`), made on first use.
+    side: std::sync::OnceLock<Arc<CudaStream>>,
+    /// Thread blocks of the zero-copy gather (`mapped.rs`); 0: one per 32 rows, as many as
+    /// the grid takes.
+    mapped_gather_blocks: u32,
 }
 
 impl Inner {
@@ -73,8 +81,20 @@ impl Inner {
 
     /// [`Inner::timed`] with the work the call does counted (bytes, operations).
     fn timed_work<R>(&self, name: &'static str, work: profile::Work, f: impl FnOnce() -> R) -> R {
+        self.timed_on(&self.stream, name, work, f)
+    }
+
+    /// [`Inner::timed_work`] for work queued on `stream` (the backend's or its side stream;
+    /// side-stream names start with `profile::SIDE`).
+    fn timed_on<R>(
+        &self,
+        stream: &CudaStream,
+        name: &'static str,
+        work: profile::Work,
+        f: impl FnOnce() -> R,
+    ) -> R {
         match &self.profile {
-            Some(p) => p.span(&self.stream, name, work, f),
+            Some(p) => p.span(stream, name, work, f),
             None => f(),
         }
     }
@@ -153,6 +173,8 @@ impl CudaBackend {
                 open_gate: std::sync::OnceLock::new(),
                 reads: deferred::ReadBuffers::default(),
                 group: std::sync::OnceLock::new(),
+                side: std::sync::OnceLock::new(),
+                mapped_gather_blocks: mapped::gather_blocks(ctx)?,
             }),
         })
     }
@@ -178,15 +200,32 @@ impl CudaBackend {
             .store(kernels as u8, Ordering::Relaxed);
     }
 
-    /// Blocks until all queued work has finished (for timing).
+    /// Blocks until all queued work has finished, on the backend stream and its side stream
+    /// (for timing).
     pub fn synchronize(&self) {
-        if let Err(e) = self.inner.stream.synchronize() {
-            device_failed("cuStreamSynchronize", e);
+        for s in std::iter::once(&self.inner.stream).chain(self.inner.side.get()) {
+            if let Err(e) = s.synchronize() {
+                device_failed("cuStreamSynchronize", e);
+            }
         }
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.inner.stream
+    }
+
+    /// The side stream (made on first use; see the module documentation). Work queued on it
+    /// runs beside the backend stream's: a buffer written there is safe to read on the
+    /// backend stream because cudarc records an event at each write and makes the reading
+    /// stream wait for it (its event tracking, on by default, and active once a context has a
+    /// second stream, which this one then has).
+    pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
+        self.inner.side.get_or_init(|| {
+            self.stream()
+                .context()
+                .new_stream()
+                .unwrap_or_else(|e| device_failed("cuStreamCreate", e))
+        })
     }
 
     pub(crate) fn kernels(&self) -> &Kernels {
@@ -206,18 +245,31 @@ impl CudaBackend {
     /// not wait for the stream and the bytes cross at the bus's page-locked rate (see the
     /// `staging` module).
     pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(&self, host: &[T]) -> CudaSlice<T> {
+        self.to_device_on(self.stream(), "copy to device", host)
+    }
+
+    /// [`CudaBackend::to_device`] queued on `stream` (this backend's or its side stream), the
+    /// copy timed as `name` when the backend is profiled.
+    pub(crate) fn to_device_on<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        stream: &Arc<CudaStream>,
+        name: &'static str,
+        host: &[T],
+    ) -> CudaSlice<T> {
         if host.is_empty() {
-            return self.alloc(0);
+            return stream
+                .alloc_zeros(1)
+                .unwrap_or_else(|e| device_failed("cuMemAlloc", e));
         }
         let size = std::mem::size_of_val(host);
         if size >= staging::STAGED_MIN {
-            if let Some(dev) = self.staged_upload(host) {
+            if let Some(dev) = self.staged_upload(stream, name, host) {
                 return dev;
             }
         }
         let bytes = profile::Work::Bytes(size as f64);
         self.inner
-            .timed_work("copy to device", bytes, || self.stream().clone_htod(host))
+            .timed_on(stream, name, bytes, || stream.clone_htod(host))
             .unwrap_or_else(|e| device_failed("cuMemcpyHtoD", e))
     }
 

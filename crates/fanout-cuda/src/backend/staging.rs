@@ -17,8 +17,10 @@
 //! the host waits and how fast the bytes cross, never what arrives.
 
 use super::{device_failed, CudaBackend};
-use cudarc::driver::{result, CudaEvent, CudaSlice, DevicePtrMut, DeviceRepr, PinnedHostSlice};
-use std::sync::Mutex;
+use cudarc::driver::{
+    result, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, PinnedHostSlice,
+};
+use std::sync::{Arc, Mutex};
 
 /// Buffers in the ring: an upload (or a chunk of one) waits for the copy four chunks back.
 const STAGES: usize = 4;
@@ -82,11 +84,17 @@ impl Stage {
 }
 
 impl CudaBackend {
-    /// A device copy of `host` passed through the ring's page-locked buffers, one buffer when
-    /// it fits in [`STAGED_MAX`] bytes, else in chunks (see the module documentation); `None`
-    /// (nothing queued) when a buffer cannot be had or waited for, and the caller then uploads
-    /// `host` directly.
-    pub(crate) fn staged_upload<T: DeviceRepr>(&self, host: &[T]) -> Option<CudaSlice<T>> {
+    /// A device copy of `host` queued on `stream`, passed through the ring's page-locked
+    /// buffers, one buffer when it fits in [`STAGED_MAX`] bytes, else in chunks (see the module
+    /// documentation); `None` (nothing queued) when a buffer cannot be had or waited for, and
+    /// the caller then uploads `host` directly. Each chunk's copy is timed as `name` when the
+    /// backend is profiled.
+    pub(crate) fn staged_upload<T: DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        name: &'static str,
+        host: &[T],
+    ) -> Option<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(host);
         if bytes == 0 {
             return None;
@@ -94,7 +102,6 @@ impl CudaBackend {
         // SAFETY: `T` is a plain device type (`DeviceRepr`): its bytes are its value.
         let src = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), bytes) };
         let chunk = bytes.min(STAGED_MAX);
-        let stream = self.stream();
         let mut ring = self
             .inner
             .staging
@@ -138,7 +145,7 @@ impl CudaBackend {
                 staged.copy_from_slice(part);
             }
             let work = super::profile::Work::Bytes(part.len() as f64);
-            self.inner.timed_work("copy to device (staged)", work, || {
+            self.inner.timed_on(stream, name, work, || {
                 let at = base + (k * chunk) as u64;
                 // SAFETY: `dst` holds `bytes` bytes from `base`, this chunk is within them; the
                 // page-locked source is not written again until the event recorded below has
