@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# fanout against PyTorch Geometric on the same GPU machine (issue 21; GUIDE §5), from the
+# repository root: the products preset at full size (2,449,029 vertices), batch 8000, hidden 256,
+# GCN 15,10,5, SAGE and GAT 10,25, 3 epochs each.
+#
+#   fanout: GPU_DIR/fanout --device cuda with the rows on the GPU (`device`, its default there)
+#           and in page-locked host memory read in place (`uva`).
+#   PyG:    bench/pyg_train.py on the same directory: NeighborLoader sampling on the CPU in 8
+#           worker processes (torch-sparse's sampler; the GPU image has PyG 2.8 but neither
+#           pyg-lib nor torch-sparse, so torch-scatter and torch-sparse are built here, CPU
+#           only, from the sdists in WHL_DIR), the model on the GPU, features on the host
+#           (sliced by the loader and copied per batch, PyG's usual set-up) or on the GPU.
+#
+# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl: torch_scatter-2.1.2 and
+# torch_sparse-0.6.18 sdists). Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in
+# $OUT/pyg.tgz, and a table (bench/pyg_table.py).
+set -uo pipefail
+G=${GPU_DIR:-.gpu}; W=${WHL_DIR:-.whl}; R=${OUT:-/tmp/out}; M=/tmp/m-pyg; mkdir -p $M $R
+. "$(dirname "$0")/gpu_env.sh"
+exec > >(tee $R/pyg_vs_fanout.log) 2>&1
+nvidia-smi -L; nproc
+step "build torch-scatter and torch-sparse (CPU only)"
+# setuptools builds an sdist's extensions one after the other unless told to run them in
+# parallel (torch-sparse has a dozen); DIST_EXTRA_CONFIG adds that setting to the build.
+printf '[build_ext]\nparallel = 16\n' > /tmp/parallel.cfg
+export FORCE_ONLY_CPU=1 MAX_JOBS=16 DIST_EXTRA_CONFIG=/tmp/parallel.cfg
+for p in torch_scatter torch_sparse; do
+  time timeout -k 5 240 python3 -m pip install -q --no-build-isolation --no-deps --no-index \
+    --no-cache-dir --target /tmp/site $W/${p/_/-}-*.tar.gz 2>&1 | tail -3
+done
+export PYTHONPATH=/tmp/site
+python3 -c "import torch, torch_geometric, torch_sparse; print('torch', torch.__version__, 'pyg', torch_geometric.__version__, 'torch_sparse', torch_sparse.__version__, 'sampler', torch_geometric.typing.WITH_TORCH_SPARSE)"
+D=${DATA:-/tmp/products}
+if [ ! -f $D/meta.txt ]; then
+  step "products dataset (2449029)"
+  timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
+fi
+EPOCHS=${EPOCHS:-3}
+for model in gcn sage gat; do
+  f=10,25; [ $model = gcn ] && f=15,10,5
+  for place in device uva; do
+    step "fanout $model $place"
+    timeout -k 5 150 $G/fanout train --dataset $D --epochs $EPOCHS --batch-size 8000 --hidden 256 \
+      --device cuda --model $model --fanouts $f --feature-placement $place --eval-every 0 \
+      --metrics-out $M/fanout-$model-$place.json 2>&1 | grep -E "^epoch|^test|error" | tail -4
+  done
+  for feats in device host; do
+    step "pyg $model features $feats"
+    timeout -k 5 ${PYG_TIMEOUT:-100} python3 "$(dirname "$0")/pyg_train.py" --dataset $D --epochs $EPOCHS \
+      --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f --features $feats \
+      --num-workers 8 --eval-every 0 > $M/pyg-$model-$feats.json 2> $M/pyg-$model-$feats.err
+    tail -n 4 $M/pyg-$model-$feats.err
+  done
+done
+step "compare"
+python3 "$(dirname "$0")/pyg_table.py" $M
+tar czf $R/pyg.tgz -C /tmp m-pyg
+step done
