@@ -5,14 +5,14 @@
 //! nothing is gathered or copied on the host.
 //!
 //! The gather (with the upload of its ids, when the sampler did not leave them on the device)
-//! is queued on the backend's side stream, with few thread blocks (two per multiprocessor by
-//! default): each warp waits on the bus for its row, and a grid as large as the rows would
-//! hold every multiprocessor's warp slots while it waits, leaving none to the kernels it
-//! should run beside. A step's rows are gathered as soon as the trainer
+//! is queued on the backend's side stream. A step's rows are gathered as soon as the trainer
 //! asks for them, which with steps read a step late is while the device still computes the
 //! step before: the bus and the compute overlap instead of taking turns on one stream. The
 //! gathered rows are the same; the first kernel that reads them waits for the gather (the
-//! event cudarc records at each write).
+//! event cudarc records at each write). The gather takes few thread blocks (two per
+//! multiprocessor by default): each warp waits on the bus for its row, and a grid as large as
+//! the rows would hold every multiprocessor's warp slots while it waits, leaving none to the
+//! kernels it should run beside.
 
 use super::{CudaBackend, CudaTensor};
 use cudarc::driver::{CudaContext, PinnedHostSlice, PushKernelArg};
@@ -147,14 +147,14 @@ impl CudaBackend {
             .arg(&n)
             .arg(&c32);
         let work = super::profile::Work::Bytes((len * 8) as f64);
-        // SAFETY: the arguments are `gather_rows_warp`'s in kernels.cu: the mapped table's
-        // address (read-only, `rows x cols`, alive while `table` is), its row count, `n` ids
-        // (each below `rows`, checked above) and an output of `n x cols` elements.
+        // The kernel strides over the rows by the grid's warps: any grid gathers them all.
         let mut cfg = super::kernels::grid(idx.len() * 32);
         if self.inner.mapped_gather_blocks > 0 {
             cfg.grid_dim.0 = cfg.grid_dim.0.min(self.inner.mapped_gather_blocks);
         }
-        // (The kernel strides over the rows by the grid's warps: any grid gathers them all.)
+        // SAFETY: the arguments are `gather_rows_warp`'s in kernels.cu: the mapped table's
+        // address (read-only, `rows x cols`, alive while `table` is), its row count, `n` ids
+        // (each below `rows`, checked above) and an output of `n x cols` elements.
         let launched = self
             .inner
             .timed_on(side, "side: gather_rows_warp", work, || unsafe {

@@ -67,8 +67,8 @@ struct Inner {
     group: std::sync::OnceLock<group::Group>,
     /// The side stream of the zero-copy gather (`mapped.rs`), made on first use.
     side: std::sync::OnceLock<Arc<CudaStream>>,
-    /// Thread blocks of the zero-copy gather (`mapped.rs`); 0: one per 32 rows, as many as
-    /// the grid takes.
+    /// The most thread blocks of the zero-copy gather (`mapped.rs`); 0: no limit (the other
+    /// gathers' grid, a warp per row up to 65,536 blocks).
     mapped_gather_blocks: u32,
 }
 
