@@ -5,7 +5,7 @@
 #
 #   fanout: GPU_DIR/fanout --device cuda with the rows on the GPU (`device`, its default there)
 #           and in page-locked host memory read in place (`uva`).
-#   PyG:    bench/pyg_train.py on the same directory: NeighborLoader sampling on the CPU in 8
+#   PyG:    bench/pyg_train.py on the same directory: NeighborLoader sampling on the CPU in 14
 #           worker processes (torch-sparse's sampler; the GPU image has PyG 2.8 but neither
 #           pyg-lib nor torch-sparse, so torch-scatter and torch-sparse are built here, CPU
 #           only, from the sdists in WHL_DIR), the model on the GPU, features on the host
@@ -14,20 +14,31 @@
 # Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl: torch_scatter-2.1.2 and
 # torch_sparse-0.6.18 sdists). Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in
 # $OUT/pyg.tgz, and a table (bench/pyg_table.py).
+#
+# Time: the two builds take about 18 CPU-minutes (measured on 2 cores; on 16, an estimated 1-2
+# minutes). torch-sparse's sampler is single-threaded and took 1.6-1.8 s a batch at 10,25 and
+# 4.3-5.2 s at 15,10,5 on the products preset at full size (CPU VM), so each PyG run takes a
+# minute or more; give the call two of the device's 10-minute limits (MODELS="gcn" and
+# MODELS="sage gat", the dataset kept in /tmp on a warm machine).
 set -uo pipefail
 G=${GPU_DIR:-.gpu}; W=${WHL_DIR:-.whl}; R=${OUT:-/tmp/out}; M=/tmp/m-pyg; mkdir -p $M $R
 . "$(dirname "$0")/gpu_env.sh"
 exec > >(tee $R/pyg_vs_fanout.log) 2>&1
 nvidia-smi -L; nproc
+if ! PYTHONPATH=/tmp/site python3 -c "import torch_sparse" 2> /dev/null; then
 step "build torch-scatter and torch-sparse (CPU only)"
 # setuptools builds an sdist's extensions one after the other unless told to run them in
 # parallel (torch-sparse has a dozen); DIST_EXTRA_CONFIG adds that setting to the build.
 printf '[build_ext]\nparallel = 16\n' > /tmp/parallel.cfg
 export FORCE_ONLY_CPU=1 MAX_JOBS=16 DIST_EXTRA_CONFIG=/tmp/parallel.cfg
-for p in torch_scatter torch_sparse; do
-  time timeout -k 5 240 python3 -m pip install -q --no-build-isolation --no-deps --no-index \
-    --no-cache-dir --target /tmp/site $W/${p/_/-}-*.tar.gz 2>&1 | tail -3
+SECONDS=0
+for p in torch-scatter torch-sparse; do
+  timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps --no-index \
+    --no-cache-dir --target /tmp/site $W/$p-*.tar.gz 2>&1 | tail -3 &
 done
+wait
+echo "built in $SECONDS s"
+fi
 export PYTHONPATH=/tmp/site
 python3 -c "import torch, torch_geometric, torch_sparse; print('torch', torch.__version__, 'pyg', torch_geometric.__version__, 'torch_sparse', torch_sparse.__version__, 'sampler', torch_geometric.typing.WITH_TORCH_SPARSE)"
 D=${DATA:-/tmp/products}
@@ -36,7 +47,7 @@ if [ ! -f $D/meta.txt ]; then
   timeout -k 5 150 $G/fanout --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
 fi
 EPOCHS=${EPOCHS:-3}
-for model in gcn sage gat; do
+for model in ${MODELS:-gcn sage gat}; do
   f=10,25; [ $model = gcn ] && f=15,10,5
   for place in device uva; do
     step "fanout $model $place"
@@ -46,9 +57,9 @@ for model in gcn sage gat; do
   done
   for feats in device host; do
     step "pyg $model features $feats"
-    timeout -k 5 ${PYG_TIMEOUT:-100} python3 "$(dirname "$0")/pyg_train.py" --dataset $D --epochs $EPOCHS \
+    timeout -k 5 ${PYG_TIMEOUT:-200} python3 "$(dirname "$0")/pyg_train.py" --dataset $D --epochs $EPOCHS \
       --batch-size 8000 --hidden 256 --device cuda --model $model --fanouts $f --features $feats \
-      --num-workers 8 --eval-every 0 > $M/pyg-$model-$feats.json 2> $M/pyg-$model-$feats.err
+      --num-workers 14 --eval-every 0 > $M/pyg-$model-$feats.json 2> $M/pyg-$model-$feats.err
     tail -n 4 $M/pyg-$model-$feats.err
   done
 done
