@@ -74,29 +74,16 @@ def main():
     np.random.seed(a.seed)
     dgl.seed(a.seed)
 
-    d = a.dataset
-    meta = {}
-    with open(os.path.join(d, "meta.txt")) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2 and not line.startswith("#"):
-                meta[parts[0]] = parts[1]
-    dtype = meta.get("FEAT_DTYPE", "f32")
-    if meta.get("LAYOUT", "csc") != "csc" or dtype not in ("f32", "f16"):
-        sys.exit("dgl_train.py: the dataset must be CSC with f32 or f16 features")
-    n, e = int(meta["NUM_NODE"]), int(meta["NUM_EDGE"])
-    dim, classes = int(meta["FEAT_DIM"]), int(meta["NUM_CLASS"])
-    mm = lambda name, dt, shape: np.memmap(os.path.join(d, name), dtype=dt, mode="r", shape=shape)
-    indptr = torch.from_numpy(mm("indptr.bin", np.uint32, (n + 1,)).astype(np.int64))
-    indices = torch.from_numpy(mm("indices.bin", np.uint32, (e,)).astype(np.int64))
-    g = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.int64))), num_nodes=n)
+    from fanout_dir import load
+
+    ds = load(a.dataset, "dgl_train.py")
+    n, dim, classes = ds.n, ds.dim, ds.classes
+    g = dgl.graph(("csc", (ds.indptr, ds.indices, torch.tensor([], dtype=torch.int64))), num_nodes=n)
     g = g.formats(["csc"])
     # f16 features stay f16 in memory and are widened per batch, as a DGL user storing them
     # so would do (`.float()` is free on f32).
-    feat = torch.from_numpy(np.asarray(mm("feat.bin", np.float16 if dtype == "f16" else np.float32, (n, dim))))
-    label = torch.from_numpy(np.asarray(mm("label.bin", np.int64, (n,))))
-    split = lambda s: torch.from_numpy(np.fromfile(os.path.join(d, f"{s}_set.bin"), dtype=np.uint32).astype(np.int64))
-    train_nids, valid_nids, test_nids = split("train"), split("valid"), split("test")
+    feat, label = ds.feat, ds.label
+    train_nids, valid_nids, test_nids = ds.train, ds.valid, ds.test
 
     if a.model == "gat" and a.hidden % HEADS:
         sys.exit(f"dgl_train.py: GAT's hidden size must be a multiple of its {HEADS} heads")
@@ -201,7 +188,7 @@ def main():
     walls = [r["wall_s"] for r in epochs[1:]] or [epochs[0]["wall_s"]]
     print(json.dumps({
         "peer": f"dgl {dgl.__version__} (torch {torch.__version__})",
-        "model": a.model, "dataset": d, "fanouts": fanouts, "batch_size": a.batch_size,
+        "model": a.model, "dataset": a.dataset, "fanouts": fanouts, "batch_size": a.batch_size,
         "hidden": a.hidden, "lr": a.lr, "weight_decay": a.weight_decay, "dropout": a.dropout,
         "seed": a.seed, "threads": a.threads,
         "test_acc": best[1], "best_val_acc": best[0], "best_epoch": best[2],

@@ -123,31 +123,20 @@ def main():
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
 
+    from fanout_dir import load
+
     d = a.dataset
-    meta = {}
-    with open(os.path.join(d, "meta.txt")) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2 and not line.startswith("#"):
-                meta[parts[0]] = parts[1]
-    dtype = meta.get("FEAT_DTYPE", "f32")
-    if meta.get("LAYOUT", "csc") != "csc" or dtype not in ("f32", "f16"):
-        sys.exit("pyg_train.py: the dataset must be CSC with f32 or f16 features")
-    n, e = int(meta["NUM_NODE"]), int(meta["NUM_EDGE"])
-    dim, classes = int(meta["FEAT_DIM"]), int(meta["NUM_CLASS"])
-    mm = lambda name, dt, shape: np.memmap(os.path.join(d, name), dtype=dt, mode="r", shape=shape)
     t_load = time.perf_counter()
-    indptr = torch.from_numpy(mm("indptr.bin", np.uint32, (n + 1,)).astype(np.int64))
-    indices = torch.from_numpy(mm("indices.bin", np.uint32, (e,)).astype(np.int64))
+    ds = load(d, "pyg_train.py")
+    n, e, dim, classes = ds.n, ds.e, ds.dim, ds.classes
     # CSC row v lists v's in-neighbours: edge j goes indices[j] -> v for indptr[v] <= j < indptr[v+1],
     # so (sources, destinations) is sorted by destination as is_sorted=True requires.
-    dst = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), indptr[1:] - indptr[:-1], output_size=e)
-    edge_index = torch.stack([indices, dst])
-    del dst, indices
-    feat = torch.from_numpy(np.asarray(mm("feat.bin", np.float16 if dtype == "f16" else np.float32, (n, dim))))
-    label = torch.from_numpy(np.asarray(mm("label.bin", np.int64, (n,))))
-    split = lambda s: torch.from_numpy(np.fromfile(os.path.join(d, f"{s}_set.bin"), dtype=np.uint32).astype(np.int64))
-    train_nids, valid_nids, test_nids = split("train"), split("valid"), split("test")
+    dst = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), ds.indptr[1:] - ds.indptr[:-1], output_size=e)
+    edge_index = torch.stack([ds.indices, dst])
+    del dst
+    ds.indices = None  # edge_index holds them now
+    feat, label = ds.feat, ds.label
+    train_nids, valid_nids, test_nids = ds.train, ds.valid, ds.test
 
     if a.features == "host":
         data = Data(x=feat, y=label, edge_index=edge_index, num_nodes=n)
