@@ -12,7 +12,9 @@
 # fanout, fanout-prev (the old build, unless OLD_BIN names another), backend_matches_cpu,
 # sampler_matches_cpu, cuda_lib_tests, and optionally backend_mutant: backend_matches_cpu
 # built from a tree whose side-stream gather records no write event on its output (the readers
-# then do not wait), which must fail the ordering test.
+# then do not wait), which must fail the ordering test. In stop 50 the mutant passed the
+# kernel `let (p, s) = out.data.device_ptr_mut(side); std::mem::forget(s);` and `.arg(&p)`
+# instead of `.arg(&mut out.data)` in crates/fanout-cuda/src/backend/mapped.rs.
 # Output: the log on stdout and in $OUT/uva_overlap.log, the metrics JSON in $OUT/uva.tgz.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}; R=${OUT:-/tmp/out}; M=/tmp/m-uva; mkdir -p $M $R
