@@ -11,9 +11,17 @@
 #           only, from the sdists in WHL_DIR), the model on the GPU, features on the host
 #           (sliced by the loader and copied per batch, PyG's usual set-up) or on the GPU.
 #
-# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl: torch_scatter-2.1.2 and
-# torch_sparse-0.6.18 sdists). Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in
-# $OUT/pyg.tgz, and a table (bench/pyg_table.py).
+# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl: the torch-scatter 2.1.2
+# and torch-sparse 0.6.18 sdists, unmodified; `pip download` cannot fetch them without torch
+# installed, so take them from PyPI's simple index, and keep .whl out of git with
+# .git/info/exclude):
+#
+#   mkdir -p .whl && for p in torch-scatter:2.1.2 torch-sparse:0.6.18; do
+#     u=$(curl -s https://pypi.org/simple/${p%%:*}/ | grep -o "https://[^\"#]*-${p##*:}.tar.gz" | head -1)
+#     curl -sL -o .whl/${p%%:*}-${p##*:}.tar.gz "$u"; done
+#
+# Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in $OUT/pyg.tgz, and a table
+# (bench/pyg_table.py).
 #
 # Time: the two builds take about 18 CPU-minutes (measured on 2 cores; on 16, an estimated 1-2
 # minutes). torch-sparse's sampler is single-threaded and took 1.6-1.8 s a batch at 10,25 and
