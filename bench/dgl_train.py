@@ -23,7 +23,6 @@ gather, train = forward + backward + optimiser step.
 Prints one JSON object shaped like `fanout train --metrics-out`: test_acc, median_epoch_s and
 `epochs` (epoch, wall_s, sample_s, extract_s, train_s, loss, train_acc, val_acc, test_acc).
 """
-import argparse
 import json
 import os
 import statistics
@@ -32,24 +31,9 @@ import time
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--model", choices=["sage", "gcn", "gat", "gin"], default="sage")
-    p.add_argument("--fanouts", default="10,25", help="hop order from the seeds (fanout's order)")
-    p.add_argument("--batch-size", type=int, default=8000)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--eval-every", type=int, default=1)
-    p.add_argument(
-        "--flush-denormal",
-        action="store_true",
-        help="torch.set_flush_denormal(True), as fanout does while it trains (off by default in PyTorch)",
-    )
+    from fanout_dir import train_args
+
+    p = train_args(__doc__, ["sage", "gcn", "gat", "gin"], "hop order from the seeds (fanout's order)")
     return p.parse_args()
 
 

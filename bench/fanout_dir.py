@@ -1,20 +1,48 @@
-"""A fanout dataset directory read into torch tensors, for the peer scripts (dgl_train.py,
-pyg_train.py) that train other libraries on the same data.
+"""What the peer scripts (dgl_train.py, pyg_train.py) that train other libraries on fanout's
+data share: the command-line options that mirror `fanout train`'s, and a dataset directory read
+into torch tensors.
+
+`train_args(doc, models, fanouts_help)` is an argument parser with the options both scripts
+take (each adds its own). It imports nothing heavy, so a script can set OMP_NUM_THREADS from
+`--threads` before torch is imported.
 
 `load(d, script)` reads meta.txt and memory-maps the arrays (GUIDE's dataset format): the
 topology as int64 `indptr` / `indices` in CSC (row v lists v's in-neighbours), the features
 as stored (f16 stays f16; callers widen per batch with `.float()`, free on f32), the labels
 (int64, -1 unlabelled) and the three splits as int64 ids. A directory that is not CSC or
 holds other feature types stops the calling script with a message naming it."""
+import argparse
 import os
 import sys
 from types import SimpleNamespace
 
-import numpy as np
-import torch
+
+def train_args(doc, models, fanouts_help):
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--model", choices=models, default="sage")
+    p.add_argument("--fanouts", default="10,25", help=fanouts_help)
+    p.add_argument("--batch-size", type=int, default=8000)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    p.add_argument("--eval-every", type=int, default=1)
+    p.add_argument(
+        "--flush-denormal",
+        action="store_true",
+        help="torch.set_flush_denormal(True), as fanout does while it trains (off by default in PyTorch)",
+    )
+    return p
 
 
 def load(d, script):
+    import numpy as np
+    import torch
+
     meta = {}
     with open(os.path.join(d, "meta.txt")) as f:
         for line in f:

@@ -55,7 +55,6 @@ median_epoch_s (over the epochs after the first) and `epochs` (epoch, wall_s, sa
 extract_s, train_s, loss, train_acc, val_acc, test_acc, mean sampled nodes / edges per batch),
 plus "framework": "pyg", the torch / torch_geometric / torch_sparse versions and the device name.
 """
-import argparse
 import json
 import os
 import platform
@@ -67,23 +66,12 @@ import warnings
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--model", choices=["sage", "gcn", "gat"], default="sage")
-    p.add_argument("--fanouts", default="10,25", help="hop order from the seeds (fanout's and PyG's order)")
-    p.add_argument("--batch-size", type=int, default=8000)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--dropout", type=float, default=0.5)
+    from fanout_dir import train_args
+
+    p = train_args(__doc__, ["sage", "gcn", "gat"], "hop order from the seeds (fanout's and PyG's order)")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     p.add_argument("--num-workers", type=int, default=0, help="loader worker processes (persistent when > 0)")
     p.add_argument("--features", choices=["host", "device"], default="host")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
-    p.add_argument("--eval-every", type=int, default=1)
-    p.add_argument("--flush-denormal", action="store_true", help="torch.set_flush_denormal(True)")
     return p.parse_args()
 
 
