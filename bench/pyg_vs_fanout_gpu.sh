@@ -11,10 +11,14 @@
 #           only, from the sdists in WHL_DIR), the model on the GPU, features on the host
 #           (sliced by the loader and copied per batch, PyG's usual set-up) or on the GPU.
 #
-# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl: the torch-scatter 2.1.2
-# and torch-sparse 0.6.18 sdists, unmodified; `pip download` cannot fetch them without torch
-# installed, so take them from PyPI's simple index, and keep .whl out of git with
-# .git/info/exclude):
+# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl; keep it out of git with
+# .git/info/exclude). WHL_DIR/site, if present, holds torch_scatter and torch_sparse already
+# built on the CPU VM (copied from a venv of torch 2.11, the GPU image's torch, where pip built
+# them with FORCE_ONLY_CPU=1); their libraries carry no Python version tag and are loaded by
+# torch.ops.load_library, so they are used wherever `import torch_sparse` works with them.
+# Otherwise the two sdists in WHL_DIR (torch-scatter 2.1.2 and torch-sparse 0.6.18, unmodified;
+# `pip download` cannot fetch them without torch installed, so take them from PyPI's simple
+# index) are built here, each build's whole log in $OUT/build-NAME.log:
 #
 #   mkdir -p .whl && for p in torch-scatter:2.1.2 torch-sparse:0.6.18; do
 #     u=$(curl -s https://pypi.org/simple/${p%%:*}/ | grep -o "https://[^\"#]*-${p##*:}.tar.gz" | head -1)
@@ -23,31 +27,36 @@
 # Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in $OUT/pyg.tgz, and a table
 # (bench/pyg_table.py).
 #
-# Time: the two builds take about 18 CPU-minutes (measured on 2 cores; on 16, an estimated 1-2
-# minutes). torch-sparse's sampler is single-threaded and took 1.6-1.8 s a batch at 10,25 and
-# 4.3-5.2 s at 15,10,5 on the products preset at full size (CPU VM), so each PyG run takes a
-# minute or more; give the call two of the device's 10-minute limits (MODELS="gcn" and
-# MODELS="sage gat", the dataset kept in /tmp on a warm machine).
+# Time: in stop 51 the build on the GPU machine (16 cores) failed for torch-sparse and had not
+# finished torch-scatter after six minutes, hence the prebuilt copy. torch-sparse's sampler is
+# single-threaded and took 1.6-1.8 s a batch at 10,25 and 4.3-5.2 s at 15,10,5 on the products
+# preset at full size (CPU VM), so each PyG run takes a minute or more; give the call two of
+# the device's 10-minute limits (MODELS="gcn" and MODELS="sage gat", the dataset kept in /tmp on
+# a warm machine, which is given back after 30 idle seconds).
 set -uo pipefail
 G=${GPU_DIR:-.gpu}; W=${WHL_DIR:-.whl}; R=${OUT:-/tmp/out}; M=/tmp/m-pyg; mkdir -p $M $R
 . "$(dirname "$0")/gpu_env.sh"
 exec > >(tee $R/pyg_vs_fanout.log) 2>&1
-nvidia-smi -L; nproc
-if ! PYTHONPATH=/tmp/site python3 -c "import torch_sparse" 2> /dev/null; then
-step "build torch-scatter and torch-sparse (CPU only)"
+nvidia-smi -L; nproc; python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
+SITE=/tmp/site
+if PYTHONPATH=$W/site python3 -c "import torch_sparse, torch_scatter" 2> $R/prebuilt.err; then
+  SITE=$W/site; echo "torch_sparse and torch_scatter from $W/site"
+elif ! PYTHONPATH=$SITE python3 -c "import torch_sparse" 2> /dev/null; then
+step "build torch-scatter and torch-sparse (CPU only; $W/site did not import: $R/prebuilt.err)"
 # setuptools builds an sdist's extensions one after the other unless told to run them in
 # parallel (torch-sparse has a dozen); DIST_EXTRA_CONFIG adds that setting to the build.
 printf '[build_ext]\nparallel = 16\n' > /tmp/parallel.cfg
 export FORCE_ONLY_CPU=1 MAX_JOBS=16 DIST_EXTRA_CONFIG=/tmp/parallel.cfg
 SECONDS=0
 for p in torch-scatter torch-sparse; do
-  timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps --no-index \
-    --no-cache-dir --target /tmp/site $W/$p-*.tar.gz 2>&1 | tail -3 &
+  # setsid: the timeout ends the compilers pip started too, not only pip.
+  setsid timeout -k 5 ${BUILD_TIMEOUT:-240} python3 -m pip install -v --no-build-isolation \
+    --no-deps --no-index --no-cache-dir --target $SITE $W/$p-*.tar.gz > $R/build-$p.log 2>&1 &
 done
 wait
-echo "built in $SECONDS s"
+echo "built in $SECONDS s"; tail -n 3 $R/build-*.log
 fi
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=$SITE
 python3 -c "import torch, torch_geometric, torch_sparse; print('torch', torch.__version__, 'pyg', torch_geometric.__version__, 'torch_sparse', torch_sparse.__version__, 'sampler', torch_geometric.typing.WITH_TORCH_SPARSE)"
 D=${DATA:-/tmp/products}
 if [ ! -f $D/meta.txt ]; then
