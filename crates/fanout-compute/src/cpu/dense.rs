@@ -23,13 +23,49 @@ pub(crate) fn add_bias(x: &mut Tensor, bias: &Tensor) {
 pub(crate) fn sum_rows(x: &Tensor) -> Tensor {
     let cols = x.cols();
     let total = par_row_reduce(x.rows(), cols, |r0, r1, acc| {
-        for r in r0..r1 {
-            for (a, &v) in acc.iter_mut().zip(x.row(r)) {
-                *a += v as f64;
-            }
-        }
+        let rows = &x.data()[r0 * cols..r1 * cols];
+        with_avx2!(sum_rows_f64(rows, acc))
     });
     Tensor::new(1, cols, total.into_iter().map(|v| v as f32).collect())
+}
+
+/// Runs the `#[inline(always)]` row loop `$f(args)` compiled for AVX2 where the CPU has it,
+/// plainly otherwise. The f64 column sums below are elementwise (no lane mixes with
+/// another), and Rust never fuses a multiply into an add, so both builds give the same bits;
+/// the baseline x86-64 build converts and adds two doubles an instruction, which made GAT's
+/// attention-vector gradient compute-bound (docs/performance.md, stop 51).
+macro_rules! with_avx2 {
+    ($f:ident($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2(f: impl FnOnce()) {
+                f()
+            }
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                unsafe { avx2(#[inline(always)] || $f($($arg),*)) }
+            } else {
+                $f($($arg),*)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        $f($($arg),*)
+    }};
+}
+use with_avx2;
+
+/// `acc[c] += rows[r][c] as f64` for each row of `rows` in order (`acc.len()` columns).
+#[inline(always)]
+fn sum_rows_f64(rows: &[f32], acc: &mut [f64]) {
+    if acc.is_empty() {
+        return;
+    }
+    for row in rows.chunks_exact(acc.len()) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a += v as f64;
+        }
+    }
 }
 
 /// See [`crate::Backend::axpy`].
@@ -89,15 +125,9 @@ pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
             .enumerate()
             .map(|(i, chunk)| {
                 let mut acc = vec![0.0f64; cols];
-                let r0 = i * REDUCE_ROWS;
-                for (k, orow) in chunk.chunks_mut(cols).enumerate() {
-                    let (ar, br) = (a.row(r0 + k), b.row(r0 + k));
-                    for (((o, s), &x), &y) in orow.iter_mut().zip(&mut acc).zip(ar).zip(br) {
-                        let v = x * y;
-                        o.write(v);
-                        *s += v as f64;
-                    }
-                }
+                let span = i * REDUCE_ROWS * cols..i * REDUCE_ROWS * cols + chunk.len();
+                let (ar, br) = (&a.data()[span.clone()], &b.data()[span]);
+                with_avx2!(mul_sum_rows_f64(chunk, &mut acc, ar, br));
                 acc
             })
             .collect();
@@ -109,6 +139,23 @@ pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
         Tensor::new(rows, cols, out),
         Tensor::new(1, cols, total.into_iter().map(|v| v as f32).collect()),
     )
+}
+
+/// `out = a * b` elementwise and `acc[c] += out[r][c] as f64` for each row in order (rows of
+/// `acc.len()` columns; `out`, `a` and `b` the same length).
+#[inline(always)]
+fn mul_sum_rows_f64(out: &mut [MaybeUninit<f32>], acc: &mut [f64], a: &[f32], b: &[f32]) {
+    let cols = acc.len();
+    let rows = out
+        .chunks_exact_mut(cols)
+        .zip(a.chunks_exact(cols).zip(b.chunks_exact(cols)));
+    for (orow, (ar, br)) in rows {
+        for (((o, s), &x), &y) in orow.iter_mut().zip(&mut *acc).zip(ar).zip(br) {
+            let v = x * y;
+            o.write(v);
+            *s += v as f64;
+        }
+    }
 }
 
 /// See [`crate::Backend::dot`].
@@ -532,16 +579,30 @@ pub(crate) fn head_dot_backward_acc(
 /// `d a` of [`head_dot_backward`]: `sum_n grad[n, h] x[n, h*F + k]`, accumulated in f64.
 fn head_dot_grad_a(grad: &Tensor, x: &Tensor, heads: usize, f: usize) -> Tensor {
     let ga = par_row_reduce(x.rows(), heads * f, |r0, r1, acc| {
-        for n in r0..r1 {
-            let (g, xr) = (grad.row(n), x.row(n));
-            for h in 0..heads {
-                for k in 0..f {
-                    acc[h * f + k] += (g[h] * xr[h * f + k]) as f64;
-                }
-            }
-        }
+        let (g, xs) = (
+            &grad.data()[r0 * heads..r1 * heads],
+            &x.data()[r0 * heads * f..r1 * heads * f],
+        );
+        with_avx2!(head_dot_grad_a_f64(g, xs, acc, f))
     });
     Tensor::new(heads, f, ga.into_iter().map(|v| v as f32).collect())
+}
+
+/// `acc[h * f + k] += (g[n][h] * x[n][h * f + k]) as f64` for each row `n` in order (`g` rows
+/// of `acc.len() / f` heads, `x` rows of `acc.len()` values).
+#[inline(always)]
+fn head_dot_grad_a_f64(g: &[f32], x: &[f32], acc: &mut [f64], f: usize) {
+    if acc.is_empty() {
+        return;
+    }
+    let heads = acc.len() / f;
+    for (gr, xr) in g.chunks_exact(heads).zip(x.chunks_exact(acc.len())) {
+        for ((acc_h, x_h), &gh) in acc.chunks_exact_mut(f).zip(xr.chunks_exact(f)).zip(gr) {
+            for (s, &v) in acc_h.iter_mut().zip(x_h) {
+                *s += (gh * v) as f64;
+            }
+        }
+    }
 }
 
 /// See [`crate::Backend::head_mean`].
@@ -612,5 +673,57 @@ mod tests {
         let plain = run(false);
         assert!(plain.1.contains(&0.0) && plain.1.contains(&2.0));
         assert_eq!(plain, run(true));
+    }
+
+    /// The f64 column sums (`sum_rows`, `mul_sum_rows`, GAT's attention-vector gradient) give
+    /// the same bits through [`with_avx2`] as the plain loops, on widths that leave a
+    /// remainder after full vectors and values whose products round.
+    #[test]
+    fn f64_column_sums_are_the_same_with_and_without_avx2() {
+        let (rows, heads, f) = (37, 7, 29);
+        let cols = heads * f;
+        let val = |i: usize, salt: u32| {
+            let h = lowbias32(i as u32 ^ salt.wrapping_mul(0x9E37_79B9));
+            (h as f32 / u32::MAX as f32 - 0.5) * 1e3f32.powi((h % 5) as i32 - 2)
+        };
+        let x: Vec<f32> = (0..rows * cols).map(|i| val(i, 1)).collect();
+        let y: Vec<f32> = (0..rows * cols).map(|i| val(i, 2)).collect();
+        let g: Vec<f32> = (0..rows * heads).map(|i| val(i, 3)).collect();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+
+        let (mut plain, mut fast) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+        sum_rows_f64(&x, &mut plain);
+        with_avx2!(sum_rows_f64(&x, &mut fast));
+        assert_eq!(bits(&plain), bits(&fast), "sum_rows");
+
+        let out = |acc: &mut Vec<f64>, avx2: bool| {
+            let mut o = vec![MaybeUninit::uninit(); x.len()];
+            if avx2 {
+                with_avx2!(mul_sum_rows_f64(&mut o, acc, &x, &y));
+            } else {
+                mul_sum_rows_f64(&mut o, acc, &x, &y);
+            }
+            // SAFETY: `mul_sum_rows_f64` writes every element.
+            o.into_iter()
+                .map(|e| unsafe { e.assume_init() }.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let (mut plain, mut fast) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+        assert_eq!(
+            out(&mut plain, false),
+            out(&mut fast, true),
+            "mul_sum_rows product"
+        );
+        assert_eq!(bits(&plain), bits(&fast), "mul_sum_rows sums");
+
+        let (mut plain, mut fast) = (vec![0.0f64; cols], vec![0.0f64; cols]);
+        head_dot_grad_a_f64(&g, &x, &mut plain, f);
+        with_avx2!(head_dot_grad_a_f64(&g, &x, &mut fast, f));
+        assert_eq!(bits(&plain), bits(&fast), "head_dot_grad_a");
+        // And the loop is the sum it says, in f64 from f32 products.
+        let want: f64 = (0..rows)
+            .map(|n| (g[n * heads + 3] * x[n * cols + 3 * f + 5]) as f64)
+            .sum();
+        assert_eq!(plain[3 * f + 5], want);
     }
 }
