@@ -24,36 +24,29 @@ pub(crate) fn sum_rows(x: &Tensor) -> Tensor {
     let cols = x.cols();
     let total = par_row_reduce(x.rows(), cols, |r0, r1, acc| {
         let rows = &x.data()[r0 * cols..r1 * cols];
-        with_avx2!(sum_rows_f64(rows, acc))
+        with_avx2(|| sum_rows_f64(rows, acc))
     });
     Tensor::new(1, cols, total.into_iter().map(|v| v as f32).collect())
 }
 
-/// Runs the `#[inline(always)]` row loop `$f(args)` compiled for AVX2 where the CPU has it,
-/// plainly otherwise. The f64 column sums below are elementwise (no lane mixes with
-/// another), and Rust never fuses a multiply into an add, so both builds give the same bits;
-/// the baseline x86-64 build converts and adds two doubles an instruction, which made GAT's
-/// attention-vector gradient compute-bound (docs/performance.md, stop 51).
-macro_rules! with_avx2 {
-    ($f:ident($($arg:expr),*)) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2")]
-            unsafe fn avx2(f: impl FnOnce()) {
-                f()
-            }
-            if is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2 (checked just above).
-                unsafe { avx2(#[inline(always)] || $f($($arg),*)) }
-            } else {
-                $f($($arg),*)
-            }
+/// Runs `f`, an `#[inline(always)]` row loop, compiled for AVX2 where the CPU has it, plainly
+/// otherwise. The f64 column sums below are elementwise (no lane mixes with another), and Rust
+/// never fuses a multiply into an add, so both builds give the same bits; the baseline x86-64
+/// build converts and adds two doubles an instruction, which made GAT's attention-vector
+/// gradient compute-bound (docs/performance.md, stop 51).
+#[inline(always)]
+fn with_avx2(f: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(f: impl FnOnce()) {
+            f()
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        $f($($arg),*)
-    }};
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { avx2(f) };
+    }
+    f()
 }
-use with_avx2;
 
 /// `acc[c] += rows[r][c] as f64` for each row of `rows` in order (`acc.len()` columns).
 #[inline(always)]
@@ -127,7 +120,7 @@ pub(crate) fn mul_sum_rows(a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
                 let mut acc = vec![0.0f64; cols];
                 let span = i * REDUCE_ROWS * cols..i * REDUCE_ROWS * cols + chunk.len();
                 let (ar, br) = (&a.data()[span.clone()], &b.data()[span]);
-                with_avx2!(mul_sum_rows_f64(chunk, &mut acc, ar, br));
+                with_avx2(|| mul_sum_rows_f64(chunk, &mut acc, ar, br));
                 acc
             })
             .collect();
@@ -583,7 +576,7 @@ fn head_dot_grad_a(grad: &Tensor, x: &Tensor, heads: usize, f: usize) -> Tensor 
             &grad.data()[r0 * heads..r1 * heads],
             &x.data()[r0 * heads * f..r1 * heads * f],
         );
-        with_avx2!(head_dot_grad_a_f64(g, xs, acc, f))
+        with_avx2(|| head_dot_grad_a_f64(g, xs, acc, f))
     });
     Tensor::new(heads, f, ga.into_iter().map(|v| v as f32).collect())
 }
@@ -693,13 +686,13 @@ mod tests {
 
         let (mut plain, mut fast) = (vec![0.0f64; cols], vec![0.0f64; cols]);
         sum_rows_f64(&x, &mut plain);
-        with_avx2!(sum_rows_f64(&x, &mut fast));
+        with_avx2(|| sum_rows_f64(&x, &mut fast));
         assert_eq!(bits(&plain), bits(&fast), "sum_rows");
 
         let out = |acc: &mut Vec<f64>, avx2: bool| {
             let mut o = vec![MaybeUninit::uninit(); x.len()];
             if avx2 {
-                with_avx2!(mul_sum_rows_f64(&mut o, acc, &x, &y));
+                with_avx2(|| mul_sum_rows_f64(&mut o, acc, &x, &y));
             } else {
                 mul_sum_rows_f64(&mut o, acc, &x, &y);
             }
@@ -718,7 +711,7 @@ mod tests {
 
         let (mut plain, mut fast) = (vec![0.0f64; cols], vec![0.0f64; cols]);
         head_dot_grad_a_f64(&g, &x, &mut plain, f);
-        with_avx2!(head_dot_grad_a_f64(&g, &x, &mut fast, f));
+        with_avx2(|| head_dot_grad_a_f64(&g, &x, &mut fast, f));
         assert_eq!(bits(&plain), bits(&fast), "head_dot_grad_a");
         // And the loop is the sum it says, in f64 from f32 products.
         let want: f64 = (0..rows)
