@@ -47,12 +47,16 @@ step "build torch-scatter and torch-sparse (CPU only; $W/site did not import: $R
 # parallel (torch-sparse has a dozen); DIST_EXTRA_CONFIG adds that setting to the build.
 printf '[build_ext]\nparallel = 16\n' > /tmp/parallel.cfg
 export FORCE_ONLY_CPU=1 MAX_JOBS=16 DIST_EXTRA_CONFIG=/tmp/parallel.cfg
-SECONDS=0
+SECONDS=0; pids=""
 for p in torch-scatter torch-sparse; do
-  # setsid: the timeout ends the compilers pip started too, not only pip.
-  setsid timeout -k 5 ${BUILD_TIMEOUT:-240} python3 -m pip install -v --no-build-isolation \
-    --no-deps --no-index --no-cache-dir --target $SITE $W/$p-*.tar.gz > $R/build-$p.log 2>&1 &
+  # Each build in its own session, so that the deadline below can end it and every compiler
+  # it started (in stop 51 a build outlived its `timeout` and took the rest of the call).
+  setsid python3 -m pip install -v --no-build-isolation --no-deps --no-index --no-cache-dir \
+    --target $SITE $W/$p-*.tar.gz > $R/build-$p.log 2>&1 &
+  pids="$pids $!"
 done
+while [ $SECONDS -lt ${BUILD_TIMEOUT:-240} ] && jobs -r | grep -q .; do sleep 2; done
+for pid in $pids; do kill -KILL -- -$pid 2> /dev/null && echo "build $pid stopped at the deadline"; done
 wait
 echo "built in $SECONDS s"; tail -n 3 $R/build-*.log
 fi
