@@ -358,7 +358,8 @@ pub fn read_checkpoint<'py>(
     let tensors = PyDict::new(py);
     let be = model.backend();
     for (name, p) in model.named_params() {
-        let t = fanout_compute::Backend::download(be, &p.value);
+        let t = fanout_compute::Backend::download(be, &p.value)
+            .map_err(|e| raise(Kind::Base, format!("tensor {name}: {e}")))?;
         let (r, c) = t.shape();
         let a = Array2::from_shape_vec((r, c), t.into_data())
             .map_err(|e| raise(Kind::Base, format!("tensor {name}: {e}")))?;

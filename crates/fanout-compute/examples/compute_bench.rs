@@ -96,7 +96,7 @@ fn sage_step(be: CpuBackend, rng: &mut Rng) {
             .forward(&blocks, x.clone(), Mode::Train { dropout_key: 1 })
             .expect("forward");
         let ce = be.softmax_cross_entropy(&logits, &labels).expect("loss");
-        model.zero_grad();
+        model.zero_grad().unwrap();
         model.backward(&ce.grad).expect("backward");
         opt.step_model(&mut model).expect("step");
     });
@@ -116,21 +116,27 @@ fn main() {
     let g = rand(m, n, &mut rng);
     let flops = 2.0 * (m * k * n) as f64;
     let mut c = Tensor::zeros(m, n);
-    let t = best(10, || be.gemm(1.0, &x, false, &w, false, 0.0, &mut c));
+    let t = best(10, || {
+        be.gemm(1.0, &x, false, &w, false, 0.0, &mut c).unwrap()
+    });
     println!(
         "gemm X W      {m}x{k} * {k}x{n}: {:7.2} ms  {:6.1} GFLOP/s",
         t * 1e3,
         flops / t / 1e9
     );
     let mut dx = Tensor::zeros(m, k);
-    let t = best(10, || be.gemm(1.0, &g, false, &w, true, 0.0, &mut dx));
+    let t = best(10, || {
+        be.gemm(1.0, &g, false, &w, true, 0.0, &mut dx).unwrap()
+    });
     println!(
         "gemm G W^T    {m}x{n} * {n}x{k}: {:7.2} ms  {:6.1} GFLOP/s",
         t * 1e3,
         flops / t / 1e9
     );
     let mut dw = Tensor::zeros(k, n);
-    let t = best(10, || be.gemm(1.0, &x, true, &g, false, 0.0, &mut dw));
+    let t = best(10, || {
+        be.gemm(1.0, &x, true, &g, false, 0.0, &mut dw).unwrap()
+    });
     println!(
         "gemm X^T G    {k}x{m} * {m}x{n}: {:7.2} ms  {:6.1} GFLOP/s",
         t * 1e3,
@@ -155,7 +161,7 @@ fn main() {
         .unwrap();
     let h = rand(src, 256, &mut rng);
     let t = best(10, || {
-        std::hint::black_box(be.aggregate(&block, &h, Aggregation::Mean));
+        std::hint::black_box(be.aggregate(&block, &h, Aggregation::Mean).unwrap());
     });
     let edges = (dst * fanout) as f64;
     println!(
@@ -167,8 +173,8 @@ fn main() {
     // Baseline for the backward: just allocating and writing its 60000 x 256 output (fresh
     // pages; on a small VM this alone is a large part of the time).
     let t = best(10, || {
-        let mut z = be.zeros(src, 256);
-        be.scale(&mut z, 0.0);
+        let mut z = be.zeros(src, 256).unwrap();
+        be.scale(&mut z, 0.0).unwrap();
         std::hint::black_box(z);
     });
     println!(
@@ -176,7 +182,10 @@ fn main() {
         t * 1e3
     );
     let t = best(10, || {
-        std::hint::black_box(be.aggregate_backward(&block, &gd, Aggregation::Mean));
+        std::hint::black_box(
+            be.aggregate_backward(&block, &gd, Aggregation::Mean)
+                .unwrap(),
+        );
     });
     println!(
         "mean aggregate backward (to {src} sources):     {:7.2} ms  {:6.1} M edges/s",

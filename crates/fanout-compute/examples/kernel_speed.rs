@@ -132,7 +132,7 @@ fn main() {
     let mut key = 0;
     let s = median_s(|| {
         key += 1;
-        std::hint::black_box(CpuBackend.dropout(&x, 0.5, key, None));
+        std::hint::black_box(CpuBackend.dropout(&x, 0.5, key, None).unwrap());
     });
     // Mean aggregation over a products-like input block: `rows` destinations, 25 sampled
     // sources each out of 20 x rows sources, 100-wide rows.
@@ -157,9 +157,11 @@ fn main() {
         })
         .expect("a valid block");
     let xs = filled(num_src, width);
-    let coeff = CpuBackend.edge_coefficients(&block, Aggregation::Mean);
+    let coeff = CpuBackend
+        .edge_coefficients(&block, Aggregation::Mean)
+        .unwrap();
     let t = median_s(|| {
-        std::hint::black_box(CpuBackend.spmm(&block, coeff.as_ref(), &xs));
+        std::hint::black_box(CpuBackend.spmm(&block, coeff.as_ref(), &xs).unwrap());
     });
     println!(
         "spmm mean ({rows} dst x {fan} of {num_src} src, width {width}) {:8.3} ms  {:6.2} ns/edge",

@@ -2,6 +2,7 @@
 
 use crate::block::{BlockDims, BlockRef};
 use crate::error::{ComputeError, Result};
+use crate::failure::{DeviceFailure, DeviceResult};
 use crate::tensor::Tensor;
 
 /// How a block's edges are weighted when destinations aggregate their sources' rows
@@ -128,8 +129,8 @@ pub struct StepFigures<T> {
 
 /// Whether `gate` ([`Backend::mark_non_finite`]) is unmarked, read back: how the default gated
 /// updates decide.
-fn gate_open<B: Backend>(be: &B, gate: &B::Tensor) -> bool {
-    be.download(gate).data().first() == Some(&0.0)
+fn gate_open<B: Backend>(be: &B, gate: &B::Tensor) -> DeviceResult<bool> {
+    Ok(be.download(gate)?.data().first() == Some(&0.0))
 }
 
 /// Hyper-parameters of one Adam update, PyTorch `torch.optim.Adam` semantics (L2 weight decay
@@ -235,11 +236,15 @@ pub struct DropoutSpec<'a> {
 /// the block's CSR order (`E x H` for `H` heads); "multi-head" row tensors are `N x (H * F)`
 /// with head `h` in columns `h*F..(h+1)*F`. Methods panic when shapes do not match what they
 /// document (a bug in the caller); inputs from outside (blocks, labels) give `Err`.
+/// Every method that touches the device returns a [`DeviceResult`]: `Err` with a
+/// [`DeviceFailure`] when the device fails (an allocation it has no memory for, a copy or a
+/// kernel launch its driver refuses); the CPU backend never fails. After an `Err` the tensors
+/// the call was writing hold unspecified values.
 /// Results are deterministic: the same inputs give bit-identical outputs whatever the thread
 /// count, except that the order of floating-point sums may differ between backends.
 pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// A tensor on this device.
-    type Tensor: Clone + Send + Sync + std::fmt::Debug + 'static;
+    type Tensor: Send + Sync + std::fmt::Debug + 'static;
     /// A block prepared on this device (cheap to clone; shares the prepared data).
     type Block: Clone + Send + Sync + std::fmt::Debug + 'static;
 
@@ -264,20 +269,20 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     // ----- memory -----
 
     /// Copies a host tensor to the device.
-    fn upload(&self, host: &Tensor) -> Self::Tensor;
+    fn upload(&self, host: &Tensor) -> DeviceResult<Self::Tensor>;
     /// Moves a host tensor to the device: same result as [`Backend::upload`], but a backend
     /// whose tensors live in host memory takes the buffer without copying it.
-    fn upload_owned(&self, host: Tensor) -> Self::Tensor {
+    fn upload_owned(&self, host: Tensor) -> DeviceResult<Self::Tensor> {
         self.upload(&host)
     }
     /// Copies a device tensor to the host.
-    fn download(&self, t: &Self::Tensor) -> Tensor;
+    fn download(&self, t: &Self::Tensor) -> DeviceResult<Tensor>;
     /// A `rows x cols` tensor of zeros.
-    fn zeros(&self, rows: usize, cols: usize) -> Self::Tensor;
+    fn zeros(&self, rows: usize, cols: usize) -> DeviceResult<Self::Tensor>;
     /// `(rows, cols)` of `t`.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
     /// Sets every element of `t` to zero.
-    fn fill_zero(&self, t: &mut Self::Tensor);
+    fn fill_zero(&self, t: &mut Self::Tensor) -> DeviceResult<()>;
     /// Validates `block` ([`BlockRef::validate`]) and copies it to the device.
     fn prepare_block(&self, block: &BlockRef<'_>) -> Result<Self::Block>;
     /// The blocks of a batch that a sampler left on this device (`resident`: that sampler's
@@ -288,9 +293,9 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         &self,
         resident: &(dyn std::any::Any + Send + Sync),
         blocks: &[BlockRef<'_>],
-    ) -> Option<Vec<Self::Block>> {
+    ) -> DeviceResult<Option<Vec<Self::Block>>> {
         let _ = (resident, blocks);
-        None
+        Ok(None)
     }
     /// `out[i] = x[idx[i]]` for a batch's input vertices `idx`: the rows of
     /// [`Backend::gather_rows`]. `resident` is the sampler's copy of the batch on a device
@@ -302,7 +307,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         x: &Self::Tensor,
         idx: &[u32],
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> Self::Tensor {
+    ) -> DeviceResult<Self::Tensor> {
         let _ = resident;
         self.gather_rows(x, idx)
     }
@@ -330,7 +335,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         table: &MappedRows,
         idx: &[u32],
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> Self::Tensor {
+    ) -> DeviceResult<Self::Tensor> {
         let _ = (idx, resident);
         panic!(
             "{}: a {} x {} mapped table from another backend",
@@ -358,15 +363,20 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         trans_b: bool,
         beta: f32,
         c: &mut Self::Tensor,
-    );
+    ) -> DeviceResult<()>;
     /// Weight gradients that share one output gradient: `c_i <- c_i + a_i^T g` for every
     /// `(a_i, c_i)` in `pairs`, each `a_i` with `g`'s rows. The same values as one
     /// `gemm(1, a_i, true, g, false, 1, c_i)` per pair up to rounding (the default does
     /// exactly that); a backend may read `g` once for all pairs and skip its zeros.
-    fn acc_at_b_shared(&self, g: &Self::Tensor, pairs: &mut [(&Self::Tensor, &mut Self::Tensor)]) {
+    fn acc_at_b_shared(
+        &self,
+        g: &Self::Tensor,
+        pairs: &mut [(&Self::Tensor, &mut Self::Tensor)],
+    ) -> DeviceResult<()> {
         for (a, c) in pairs.iter_mut() {
-            self.gemm(1.0, a, true, g, false, 1.0, c);
+            self.gemm(1.0, a, true, g, false, 1.0, c)?;
         }
+        Ok(())
     }
     /// `op(A) * op(B)` as a new tensor.
     fn matmul(
@@ -375,24 +385,30 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         trans_a: bool,
         b: &Self::Tensor,
         trans_b: bool,
-    ) -> Self::Tensor {
+    ) -> DeviceResult<Self::Tensor> {
         let (ar, ac) = self.shape(a);
         let (br, bc) = self.shape(b);
         let m = if trans_a { ac } else { ar };
         let n = if trans_b { br } else { bc };
-        let mut c = self.zeros(m, n);
-        self.gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c);
-        c
+        let mut c = self.zeros(m, n)?;
+        self.gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c)?;
+        Ok(c)
     }
     /// `x[r] += bias` for every row (`bias` is `1 x cols`).
-    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor);
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Tensor) -> DeviceResult<()>;
     /// Column sums as a `1 x cols` tensor (the bias gradient).
-    fn sum_rows(&self, x: &Self::Tensor) -> Self::Tensor;
+    fn sum_rows(&self, x: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// `y <- y + alpha * x` (same shapes).
-    fn axpy(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor);
+    fn axpy(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor) -> DeviceResult<()>;
     /// `y[..rows] <- y[..rows] + alpha * x[..rows]`: both need at least `rows` rows and the same
     /// column count. Moves data between a block's destination rows and its source rows.
-    fn axpy_prefix(&self, alpha: f32, x: &Self::Tensor, y: &mut Self::Tensor, rows: usize);
+    fn axpy_prefix(
+        &self,
+        alpha: f32,
+        x: &Self::Tensor,
+        y: &mut Self::Tensor,
+        rows: usize,
+    ) -> DeviceResult<()>;
     /// [`Backend::axpy_prefix`] with `alpha = 1 + s`, `s` the value of the `1 x 1` tensor `s`
     /// and the sum taken in f32, bit for bit, without reading `s` back on a device (GIN's
     /// eps). The default reads it back.
@@ -402,41 +418,55 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         x: &Self::Tensor,
         y: &mut Self::Tensor,
         rows: usize,
-    ) {
-        let v = self.download(s).data()[0];
-        self.axpy_prefix(1.0 + v, x, y, rows);
+    ) -> DeviceResult<()> {
+        let v = self.download(s)?.data()[0];
+        self.axpy_prefix(1.0 + v, x, y, rows)
     }
     /// The first `rows` rows of `x` as a new tensor (e.g. `h_dst` from `h_src`).
-    fn prefix_rows(&self, x: &Self::Tensor, rows: usize) -> Self::Tensor;
+    fn prefix_rows(&self, x: &Self::Tensor, rows: usize) -> DeviceResult<Self::Tensor>;
+    /// A copy of `x` (tensors are not `Clone`: a device copy can fail). The default copies
+    /// every row with [`Backend::prefix_rows`].
+    fn copy(&self, x: &Self::Tensor) -> DeviceResult<Self::Tensor> {
+        self.prefix_rows(x, self.shape(x).0)
+    }
     /// `x <- alpha * x`.
-    fn scale(&self, x: &mut Self::Tensor, alpha: f32);
+    fn scale(&self, x: &mut Self::Tensor, alpha: f32) -> DeviceResult<()>;
     /// Elementwise product.
-    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Self::Tensor;
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// `(mul(a, b), sum_rows(mul(a, b)))` in one pass over the product, bit for bit: the
     /// gradient at a layer's epilogue input and its bias gradient. Panics if the shapes differ.
-    fn mul_sum_rows(&self, a: &Self::Tensor, b: &Self::Tensor) -> (Self::Tensor, Self::Tensor);
+    fn mul_sum_rows(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+    ) -> DeviceResult<(Self::Tensor, Self::Tensor)>;
     /// Sum of the elementwise product, accumulated in f64 (reads back to the host).
-    fn dot(&self, a: &Self::Tensor, b: &Self::Tensor) -> f64;
+    fn dot(&self, a: &Self::Tensor, b: &Self::Tensor) -> DeviceResult<f64>;
     /// `y[0, 0] += dot(a, b)` rounded to f32, for a `1 x 1` `y`: [`Backend::dot`] as f32,
     /// added as [`Backend::axpy`] with `alpha = 1` adds it, bit for bit, and without reading
     /// the sum back on a device (GIN's eps gradient). The default reads it back.
-    fn add_dot(&self, a: &Self::Tensor, b: &Self::Tensor, y: &mut Self::Tensor) {
-        let d = self.dot(a, b) as f32;
-        self.axpy(1.0, &self.upload(&Tensor::scalar(d)), y);
+    fn add_dot(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        y: &mut Self::Tensor,
+    ) -> DeviceResult<()> {
+        let d = self.dot(a, b)? as f32;
+        self.axpy(1.0, &self.upload(&Tensor::scalar(d))?, y)
     }
     /// `max(x, 0)`.
-    fn relu(&self, x: &Self::Tensor) -> Self::Tensor;
+    fn relu(&self, x: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::relu`] given its output: `grad * (out > 0)`.
-    fn relu_backward(&self, grad: &Self::Tensor, out: &Self::Tensor) -> Self::Tensor;
+    fn relu_backward(&self, grad: &Self::Tensor, out: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// `x` where `x > 0`, else `slope * x`.
-    fn leaky_relu(&self, x: &Self::Tensor, slope: f32) -> Self::Tensor;
+    fn leaky_relu(&self, x: &Self::Tensor, slope: f32) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::leaky_relu`] given its input.
     fn leaky_relu_backward(
         &self,
         grad: &Self::Tensor,
         x: &Self::Tensor,
         slope: f32,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// Inverted dropout: returns `(x * mask, mask)` where each mask element is independently 0
     /// with probability `p` and `1 / (1 - p)` otherwise. The mask is a pure function of `key`
     /// and the rows' identities: element `(r, c)` comes from a hash of `mix_keys(&[key, id])`
@@ -450,7 +480,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         p: f32,
         key: u64,
         row_ids: Option<&[u32]>,
-    ) -> (Self::Tensor, Self::Tensor);
+    ) -> DeviceResult<(Self::Tensor, Self::Tensor)>;
     /// A layer's epilogue in one pass over `x`, in place: `x <- drop(act(x + bias))`, where
     /// the bias (`1 x cols`) is added when given, `act` is ReLU when `relu` (else the
     /// identity) and `drop` is `dropout`'s (the masks of [`Backend::dropout`] with the same
@@ -467,27 +497,27 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         relu: bool,
         dropout: Option<DropoutSpec<'_>>,
         keep: bool,
-    ) -> Option<Self::Tensor>;
+    ) -> DeviceResult<Option<Self::Tensor>>;
     /// Row-wise L2 normalisation `y = x / r` with `r = ||x_row||`, rows of norm 0 left as they
     /// are (`r` taken as 1, as DGL's PinSAGE example does). Returns `(y, r)`, `r` being `N x 1`.
-    fn l2_normalize_rows(&self, x: &Self::Tensor) -> (Self::Tensor, Self::Tensor);
+    fn l2_normalize_rows(&self, x: &Self::Tensor) -> DeviceResult<(Self::Tensor, Self::Tensor)>;
     /// Gradient of [`Backend::l2_normalize_rows`]: `(grad - y * <y, grad>) / r` per row.
     fn l2_normalize_rows_backward(
         &self,
         grad: &Self::Tensor,
         y: &Self::Tensor,
         norms: &Self::Tensor,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// Per-head dot products: `x` is `N x (H*F)`, `a` is `H x F`, result `N x H` with
     /// `out[n, h] = sum_f x[n, h*F + f] * a[h, f]` (GAT's attention logits).
-    fn head_dot(&self, x: &Self::Tensor, a: &Self::Tensor) -> Self::Tensor;
+    fn head_dot(&self, x: &Self::Tensor, a: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// Gradients of [`Backend::head_dot`] given `grad` (`N x H`): `(d x, d a)`.
     fn head_dot_backward(
         &self,
         grad: &Self::Tensor,
         x: &Self::Tensor,
         a: &Self::Tensor,
-    ) -> (Self::Tensor, Self::Tensor);
+    ) -> DeviceResult<(Self::Tensor, Self::Tensor)>;
     /// [`Backend::head_dot_backward`] with `d x` added into the first `N` rows of `acc`
     /// instead of returned (`acc` as after `axpy_prefix(1.0, d x, acc, N)`, bit for bit up to
     /// the sign of a zero: the temporary `d x` holds `+0` where a product is `-0`), and
@@ -499,22 +529,26 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         x: &Self::Tensor,
         a: &Self::Tensor,
         acc: &mut Self::Tensor,
-    ) -> Self::Tensor {
-        let (gx, ga) = self.head_dot_backward(grad, x, a);
+    ) -> DeviceResult<Self::Tensor> {
+        let (gx, ga) = self.head_dot_backward(grad, x, a)?;
         let rows = self.shape(&gx).0;
-        self.axpy_prefix(1.0, &gx, acc, rows);
-        ga
+        self.axpy_prefix(1.0, &gx, acc, rows)?;
+        Ok(ga)
     }
     /// Mean over heads: `N x (H*F)` to `N x F`.
-    fn head_mean(&self, x: &Self::Tensor, heads: usize) -> Self::Tensor;
+    fn head_mean(&self, x: &Self::Tensor, heads: usize) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::head_mean`]: `N x F` to `N x (H*F)`, each head getting `grad / H`.
-    fn head_mean_backward(&self, grad: &Self::Tensor, heads: usize) -> Self::Tensor;
+    fn head_mean_backward(&self, grad: &Self::Tensor, heads: usize) -> DeviceResult<Self::Tensor>;
 
     // ----- graph (parallel over destinations, or over sources for the transposed side) -----
 
     /// The per-edge coefficients (`E x 1`) that implement `agg` on `block`; `None` for
     /// [`Aggregation::Sum`] (all ones).
-    fn edge_coefficients(&self, block: &Self::Block, agg: Aggregation) -> Option<Self::Tensor>;
+    fn edge_coefficients(
+        &self,
+        block: &Self::Block,
+        agg: Aggregation,
+    ) -> DeviceResult<Option<Self::Tensor>>;
     /// Generalised sparse-dense product (DGL `u_mul_e_sum`): `x` is `S x (H*F)`, `coeff` is
     /// `E x H` (or `None` = all ones, any H), result `D x (H*F)` with
     /// `out[d, h*F+f] = sum over edges e into d of coeff[e, h] * x[src(e), h*F+f]`.
@@ -523,7 +557,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         block: &Self::Block,
         coeff: Option<&Self::Tensor>,
         x: &Self::Tensor,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::spmm`] with respect to `x` (`S x (H*F)`); rows of sources
     /// without outgoing edges are zero.
     fn spmm_backward_x(
@@ -531,7 +565,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         block: &Self::Block,
         coeff: Option<&Self::Tensor>,
         grad: &Self::Tensor,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::spmm`] with respect to `coeff` (`E x H`):
     /// `d coeff[e, h] = <grad[dst(e), head h], x[src(e), head h]>`.
     fn spmm_backward_coeff(
@@ -540,7 +574,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         grad: &Self::Tensor,
         x: &Self::Tensor,
         heads: usize,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// Both gradients of [`Backend::spmm`] with coefficients, `(d x, d coeff)`: the results of
     /// [`Backend::spmm_backward_x`] and [`Backend::spmm_backward_coeff`] (with `heads` the
     /// columns of `coeff`), bit for bit. A backend may compute them in one pass.
@@ -550,16 +584,21 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         coeff: &Self::Tensor,
         grad: &Self::Tensor,
         x: &Self::Tensor,
-    ) -> (Self::Tensor, Self::Tensor) {
+    ) -> DeviceResult<(Self::Tensor, Self::Tensor)> {
         let heads = self.shape(coeff).1;
-        (
-            self.spmm_backward_x(block, Some(coeff), grad),
-            self.spmm_backward_coeff(block, grad, x, heads),
-        )
+        Ok((
+            self.spmm_backward_x(block, Some(coeff), grad)?,
+            self.spmm_backward_coeff(block, grad, x, heads)?,
+        ))
     }
     /// [`Backend::spmm`] with the coefficients of `agg` (block aggregation).
-    fn aggregate(&self, block: &Self::Block, x: &Self::Tensor, agg: Aggregation) -> Self::Tensor {
-        let c = self.edge_coefficients(block, agg);
+    fn aggregate(
+        &self,
+        block: &Self::Block,
+        x: &Self::Tensor,
+        agg: Aggregation,
+    ) -> DeviceResult<Self::Tensor> {
+        let c = self.edge_coefficients(block, agg)?;
         self.spmm(block, c.as_ref(), x)
     }
     /// Gradient of [`Backend::aggregate`] with respect to `x`.
@@ -568,20 +607,29 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         block: &Self::Block,
         grad: &Self::Tensor,
         agg: Aggregation,
-    ) -> Self::Tensor {
-        let c = self.edge_coefficients(block, agg);
+    ) -> DeviceResult<Self::Tensor> {
+        let c = self.edge_coefficients(block, agg)?;
         self.spmm_backward_x(block, c.as_ref(), grad)
     }
     /// Edge scores from endpoint scores (DGL `u_add_v`): `el` is `S x H`, `er` is `D x H`,
     /// result `E x H` with `out[e] = el[src(e)] + er[dst(e)]`.
-    fn u_add_v(&self, block: &Self::Block, el: &Self::Tensor, er: &Self::Tensor) -> Self::Tensor;
+    fn u_add_v(
+        &self,
+        block: &Self::Block,
+        el: &Self::Tensor,
+        er: &Self::Tensor,
+    ) -> DeviceResult<Self::Tensor>;
     /// Sums an `E x H` edge tensor onto sources: `S x H` (the `el` gradient of `u_add_v`).
-    fn edge_sum_to_src(&self, block: &Self::Block, e: &Self::Tensor) -> Self::Tensor;
+    fn edge_sum_to_src(&self, block: &Self::Block, e: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// Sums an `E x H` edge tensor onto destinations: `D x H` (the `er` gradient of `u_add_v`).
-    fn edge_sum_to_dst(&self, block: &Self::Block, e: &Self::Tensor) -> Self::Tensor;
+    fn edge_sum_to_dst(&self, block: &Self::Block, e: &Self::Tensor) -> DeviceResult<Self::Tensor>;
     /// Softmax of `E x H` scores over the incoming edges of each destination, per head
     /// (numerically stable: the maximum is subtracted first).
-    fn edge_softmax(&self, block: &Self::Block, scores: &Self::Tensor) -> Self::Tensor;
+    fn edge_softmax(
+        &self,
+        block: &Self::Block,
+        scores: &Self::Tensor,
+    ) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::edge_softmax`] given its output `a`:
     /// `d s[e] = a[e] * (grad[e] - sum over edges e' of dst(e) of a[e'] * grad[e'])`.
     fn edge_softmax_backward(
@@ -589,11 +637,16 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         block: &Self::Block,
         a: &Self::Tensor,
         grad: &Self::Tensor,
-    ) -> Self::Tensor;
+    ) -> DeviceResult<Self::Tensor>;
     /// `out[i] = x[idx[i]]`. Panics if an index is out of range.
-    fn gather_rows(&self, x: &Self::Tensor, idx: &[u32]) -> Self::Tensor;
+    fn gather_rows(&self, x: &Self::Tensor, idx: &[u32]) -> DeviceResult<Self::Tensor>;
     /// `y[idx[i]] += x[i]` for every `i`, duplicates summed. Panics if an index is out of range.
-    fn scatter_add_rows(&self, y: &mut Self::Tensor, idx: &[u32], x: &Self::Tensor);
+    fn scatter_add_rows(
+        &self,
+        y: &mut Self::Tensor,
+        idx: &[u32],
+        x: &Self::Tensor,
+    ) -> DeviceResult<()>;
 
     // ----- loss and metrics -----
 
@@ -607,7 +660,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<CrossEntropy<Self::Tensor>>;
     /// `(correct, labelled)`: rows whose arg-max (first maximum on ties) equals the label, and
     /// rows with a label other than -1.
-    fn accuracy(&self, logits: &Self::Tensor, labels: &[i64]) -> (usize, usize);
+    fn accuracy(&self, logits: &Self::Tensor, labels: &[i64]) -> DeviceResult<(usize, usize)>;
     /// [`Backend::softmax_cross_entropy`] and the `correct` count of [`Backend::accuracy`] of
     /// the same logits and labels, in one call (a device backend reads both back at once; the
     /// default calls the two). The labelled count is the cross-entropy's `count`.
@@ -617,15 +670,18 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         labels: &[i64],
     ) -> Result<(CrossEntropy<Self::Tensor>, usize)> {
         let ce = self.softmax_cross_entropy(logits, labels)?;
-        let (correct, _) = self.accuracy(logits, labels);
+        let (correct, _) = self.accuracy(logits, labels)?;
         Ok((ce, correct))
     }
     /// Whether every element of every tensor of `tensors` is finite (no NaN, no infinity).
     /// The default reads each one back; a device backend answers with one read of a flag.
-    fn all_finite(&self, tensors: &[&Self::Tensor]) -> bool {
-        tensors
-            .iter()
-            .all(|t| self.download(t).data().iter().all(|v| v.is_finite()))
+    fn all_finite(&self, tensors: &[&Self::Tensor]) -> DeviceResult<bool> {
+        for t in tensors {
+            if !self.download(t)?.data().iter().all(|v| v.is_finite()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether reading a value back waits for the work queued before it (a device with its
@@ -646,7 +702,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         let (ce, correct) = self.loss_and_accuracy(logits, labels)?;
         let figures = Tensor::new(1, 2, vec![ce.loss, correct as f32]);
         Ok(StepFigures {
-            figures: self.upload_owned(figures),
+            figures: self.upload_owned(figures)?,
             count: ce.count,
             grad: ce.grad,
         })
@@ -656,32 +712,39 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// (the first, in the default). A gate once marked stays marked; the gated updates
     /// ([`Backend::adam_update_gated`]) skip from then on. Nothing is read back on a device.
     /// Panics if `slot` is outside the gate.
-    fn mark_non_finite(&self, x: &Self::Tensor, gate: &mut Self::Tensor, slot: usize) {
+    fn mark_non_finite(
+        &self,
+        x: &Self::Tensor,
+        gate: &mut Self::Tensor,
+        slot: usize,
+    ) -> DeviceResult<()> {
         let (rows, cols) = self.shape(gate);
         assert!(
             rows == 1 && slot + 1 < cols,
             "mark_non_finite: slot {slot} outside the gate"
         );
-        let Some(&bad) = self.download(x).data().iter().find(|v| !v.is_finite()) else {
-            return;
+        let Some(&bad) = self.download(x)?.data().iter().find(|v| !v.is_finite()) else {
+            return Ok(());
         };
-        let mut g = self.download(gate).data().to_vec();
+        let mut g = self.download(gate)?.data().to_vec();
         g[0] = 1.0;
         if g[1 + slot] == 0.0 {
             g[1 + slot] = bad;
         }
-        *gate = self.upload_owned(Tensor::new(1, cols, g));
+        *gate = self.upload_owned(Tensor::new(1, cols, g))?;
+        Ok(())
     }
     /// Starts reading `t` back to the host without waiting for the work queued before it; the
     /// value is had with [`Backend::finish_read`]. The default reads at once.
-    fn read_later(&self, t: &Self::Tensor) -> PendingRead {
-        PendingRead::done(self.download(t))
+    fn read_later(&self, t: &Self::Tensor) -> DeviceResult<PendingRead> {
+        Ok(PendingRead::done(self.download(t)?))
     }
     /// The value of a read started by [`Backend::read_later`] (waits for it). Panics on a
     /// read another backend started.
-    fn finish_read(&self, read: PendingRead) -> Tensor {
-        read.into_inner()
-            .unwrap_or_else(|_| panic!("finish_read: a read {} did not start", self.name()))
+    fn finish_read(&self, read: PendingRead) -> DeviceResult<Tensor> {
+        Ok(read
+            .into_inner()
+            .unwrap_or_else(|_| panic!("finish_read: a read {} did not start", self.name())))
     }
 
     // ----- several workers -----
@@ -699,13 +762,18 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// with `fanout_comm`'s rank-order all-reduce and uploading it multiplied by `scale_out`
     /// (for finite values; a NaN's payload may differ).
     /// Every rank must call it with the same shapes and `scale_out`. Nothing is read back.
-    /// Panics (through [`crate::device_failed`]) on a backend with no group: the default.
-    fn sum_over_group(&self, tensors: &mut [&mut Self::Tensor], scale_in: f32, scale_out: f32) {
+    /// `Err` on a backend with no group: the default.
+    fn sum_over_group(
+        &self,
+        tensors: &mut [&mut Self::Tensor],
+        scale_in: f32,
+        scale_out: f32,
+    ) -> DeviceResult<()> {
         let _ = (tensors, scale_in, scale_out);
-        crate::device_failed(format!(
+        Err(DeviceFailure::new(format!(
             "sum_over_group: the {} backend has joined no device group",
             self.name()
-        ))
+        )))
     }
 
     // ----- optimiser updates -----
@@ -720,10 +788,11 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         v: &mut Self::Tensor,
         hp: &AdamUpdate,
         gate: &Self::Tensor,
-    ) {
-        if gate_open(self, gate) {
-            self.adam_update(value, grad, m, v, hp);
+    ) -> DeviceResult<()> {
+        if gate_open(self, gate)? {
+            self.adam_update(value, grad, m, v, hp)?;
         }
+        Ok(())
     }
     /// [`Backend::sgd_update`] unless `gate` ([`Backend::mark_non_finite`]) is marked. The
     /// default reads the gate.
@@ -734,10 +803,11 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         buf: &mut Self::Tensor,
         hp: &SgdUpdate,
         gate: &Self::Tensor,
-    ) {
-        if gate_open(self, gate) {
-            self.sgd_update(value, grad, buf, hp);
+    ) -> DeviceResult<()> {
+        if gate_open(self, gate)? {
+            self.sgd_update(value, grad, buf, hp)?;
         }
+        Ok(())
     }
     /// One Adam update of `value` in place, moments `m`, `v` updated (all of one shape).
     fn adam_update(
@@ -747,7 +817,7 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         m: &mut Self::Tensor,
         v: &mut Self::Tensor,
         hp: &AdamUpdate,
-    );
+    ) -> DeviceResult<()>;
     /// One SGD update of `value` in place; `buf` is the momentum buffer (ignored when
     /// `hp.momentum == 0`).
     fn sgd_update(
@@ -756,5 +826,5 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         grad: &Self::Tensor,
         buf: &mut Self::Tensor,
         hp: &SgdUpdate,
-    );
+    ) -> DeviceResult<()>;
 }

@@ -2,11 +2,13 @@
 
 use std::fmt;
 
+use crate::failure::DeviceFailure;
+
 /// Everything that can go wrong in fanout-compute with a cause a caller can act on.
 ///
 /// Backend kernels themselves panic on mismatched shapes (that is a bug in the calling layer,
 /// like an out-of-bounds index); layers, models, optimisers and checkpoint I/O check what they
-/// are given and return these errors instead.
+/// are given and return these errors instead, and pass on the device's failures.
 #[derive(Debug)]
 pub enum ComputeError {
     /// A tensor had the wrong shape for an operation: `what` names the operation and operand.
@@ -35,6 +37,8 @@ pub enum ComputeError {
     Config(String),
     /// A checkpoint could not be read or does not match the model it should describe.
     Format(String),
+    /// The device failed (from a [`crate::Backend`] method).
+    Device(DeviceFailure),
     /// An I/O error, with the path involved.
     Io {
         /// The file being read or written.
@@ -90,6 +94,7 @@ impl fmt::Display for ComputeError {
             ComputeError::State(m) => write!(f, "{m}"),
             ComputeError::Config(m) => write!(f, "invalid model configuration: {m}"),
             ComputeError::Format(m) => write!(f, "checkpoint: {m}"),
+            ComputeError::Device(e) => write!(f, "{e}"),
             ComputeError::Io { path, source } => write!(f, "{path}: {source}"),
         }
     }
@@ -99,8 +104,15 @@ impl std::error::Error for ComputeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ComputeError::Io { source, .. } => Some(source),
+            ComputeError::Device(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl From<DeviceFailure> for ComputeError {
+    fn from(e: DeviceFailure) -> Self {
+        ComputeError::Device(e)
     }
 }
 

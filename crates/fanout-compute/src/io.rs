@@ -47,11 +47,11 @@ pub fn to_bytes<B: Backend>(model: &Model<B>) -> Result<Vec<u8>> {
 /// evaluation can repeat them). Keys must not start with `fanout.` (reserved); `Err` if one does.
 pub fn to_bytes_with<B: Backend>(model: &Model<B>, extra: &[(String, String)]) -> Result<Vec<u8>> {
     let be = model.backend();
-    let host: Vec<(String, Tensor)> = model
+    let host = model
         .named_params()
         .into_iter()
-        .map(|(n, p)| (n, be.download(&p.value)))
-        .collect();
+        .map(|(n, p)| Ok((n, be.download(&p.value)?)))
+        .collect::<Result<Vec<(String, Tensor)>>>()?;
     to_bytes_parts(model.config(), &host, extra)
 }
 
@@ -218,7 +218,7 @@ pub fn from_bytes<B: Backend>(be: B, bytes: &[u8]) -> Result<Model<B>> {
     for (name, p) in names.iter().zip(model.params_mut()) {
         let (r, c) = be.shape(&p.value);
         let t = tensor_from(&st, name, r, c)?;
-        p.value = be.upload(&t);
+        p.value = be.upload(&t)?;
     }
     Ok(model)
 }

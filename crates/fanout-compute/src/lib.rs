@@ -21,7 +21,7 @@
 //! let blocks = model.prepare_blocks(&block_refs)?;          // outermost first
 //! let logits = model.forward(&blocks, features, Mode::Train { dropout_key: step })?;
 //! let ce = be.softmax_cross_entropy(&logits, &seed_labels)?; // -1 labels ignored
-//! model.zero_grad();
+//! model.zero_grad()?;
 //! model.backward(&ce.grad)?;
 //! opt.step_model(&mut model)?;
 //! ```
@@ -48,10 +48,10 @@ pub use cpu::huge_pages::{kept_bytes, HugePageAlloc};
 pub use cpu::rates::{MachineRates, GEMM_KERNELS_REVISION};
 pub use cpu::{CpuBackend, CpuBlock};
 pub use error::{ComputeError, Result};
-pub use failure::{catch_device_failure, device_failed, DeviceFailure};
+pub use failure::{DeviceFailure, DeviceResult};
 pub use layers::{
-    Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param,
-    Pass, PinSageLayer, SageLayer,
+    Activation, AggregateOrder, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer,
+    MaybeOwned, Param, Pass, PinSageLayer, SageLayer,
 };
 pub use model::{Mode, Model, ModelConfig, ModelKind, PaperSetting};
 pub use optim::{Adam, OptimState, Optimizer, Sgd};

@@ -210,9 +210,9 @@ impl<B: Backend> Model<B> {
             let rng = &mut rng;
             let b = be.clone();
             let layer: Box<dyn Layer<B>> = match config.kind {
-                ModelKind::Sage => Box::new(SageLayer::new(b, din, dout, act, rng)),
-                ModelKind::Gcn => Box::new(GcnLayer::new(b, din, dout, act, rng)),
-                ModelKind::Gin => Box::new(GinLayer::new(b, din, config.hidden, dout, act, rng)),
+                ModelKind::Sage => Box::new(SageLayer::new(b, din, dout, act, rng)?),
+                ModelKind::Gcn => Box::new(GcnLayer::new(b, din, dout, act, rng)?),
+                ModelKind::Gin => Box::new(GinLayer::new(b, din, config.hidden, dout, act, rng)?),
                 ModelKind::PinSage => Box::new(PinSageLayer::new(
                     b,
                     din,
@@ -221,7 +221,7 @@ impl<B: Backend> Model<B> {
                     act,
                     !last,
                     rng,
-                )),
+                )?),
                 ModelKind::Gat => {
                     let h = config.heads;
                     let (f, merge) = if last {
@@ -229,7 +229,7 @@ impl<B: Backend> Model<B> {
                     } else {
                         (dout / h, HeadMerge::Concat)
                     };
-                    Box::new(GatLayer::new(b, din, h, f, merge, act, rng))
+                    Box::new(GatLayer::new(b, din, h, f, merge, act, rng)?)
                 }
             };
             layers.push(layer);
@@ -264,7 +264,11 @@ impl<B: Backend> Model<B> {
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
         blocks: &[BlockRef<'_>],
     ) -> Result<Vec<B::Block>> {
-        match resident.and_then(|r| self.be.adopt_blocks(r, blocks)) {
+        let adopted = match resident {
+            Some(r) => self.be.adopt_blocks(r, blocks)?,
+            None => None,
+        };
+        match adopted {
             Some(adopted) => Ok(adopted),
             None => self.prepare_blocks(blocks),
         }
@@ -407,10 +411,12 @@ impl<B: Backend> Model<B> {
     /// training forward, adding into every parameter's gradient. The input features get no
     /// gradient (that work is skipped). `Err` without a preceding training forward.
     pub fn backward(&mut self, grad_logits: &B::Tensor) -> Result<()> {
-        let mut g = grad_logits.clone();
+        // The logits' gradient is borrowed, not copied: a device copy could fail, and costs.
+        let mut g: Option<B::Tensor> = None;
         for i in (0..self.layers.len()).rev() {
-            match self.backward_layer(i, g, i > 0)? {
-                Some(dx) => g = dx,
+            let grad_out = g.as_ref().unwrap_or(grad_logits);
+            match self.layers[i].backward(grad_out, i > 0)? {
+                Some(dx) => g = Some(dx),
                 None => break,
             }
         }
@@ -436,12 +442,13 @@ impl<B: Backend> Model<B> {
         self.layers[i].backward(&grad_out, need_input_grad)
     }
 
-    /// Sets every parameter gradient to zero.
-    pub fn zero_grad(&mut self) {
+    /// Sets every parameter gradient to zero; `Err` when the device fails.
+    pub fn zero_grad(&mut self) -> Result<()> {
         let be = self.be.clone();
         for p in self.params_mut() {
-            be.fill_zero(&mut p.grad);
+            be.fill_zero(&mut p.grad)?;
         }
+        Ok(())
     }
 
     /// Drops cached activations and masks (e.g. after an aborted step).

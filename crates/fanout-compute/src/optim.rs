@@ -2,6 +2,7 @@
 
 use crate::backend::{AdamUpdate, Backend, SgdUpdate};
 use crate::error::{ComputeError, Result};
+use crate::failure::DeviceResult;
 use crate::layers::Param;
 use crate::model::Model;
 use crate::tensor::Tensor;
@@ -48,8 +49,8 @@ pub trait Optimizer<B: Backend> {
     /// the parameter's shape): Adam 2 (first and second moments), SGD with momentum 1, plain
     /// SGD 0. Lets memory budgets count the state before the first step allocates it.
     fn state_per_param(&self) -> usize;
-    /// A copy of the state on the host (see [`OptimState`]).
-    fn export_state(&self) -> OptimState;
+    /// A copy of the state on the host (see [`OptimState`]); `Err` when the device fails.
+    fn export_state(&self) -> Result<OptimState>;
     /// Replaces the state by `state` (from [`Optimizer::export_state`] of an optimiser of the
     /// same kind over the same parameters). `Err` if its tensor count is neither 0 nor a
     /// multiple of [`Optimizer::state_per_param`]; shapes are checked against the parameters
@@ -69,7 +70,8 @@ fn upload_state<B: Backend>(
             "optimiser state of {n} tensors, expected a multiple of {per_param}"
         )));
     }
-    Ok(state.tensors.iter().map(|t| be.upload(t)).collect())
+    let tensors = state.tensors.iter().map(|t| be.upload(t));
+    Ok(tensors.collect::<std::result::Result<_, _>>()?)
 }
 
 /// Allocates zero state like `params` on first use, then checks that it still matches.
@@ -83,7 +85,7 @@ fn ensure_state<B: Backend>(
         for p in params {
             let (r, c) = be.shape(&p.value);
             for _ in 0..per_param {
-                state.push(be.zeros(r, c));
+                state.push(be.zeros(r, c)?);
             }
         }
         return Ok(());
@@ -168,8 +170,8 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             let (m, v) = mv.split_at_mut(1);
             let (value, m, v) = (&mut p.value, &mut m[0], &mut v[0]);
             match gate {
-                Some(g) => self.be.adam_update_gated(value, &p.grad, m, v, &hp, g),
-                None => self.be.adam_update(value, &p.grad, m, v, &hp),
+                Some(g) => self.be.adam_update_gated(value, &p.grad, m, v, &hp, g)?,
+                None => self.be.adam_update(value, &p.grad, m, v, &hp)?,
             }
         }
         Ok(())
@@ -183,11 +185,12 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     fn state_per_param(&self) -> usize {
         2
     }
-    fn export_state(&self) -> OptimState {
-        OptimState {
+    fn export_state(&self) -> Result<OptimState> {
+        let tensors = self.state.iter().map(|t| self.be.download(t));
+        Ok(OptimState {
             step: self.step,
-            tensors: self.state.iter().map(|t| self.be.download(t)).collect(),
-        }
+            tensors: tensors.collect::<std::result::Result<_, _>>()?,
+        })
     }
     fn import_state(&mut self, state: OptimState) -> Result<()> {
         self.state = upload_state(&self.be, 2, &state)?;
@@ -244,15 +247,15 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         };
         if self.momentum == 0.0 {
             // No momentum buffers needed: the update ignores `buf`.
-            let mut unused = self.be.zeros(0, 0);
+            let mut unused = self.be.zeros(0, 0)?;
             for p in params.iter_mut() {
-                sgd_update(&self.be, p, &mut unused, &hp, gate);
+                sgd_update(&self.be, p, &mut unused, &hp, gate)?;
             }
             return Ok(());
         }
         ensure_state(&self.be, &mut self.bufs, 1, params)?;
         for (p, buf) in params.iter_mut().zip(self.bufs.iter_mut()) {
-            sgd_update(&self.be, p, buf, &hp, gate);
+            sgd_update(&self.be, p, buf, &hp, gate)?;
         }
         Ok(())
     }
@@ -265,11 +268,12 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn state_per_param(&self) -> usize {
         usize::from(self.momentum != 0.0)
     }
-    fn export_state(&self) -> OptimState {
-        OptimState {
+    fn export_state(&self) -> Result<OptimState> {
+        let tensors = self.bufs.iter().map(|t| self.be.download(t));
+        Ok(OptimState {
             step: 0,
-            tensors: self.bufs.iter().map(|t| self.be.download(t)).collect(),
-        }
+            tensors: tensors.collect::<std::result::Result<_, _>>()?,
+        })
     }
     fn import_state(&mut self, state: OptimState) -> Result<()> {
         self.bufs = upload_state(&self.be, self.state_per_param(), &state)?;
@@ -284,7 +288,7 @@ fn sgd_update<B: Backend>(
     buf: &mut B::Tensor,
     hp: &SgdUpdate,
     gate: Option<&B::Tensor>,
-) {
+) -> DeviceResult<()> {
     match gate {
         Some(g) => be.sgd_update_gated(&mut p.value, &p.grad, buf, hp, g),
         None => be.sgd_update(&mut p.value, &p.grad, buf, hp),
@@ -297,7 +301,7 @@ mod tests {
     use crate::CpuBackend;
 
     fn param(be: &CpuBackend, grad: &[f32]) -> Param<CpuBackend> {
-        let mut p = Param::new(be, "w", &Tensor::new(1, 3, vec![0.5, -1.0, 2.0]));
+        let mut p = Param::new(be, "w", &Tensor::new(1, 3, vec![0.5, -1.0, 2.0])).unwrap();
         p.grad = Tensor::new(1, 3, grad.to_vec());
         p
     }
@@ -307,7 +311,7 @@ mod tests {
     #[test]
     fn a_marked_gate_skips_updates_and_stays_marked() {
         let be = CpuBackend;
-        let mut gate = be.zeros(1, 3);
+        let mut gate = be.zeros(1, 3).unwrap();
         // Adam, plain SGD and SGD with momentum, each made afresh.
         let make = |k: usize| -> Box<dyn Optimizer<CpuBackend>> {
             match k {
@@ -324,26 +328,30 @@ mod tests {
             assert_eq!(a.value, b.value, "an unmarked gate updates");
             assert_ne!(a.value, param(&be, &[0.0; 3]).value, "the step moved");
         }
-        be.mark_non_finite(&Tensor::new(1, 2, vec![1.0, 2.0]), &mut gate, 0);
+        be.mark_non_finite(&Tensor::new(1, 2, vec![1.0, 2.0]), &mut gate, 0)
+            .unwrap();
         assert_eq!(gate.data(), &[0.0, 0.0, 0.0], "finite values mark nothing");
         be.mark_non_finite(
             &Tensor::new(1, 3, vec![1.0, f32::INFINITY, f32::NAN]),
             &mut gate,
             1,
-        );
+        )
+        .unwrap();
         assert_eq!(gate.data()[..2], [1.0, 0.0]);
         assert_eq!(
             gate.data()[2],
             f32::INFINITY,
             "the first bad value, in its slot"
         );
-        be.mark_non_finite(&Tensor::new(1, 1, vec![f32::NAN]), &mut gate, 1);
+        be.mark_non_finite(&Tensor::new(1, 1, vec![f32::NAN]), &mut gate, 1)
+            .unwrap();
         assert_eq!(
             gate.data()[2],
             f32::INFINITY,
             "a slot keeps its first value"
         );
-        be.mark_non_finite(&Tensor::new(1, 1, vec![7.0]), &mut gate, 0);
+        be.mark_non_finite(&Tensor::new(1, 1, vec![7.0]), &mut gate, 0)
+            .unwrap();
         assert_eq!(gate.data()[0], 1.0, "a marked gate stays marked");
         for k in 0..3 {
             let mut gated = make(k);
@@ -363,7 +371,7 @@ mod tests {
         let labels = [0, 2, -1, 1, 2];
         let (ce, correct) = be.loss_and_accuracy(&logits, &labels).unwrap();
         let f = be.loss_and_accuracy_on_device(&logits, &labels).unwrap();
-        let read = be.finish_read(be.read_later(&f.figures));
+        let read = be.finish_read(be.read_later(&f.figures).unwrap()).unwrap();
         assert_eq!(read.data()[0].to_bits(), ce.loss.to_bits());
         assert_eq!(read.data()[1], correct as f32);
         assert_eq!((f.count, &f.grad), (ce.count, &ce.grad));

@@ -69,7 +69,9 @@ fn sage_gradients_both_orders_and_activations() {
         .enumerate()
     {
         for act in [Activation::None, Activation::Relu] {
-            let l = SageLayer::new(CpuBackend, 6, 5, act, &mut rng(1)).with_order(order);
+            let l = SageLayer::new(CpuBackend, 6, 5, act, &mut rng(1))
+                .unwrap()
+                .with_order(order);
             check_layer(
                 &format!("sage {order:?} {act:?}"),
                 Box::new(l),
@@ -84,7 +86,9 @@ fn sage_gradients_both_orders_and_activations() {
 fn gcn_gradients_both_orders() {
     for order in [AggregateOrder::AggregateFirst, AggregateOrder::ProjectFirst] {
         for act in [Activation::None, Activation::Relu] {
-            let l = GcnLayer::new(CpuBackend, 6, 4, act, &mut rng(2)).with_order(order);
+            let l = GcnLayer::new(CpuBackend, 6, 4, act, &mut rng(2))
+                .unwrap()
+                .with_order(order);
             check_layer(&format!("gcn {order:?} {act:?}"), Box::new(l), false, 20);
         }
     }
@@ -94,7 +98,7 @@ fn gcn_gradients_both_orders() {
 fn gat_gradients_concat_and_mean() {
     for merge in [HeadMerge::Concat, HeadMerge::Mean] {
         for act in [Activation::None, Activation::Relu] {
-            let l = GatLayer::new(CpuBackend, 5, 2, 3, merge, act, &mut rng(3));
+            let l = GatLayer::new(CpuBackend, 5, 2, 3, merge, act, &mut rng(3)).unwrap();
             check_layer(&format!("gat {merge:?} {act:?}"), Box::new(l), false, 30);
         }
     }
@@ -103,7 +107,7 @@ fn gat_gradients_concat_and_mean() {
 #[test]
 fn gin_gradients() {
     for act in [Activation::None, Activation::Relu] {
-        let mut l = GinLayer::new(CpuBackend, 5, 7, 4, act, &mut rng(4));
+        let mut l = GinLayer::new(CpuBackend, 5, 7, 4, act, &mut rng(4)).unwrap();
         // A non-zero epsilon so that its gradient path is exercised away from the init.
         l.params_mut()[0].value = Tensor::scalar(0.3);
         check_layer(&format!("gin {act:?}"), Box::new(l), false, 40);
@@ -113,7 +117,7 @@ fn gin_gradients() {
 #[test]
 fn pinsage_gradients_weighted_with_and_without_normalisation() {
     for (act, normalize) in [(Activation::Relu, true), (Activation::None, false)] {
-        let l = PinSageLayer::new(CpuBackend, 5, 6, 4, act, normalize, &mut rng(5));
+        let l = PinSageLayer::new(CpuBackend, 5, 6, 4, act, normalize, &mut rng(5)).unwrap();
         check_layer(&format!("pinsage norm={normalize}"), Box::new(l), true, 50);
     }
 }
@@ -123,7 +127,7 @@ fn checker_rejects_a_wrong_backward() {
     let mut r0 = rng(6);
     let blk = OwnedBlock::random(5, 9, 4, false, &mut r0);
     let block = blk.prepare();
-    let mut layer = SageLayer::new(CpuBackend, 6, 5, Activation::None, &mut r0);
+    let mut layer = SageLayer::new(CpuBackend, 6, 5, Activation::None, &mut r0).unwrap();
     let h = rand_tensor(9, 6, &mut r0);
     let out = layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
     let r = rand_tensor(out.rows(), out.cols(), &mut r0);
@@ -147,7 +151,7 @@ fn gradients_accumulate_and_backward_needs_a_training_forward() {
     let mut r0 = rng(7);
     let blk = OwnedBlock::random(4, 7, 3, false, &mut r0);
     let block = blk.prepare();
-    let mut layer = GcnLayer::new(CpuBackend, 3, 2, Activation::None, &mut r0);
+    let mut layer = GcnLayer::new(CpuBackend, 3, 2, Activation::None, &mut r0).unwrap();
     let h = rand_tensor(7, 3, &mut r0);
     let g = Tensor::full(4, 2, 1.0);
     layer.forward(&block, h.clone(), Pass::TRAIN).unwrap();
@@ -208,7 +212,7 @@ fn model_gradients_through_cross_entropy_with_dropout() {
         let mode = Mode::Train { dropout_key: 77 };
         let logits = model.forward(&blocks, x.clone(), mode).unwrap();
         let ce = be.softmax_cross_entropy(&logits, &labels).unwrap();
-        model.zero_grad();
+        model.zero_grad().unwrap();
         model.backward(&ce.grad).unwrap();
         let saved: Vec<(String, Tensor, Tensor)> = model
             .named_params()

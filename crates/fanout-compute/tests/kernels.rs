@@ -119,7 +119,8 @@ fn shared_weight_gradients_match_one_dense_product_each() {
             rand_tensor(100, 256, &mut rng),
         );
         let (mut cx, mut cy) = (cx0.clone(), cy0.clone());
-        BE.acc_at_b_shared(&g, &mut [(&x, &mut cx), (&y, &mut cy)]);
+        BE.acc_at_b_shared(&g, &mut [(&x, &mut cx), (&y, &mut cy)])
+            .unwrap();
         let (mut wx, mut wy) = (cx0, cy0);
         gemm_dense(1.0, &x, true, &g, false, 1.0, &mut wx);
         gemm_dense(1.0, &y, true, &g, false, 1.0, &mut wy);
@@ -127,7 +128,7 @@ fn shared_weight_gradients_match_one_dense_product_each() {
         assert!(err < 1e-3, "density {density}: {err}");
         // The single-product entry point dispatches the same way.
         let mut one = Tensor::zeros(128, 256);
-        BE.gemm(1.0, &x, true, &g, false, 0.0, &mut one);
+        BE.gemm(1.0, &x, true, &g, false, 0.0, &mut one).unwrap();
         let mut want = Tensor::zeros(128, 256);
         gemm_dense(1.0, &x, true, &g, false, 0.0, &mut want);
         assert!(one.max_abs_diff(&want) < 1e-3, "density {density}: gemm");
@@ -164,7 +165,7 @@ fn matmul_matches_naive_triple_loop_for_all_transposes() {
                 } else {
                     rand_tensor(k, n, &mut rng)
                 };
-                let c = BE.matmul(&a, ta, &b, tb);
+                let c = BE.matmul(&a, ta, &b, tb).unwrap();
                 let want = naive_matmul(&a, ta, &b, tb);
                 let err = c.max_abs_diff(&want);
                 assert!(
@@ -183,13 +184,13 @@ fn gemm_alpha_beta_and_edge_cases() {
     let b = rand_tensor(30, 20, &mut rng);
     let c0 = rand_tensor(40, 20, &mut rng);
     let mut c = c0.clone();
-    BE.gemm(0.5, &a, false, &b, false, 2.0, &mut c);
+    BE.gemm(0.5, &a, false, &b, false, 2.0, &mut c).unwrap();
     let ab = naive_matmul(&a, false, &b, false);
     let want = Tensor::from_fn(40, 20, |i, j| 0.5 * ab.get(i, j) + 2.0 * c0.get(i, j));
     assert!(c.max_abs_diff(&want) < 1e-4);
     // beta = 0 ignores NaNs already in C.
     let mut c = Tensor::full(40, 20, f32::NAN);
-    BE.gemm(1.0, &a, false, &b, false, 0.0, &mut c);
+    BE.gemm(1.0, &a, false, &b, false, 0.0, &mut c).unwrap();
     assert!(c.max_abs_diff(&ab) < 1e-4);
     // k = 0: C = beta * C.
     let mut c = Tensor::full(2, 3, 4.0);
@@ -201,7 +202,8 @@ fn gemm_alpha_beta_and_edge_cases() {
         false,
         0.5,
         &mut c,
-    );
+    )
+    .unwrap();
     assert_eq!(c, Tensor::full(2, 3, 2.0));
 }
 
@@ -218,8 +220,11 @@ fn fixed_block() -> OwnedBlock {
 #[test]
 fn aggregation_coefficients_match_their_definitions() {
     let b = fixed_block().prepare();
-    let c = |agg| BE.edge_coefficients(&b, agg).unwrap().into_data();
-    assert!(BE.edge_coefficients(&b, Aggregation::Sum).is_none());
+    let c = |agg| BE.edge_coefficients(&b, agg).unwrap().unwrap().into_data();
+    assert!(BE
+        .edge_coefficients(&b, Aggregation::Sum)
+        .unwrap()
+        .is_none());
     assert_eq!(c(Aggregation::Mean), [1. / 3., 1. / 3., 1. / 3., 0.5, 0.5]);
     assert_eq!(c(Aggregation::Weighted), [1.0, 2.0, 3.0, 4.0, 0.5]);
     assert_eq!(
@@ -247,7 +252,7 @@ fn spmm_matches_naive_and_edgeless_destinations_get_zero() {
     let b = blk.prepare();
     let x = rand_tensor(12, 6, &mut rng);
     let c = rand_tensor(blk.num_edges(), 2, &mut rng);
-    let out = BE.spmm(&b, Some(&c), &x);
+    let out = BE.spmm(&b, Some(&c), &x).unwrap();
     let want = Tensor::from_fn(7, 6, |d, col| {
         let h = col / 3;
         (blk.indptr[d]..blk.indptr[d + 1])
@@ -268,8 +273,8 @@ fn edge_softmax_sums_to_one_per_destination_and_head() {
     let b = blk.prepare();
     let mut s = rand_tensor(blk.num_edges(), 3, &mut rng);
     s.data_mut()[0] = 80.0; // large logits stay finite
-    let a = BE.edge_softmax(&b, &s);
-    let sums = BE.edge_sum_to_dst(&b, &a);
+    let a = BE.edge_softmax(&b, &s).unwrap();
+    let sums = BE.edge_sum_to_dst(&b, &a).unwrap();
     for d in 0..6 {
         let deg = blk.indptr[d + 1] - blk.indptr[d];
         for h in 0..3 {
@@ -283,24 +288,24 @@ fn edge_softmax_sums_to_one_per_destination_and_head() {
 #[test]
 fn gather_scatter_and_prefix_ops() {
     let x = Tensor::from_fn(4, 2, |r, c| (r * 10 + c) as f32);
-    let g = BE.gather_rows(&x, &[3, 0, 3]);
+    let g = BE.gather_rows(&x, &[3, 0, 3]).unwrap();
     assert_eq!(g.data(), &[30., 31., 0., 1., 30., 31.]);
     let mut y = Tensor::zeros(4, 2);
-    BE.scatter_add_rows(&mut y, &[3, 0, 3], &g);
+    BE.scatter_add_rows(&mut y, &[3, 0, 3], &g).unwrap();
     assert_eq!(y.data(), &[0., 1., 0., 0., 0., 0., 60., 62.]);
-    let p = BE.prefix_rows(&x, 2);
+    let p = BE.prefix_rows(&x, 2).unwrap();
     assert_eq!(p.data(), &[0., 1., 10., 11.]);
     let mut z = Tensor::zeros(4, 2);
-    BE.axpy_prefix(2.0, &p, &mut z, 2);
+    BE.axpy_prefix(2.0, &p, &mut z, 2).unwrap();
     assert_eq!(z.data(), &[0., 2., 20., 22., 0., 0., 0., 0.]);
 }
 
 #[test]
 fn dropout_is_keyed_and_has_the_right_rate() {
     let x = Tensor::full(200, 50, 1.0);
-    let (a, ma) = BE.dropout(&x, 0.5, 42, None);
-    let (b, _) = BE.dropout(&x, 0.5, 42, None);
-    let (c, _) = BE.dropout(&x, 0.5, 43, None);
+    let (a, ma) = BE.dropout(&x, 0.5, 42, None).unwrap();
+    let (b, _) = BE.dropout(&x, 0.5, 42, None).unwrap();
+    let (c, _) = BE.dropout(&x, 0.5, 43, None).unwrap();
     assert_eq!(a, b);
     assert_ne!(a, c);
     let kept = ma.data().iter().filter(|&&m| m != 0.0).count() as f64 / 10_000.0;
@@ -315,14 +320,14 @@ fn dropout_keyed_by_row_ids_follows_the_ids_not_the_rows() {
     let x = Tensor::full(6, 40, 1.0);
     let ids = [10u32, 11, 12, 13, 14, 15];
     let moved = [13u32, 99, 10, 98, 97, 96];
-    let (_, m) = BE.dropout(&x, 0.5, 42, Some(&ids));
-    let (_, n) = BE.dropout(&x, 0.5, 42, Some(&moved));
+    let (_, m) = BE.dropout(&x, 0.5, 42, Some(&ids)).unwrap();
+    let (_, n) = BE.dropout(&x, 0.5, 42, Some(&moved)).unwrap();
     assert_eq!(m.row(3), n.row(0), "id 13");
     assert_eq!(m.row(0), n.row(2), "id 10");
     assert_ne!(m.row(1), n.row(1));
     // Without ids the row index is the id.
-    let (_, plain) = BE.dropout(&x, 0.5, 42, None);
-    let (_, by_index) = BE.dropout(&x, 0.5, 42, Some(&[0, 1, 2, 3, 4, 5]));
+    let (_, plain) = BE.dropout(&x, 0.5, 42, None).unwrap();
+    let (_, by_index) = BE.dropout(&x, 0.5, 42, Some(&[0, 1, 2, 3, 4, 5])).unwrap();
     assert_eq!(plain, by_index);
     assert_ne!(plain, m);
 }
@@ -333,7 +338,7 @@ fn dropout_rate_product_and_independence_hold_for_odd_widths() {
     for &(rows, cols) in &[(400, 67), (150, 130), (3000, 1)] {
         let x = rand_tensor(rows, cols, &mut Rng::new(cols as u64));
         for &p in &[0.1f32, 0.5, 0.9] {
-            let (y, m) = BE.dropout(&x, p, 7, None);
+            let (y, m) = BE.dropout(&x, p, 7, None).unwrap();
             let keep = 1.0 / (1.0 - p);
             let n = (rows * cols) as f64;
             let dropped = m.data().iter().filter(|&&v| v == 0.0).count() as f64;
@@ -372,7 +377,7 @@ fn cross_entropy_and_accuracy_on_known_values() {
     assert!((ce.loss as f64 - want).abs() < 1e-6);
     assert_eq!(ce.count, 2);
     assert!(ce.grad.row(2).iter().all(|&g| g == 0.0));
-    assert_eq!(BE.accuracy(&logits, &[1, 0, -1]), (1, 2));
+    assert_eq!(BE.accuracy(&logits, &[1, 0, -1]).unwrap(), (1, 2));
     assert!(matches!(
         BE.softmax_cross_entropy(&logits, &[0, 2, 0]),
         Err(ComputeError::Label {
@@ -419,25 +424,25 @@ fn results_do_not_depend_on_the_thread_count() {
         let b = blk.prepare();
         let x = rand_tensor(5000, 24, &mut rng);
         let w = rand_tensor(24, 40, &mut rng);
-        let y = BE.matmul(&x, false, &w, false);
-        let agg = BE.aggregate(&b, &x, Aggregation::GcnBoth);
-        let back = BE.aggregate_backward(&b, &agg, Aggregation::Mean);
+        let y = BE.matmul(&x, false, &w, false).unwrap();
+        let agg = BE.aggregate(&b, &x, Aggregation::GcnBoth).unwrap();
+        let back = BE.aggregate_backward(&b, &agg, Aggregation::Mean).unwrap();
         let mut dw = rand_tensor(24, 40, &mut rng);
-        BE.gemm(0.7, &x, true, &y, false, 1.0, &mut dw);
+        BE.gemm(0.7, &x, true, &y, false, 1.0, &mut dw).unwrap();
         // Accumulating product with an inner dimension above the kernel's k-block (256), so
         // later k-blocks and beta = 1 take the fused and the buffered epilogues (alpha != 1:
         // they round differently, so a thread-count-dependent tiling would show).
         let z = rand_tensor(5000, 300, &mut rng);
         let v = rand_tensor(300, 40, &mut rng);
         let mut acc = rand_tensor(5000, 40, &mut rng);
-        BE.gemm(0.7, &z, false, &v, false, 1.0, &mut acc);
+        BE.gemm(0.7, &z, false, &v, false, 1.0, &mut acc).unwrap();
         // A weight gradient on the tiled path (C = 130 x 300: six tiles), accumulating.
         let (g1, g2) = (
             rand_tensor(2600, 130, &mut rng),
             rand_tensor(2600, 300, &mut rng),
         );
         let mut dw2 = rand_tensor(130, 300, &mut rng);
-        BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2);
+        BE.gemm(0.7, &g1, true, &g2, false, 1.0, &mut dw2).unwrap();
         // A weight gradient whose inputs pass 8 MiB: split along the inner dimension into
         // partial products added in chunk order, though C holds four tiles.
         let (s1, s2) = (
@@ -445,32 +450,42 @@ fn results_do_not_depend_on_the_thread_count() {
             rand_tensor(8200, 130, &mut rng),
         );
         let mut dw5 = rand_tensor(130, 130, &mut rng);
-        BE.gemm(0.7, &s1, true, &s2, false, 1.0, &mut dw5);
+        BE.gemm(0.7, &s1, true, &s2, false, 1.0, &mut dw5).unwrap();
         let dw2 = (dw2, dw5);
         // Weight gradients of a sparse G (the zero-skipping path where the CPU has it).
         let gs = rand_sparse(2600, 300, 0.2, &mut rng);
         let mut dw3 = rand_tensor(130, 300, &mut rng);
         let mut dw4 = rand_tensor(40, 300, &mut rng);
         let h = rand_tensor(2600, 40, &mut rng);
-        BE.acc_at_b_shared(&gs, &mut [(&g1, &mut dw3), (&h, &mut dw4)]);
-        let s = BE.sum_rows(&y);
+        BE.acc_at_b_shared(&gs, &mut [(&g1, &mut dw3), (&h, &mut dw4)])
+            .unwrap();
+        let s = BE.sum_rows(&y).unwrap();
         // Attention kernels (GAT): 4 heads of 16, rows wide enough for the AVX loops.
         let z = rand_tensor(5000, 64, &mut rng);
         let coeff = rand_tensor(blk.num_edges(), 4, &mut rng);
         let att = rand_tensor(4, 16, &mut rng);
         let g = rand_tensor(3000, 64, &mut rng);
-        let (gz, gc) = BE.spmm_backward(&b, &coeff, &g, &z);
-        let el = BE.head_dot(&z, &att);
+        let (gz, gc) = BE.spmm_backward(&b, &coeff, &g, &z).unwrap();
+        let el = BE.head_dot(&z, &att).unwrap();
         let mut gz_acc = rand_tensor(5000, 64, &mut rng);
-        let ga = BE.head_dot_backward_acc(&el, &z, &att, &mut gz_acc);
-        let heads = (BE.spmm(&b, Some(&coeff), &z), gz, gc, el, gz_acc, ga);
+        let ga = BE
+            .head_dot_backward_acc(&el, &z, &att, &mut gz_acc)
+            .unwrap();
+        let heads = (
+            BE.spmm(&b, Some(&coeff), &z).unwrap(),
+            gz,
+            gc,
+            el,
+            gz_acc,
+            ga,
+        );
         (
             y,
             agg,
             back,
             (dw, acc, dw2, dw3, dw4),
             s,
-            BE.dot(&x, &x),
+            BE.dot(&x, &x).unwrap(),
             heads,
         )
     };
@@ -511,8 +526,8 @@ fn on_compute_threads_runs_on_a_pool_worker_and_returns_the_value() {
     let a = Tensor::from_fn(300, 70, |r, c| ((r * 7 + c * 3) % 11) as f32 - 5.0);
     let b = Tensor::from_fn(70, 90, |r, c| ((r * 5 + c) % 13) as f32 * 0.25);
     assert_eq!(
-        BE.on_compute_threads(|| BE.matmul(&a, false, &b, false)),
-        BE.matmul(&a, false, &b, false)
+        BE.on_compute_threads(|| BE.matmul(&a, false, &b, false).unwrap()),
+        BE.matmul(&a, false, &b, false).unwrap()
     );
 }
 
@@ -527,17 +542,25 @@ fn epilogue_reference(
 ) -> (Tensor, Tensor) {
     let mut z = x.clone();
     if let Some(b) = bias {
-        BE.add_bias(&mut z, b);
+        BE.add_bias(&mut z, b).unwrap();
     }
-    let a = if relu { BE.relu(&z) } else { z.clone() };
+    let a = if relu {
+        BE.relu(&z).unwrap()
+    } else {
+        z.clone()
+    };
     let (out, g) = match dropout {
         Some(d) => {
-            let (out, mask) = BE.dropout(&a, d.p, d.key, d.row_ids);
-            (out, BE.mul(grad, &mask))
+            let (out, mask) = BE.dropout(&a, d.p, d.key, d.row_ids).unwrap();
+            (out, BE.mul(grad, &mask).unwrap())
         }
         None => (a, grad.clone()),
     };
-    let g = if relu { BE.relu_backward(&g, &z) } else { g };
+    let g = if relu {
+        BE.relu_backward(&g, &z).unwrap()
+    } else {
+        g
+    };
     (out, g)
 }
 
@@ -565,11 +588,11 @@ fn epilogue_equals_bias_relu_and_dropout_in_turn() {
                         );
                         let (want, want_grad) = epilogue_reference(&x, b, relu, spec, &grad);
                         let mut got = x.clone();
-                        let factor = BE.epilogue(&mut got, b, relu, spec, true);
+                        let factor = BE.epilogue(&mut got, b, relu, spec, true).unwrap();
                         assert_eq!(got, want, "{what}: output");
                         match factor {
                             Some(f) => {
-                                let g = BE.mul(&grad, &f);
+                                let g = BE.mul(&grad, &f).unwrap();
                                 // Equal as floats: a cut element may be -0 here, 0 there.
                                 assert_eq!(g.data(), want_grad.data(), "{what}: gradient");
                             }
@@ -580,7 +603,10 @@ fn epilogue_equals_bias_relu_and_dropout_in_turn() {
                         }
                         // Not kept: the same output and no factor.
                         let mut bare = x.clone();
-                        assert!(BE.epilogue(&mut bare, b, relu, spec, false).is_none());
+                        assert!(BE
+                            .epilogue(&mut bare, b, relu, spec, false)
+                            .unwrap()
+                            .is_none());
                         assert_eq!(bare, want, "{what}: output without the factor");
                     }
                 }
@@ -596,10 +622,10 @@ fn mul_sum_rows_is_mul_then_sum_rows_bit_for_bit() {
     for &(rows, cols) in &[(700, 67), (256, 3), (1, 1), (0, 4), (5, 0)] {
         let a = rand_tensor(rows, cols, &mut rng);
         let b = rand_tensor(rows, cols, &mut rng);
-        let (prod, sums) = BE.mul_sum_rows(&a, &b);
-        let want = BE.mul(&a, &b);
+        let (prod, sums) = BE.mul_sum_rows(&a, &b).unwrap();
+        let want = BE.mul(&a, &b).unwrap();
         assert_eq!(prod, want, "{rows}x{cols}: product");
-        let want_sums = BE.sum_rows(&want);
+        let want_sums = BE.sum_rows(&want).unwrap();
         let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&sums), bits(&want_sums), "{rows}x{cols}: column sums");
     }

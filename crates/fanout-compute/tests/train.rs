@@ -12,7 +12,7 @@ use fanout_rand::Rng;
 const BE: CpuBackend = CpuBackend;
 
 fn param(value: &[f32], grad: &[f32]) -> Param<CpuBackend> {
-    let mut p = Param::new(&BE, "p", &Tensor::new(1, value.len(), value.to_vec()));
+    let mut p = Param::new(&BE, "p", &Tensor::new(1, value.len(), value.to_vec())).unwrap();
     p.grad = Tensor::new(1, grad.len(), grad.to_vec());
     p
 }
@@ -109,7 +109,7 @@ fn steps_to_overfit(kind: ModelKind, max_steps: usize) -> Option<usize> {
     for step in 0..max_steps {
         if step % 5 == 0 {
             let logits = model.forward(&blocks, x.clone(), Mode::Eval).unwrap();
-            let (correct, total) = BE.accuracy(&logits, &labels);
+            let (correct, total) = BE.accuracy(&logits, &labels).unwrap();
             assert_eq!(total, seeds);
             if correct == total {
                 eprintln!("{kind:?}: 100% train accuracy after {step} Adam steps");
@@ -121,7 +121,7 @@ fn steps_to_overfit(kind: ModelKind, max_steps: usize) -> Option<usize> {
         };
         let logits = model.forward(&blocks, x.clone(), mode).unwrap();
         let ce = BE.softmax_cross_entropy(&logits, &labels).unwrap();
-        model.zero_grad();
+        model.zero_grad().unwrap();
         model.backward(&ce.grad).unwrap();
         opt.step_model(&mut model).unwrap();
     }

@@ -81,11 +81,11 @@ fn main() {
         g.prepare_block(&br).unwrap(),
         CpuBackend.prepare_block(&br).unwrap(),
     );
-    let (gx, ggd) = (g.upload(&x), g.upload(&gd));
-    let _ = g.aggregate_backward(&gb, &ggd, Aggregation::Mean); // builds the transpose once
+    let (gx, ggd) = (g.upload(&x).unwrap(), g.upload(&gd).unwrap());
+    let _ = g.aggregate_backward(&gb, &ggd, Aggregation::Mean).unwrap(); // builds the transpose once
     let edges = (dst * fanout) as f64;
     let row = (cols * 4) as f64;
-    let gsync = || g.synchronize();
+    let gsync = || g.synchronize().unwrap();
     let nosync = || {};
     let report = |name: &str, bytes: f64, gpu_s: f64, cpu_s: f64| {
         println!(
@@ -106,25 +106,31 @@ fn main() {
     };
     let bytes = edges * row + dst as f64 * row;
     let cpu = median_s(
-        || drop(CpuBackend.aggregate(&cb, &x, Aggregation::Mean)),
+        || drop(CpuBackend.aggregate(&cb, &x, Aggregation::Mean).unwrap()),
         &nosync,
     );
-    let (plain, ma) = both(&|| drop(g.aggregate(&gb, &gx, Aggregation::Mean)));
+    let (plain, ma) = both(&|| drop(g.aggregate(&gb, &gx, Aggregation::Mean).unwrap()));
     report("aggregate mean, plain", bytes, plain, cpu);
     report("aggregate mean, memory-aware", bytes, ma, cpu);
     println!("{:<28} memory-aware / plain time {:.3}", "", ma / plain);
     let bytes = edges * row + src as f64 * row;
     let cpu = median_s(
-        || drop(CpuBackend.aggregate_backward(&cb, &gd, Aggregation::Mean)),
+        || {
+            drop(
+                CpuBackend
+                    .aggregate_backward(&cb, &gd, Aggregation::Mean)
+                    .unwrap(),
+            )
+        },
         &nosync,
     );
-    let (plain, ma) = both(&|| drop(g.aggregate_backward(&gb, &ggd, Aggregation::Mean)));
+    let (plain, ma) = both(&|| drop(g.aggregate_backward(&gb, &ggd, Aggregation::Mean).unwrap()));
     report("aggregate backward, plain", bytes, plain, cpu);
     report("aggregate backward, m-aware", bytes, ma, cpu);
     println!("{:<28} memory-aware / plain time {:.3}", "", ma / plain);
     let idx: Vec<u32> = (0..dst).map(|_| rng.below(src as u64) as u32).collect();
-    let cpu = median_s(|| drop(CpuBackend.gather_rows(&x, &idx)), &nosync);
-    let (plain, warp) = both(&|| drop(g.gather_rows(&gx, &idx)));
+    let cpu = median_s(|| drop(CpuBackend.gather_rows(&x, &idx).unwrap()), &nosync);
+    let (plain, warp) = both(&|| drop(g.gather_rows(&gx, &idx).unwrap()));
     report("gather_rows, plain", 2.0 * dst as f64 * row, plain, cpu);
     report(
         "gather_rows, warp per row",
@@ -133,10 +139,13 @@ fn main() {
         cpu,
     );
     let w = Tensor::from_fn(cols, cols, |_, _| rng.next_f32());
-    let gw = g.upload(&w);
+    let gw = g.upload(&w).unwrap();
     let flops = 2.0 * src as f64 * (cols * cols) as f64;
-    let gs = median_s(|| drop(g.matmul(&gx, false, &gw, false)), &gsync);
-    let cs = median_s(|| drop(CpuBackend.matmul(&x, false, &w, false)), &nosync);
+    let gs = median_s(|| drop(g.matmul(&gx, false, &gw, false).unwrap()), &gsync);
+    let cs = median_s(
+        || drop(CpuBackend.matmul(&x, false, &w, false).unwrap()),
+        &nosync,
+    );
     println!(
         "{:<28} GPU {:>9.3} ms {:>8.1} TFLOP/s | CPU {:>9.3} ms ({:.1}x)",
         "gemm S x C x C (FP32)",
@@ -148,7 +157,9 @@ fn main() {
     // Feature extraction with every row on the device (--feature-placement device): the
     // rows of a batch's input vertices gathered from an ogbn-products-sized table.
     let (table_rows, feat, batch_rows) = (2_449_029usize, 100usize, 1_000_000usize);
-    let table = g.upload(&Tensor::from_fn(table_rows, feat, |r, c| (r + c) as f32));
+    let table = g
+        .upload(&Tensor::from_fn(table_rows, feat, |r, c| (r + c) as f32))
+        .unwrap();
     let ids: Vec<u32> = (0..batch_rows)
         .map(|_| rng.below(table_rows as u64) as u32)
         .collect();
@@ -159,12 +170,12 @@ fn main() {
             2.0 * (batch_rows * feat * 4) as f64 / secs / 1e9
         )
     };
-    let (plain, warp) = both(&|| drop(g.gather_rows(&table, &ids)));
+    let (plain, warp) = both(&|| drop(g.gather_rows(&table, &ids).unwrap()));
     line("features, plain, ids up", plain);
     line("features, warp, ids up", warp);
-    let dev_ids = g.upload_ids(&ids);
+    let dev_ids = g.upload_ids(&ids).unwrap();
     let resident = median_s(
-        || drop(g.gather_rows_device(&table, &dev_ids, batch_rows)),
+        || drop(g.gather_rows_device(&table, &dev_ids, batch_rows).unwrap()),
         &gsync,
     );
     line("features, warp, ids on GPU", resident);
@@ -178,10 +189,21 @@ fn main() {
         })
         .expect("the CUDA backend maps host rows")
         .expect("page-locked memory for the table");
-    let zero_copy = median_s(|| drop(g.gather_mapped_rows(&mapped, &ids, None)), &gsync);
-    let host_gather = median_s(|| drop(CpuBackend.gather_rows(&host_table, &ids)), &nosync);
+    let zero_copy = median_s(
+        || drop(g.gather_mapped_rows(&mapped, &ids, None).unwrap()),
+        &gsync,
+    );
+    let host_gather = median_s(
+        || drop(CpuBackend.gather_rows(&host_table, &ids).unwrap()),
+        &nosync,
+    );
     let staged = median_s(
-        || drop(g.upload(&CpuBackend.gather_rows(&host_table, &ids))),
+        || {
+            drop(
+                g.upload(&CpuBackend.gather_rows(&host_table, &ids).unwrap())
+                    .unwrap(),
+            )
+        },
         &gsync,
     );
     let bytes = (batch_rows * feat * 4) as f64;
@@ -219,7 +241,7 @@ fn main() {
     );
     over_bus("copy from page-locked memory", bus);
     drop(table);
-    let copy = median_s(|| drop(gx.clone()), &gsync);
+    let copy = median_s(|| drop(g.copy(&gx).unwrap()), &gsync);
     println!(
         "{:<28} GPU {:>9.3} ms {:>8.1} GB/s (read + written)",
         "device copy of x",
@@ -241,15 +263,18 @@ fn gradient_sums(dev: &CudaDevice, rng: &mut Rng) {
     let id = fanout_cuda::nccl_unique_id().expect("NCCL id");
     g.join_group(&id, 0, 1).expect("NCCL group of one");
     let mut grads: Vec<_> = (0..8)
-        .map(|_| g.upload(&Tensor::from_fn(256, 512, |_, _| rng.next_f32())))
+        .map(|_| {
+            g.upload(&Tensor::from_fn(256, 512, |_, _| rng.next_f32()))
+                .unwrap()
+        })
         .collect();
-    let sync = || g.synchronize();
+    let sync = || g.synchronize().unwrap();
     let host = median_s(
         || {
             for t in grads.iter_mut() {
-                let mut h = g.download(t);
+                let mut h = g.download(t).unwrap();
                 h.data_mut().iter_mut().for_each(|v| *v *= 0.5);
-                *t = g.upload_owned(h);
+                *t = g.upload_owned(h).unwrap();
             }
         },
         &sync,
@@ -257,7 +282,7 @@ fn gradient_sums(dev: &CudaDevice, rng: &mut Rng) {
     let nccl = median_s(
         || {
             let mut refs: Vec<_> = grads.iter_mut().collect();
-            g.sum_over_group(&mut refs, 2.0, 0.5);
+            g.sum_over_group(&mut refs, 2.0, 0.5).unwrap();
         },
         &sync,
     );

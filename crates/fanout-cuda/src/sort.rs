@@ -179,13 +179,13 @@ mod tests {
         let mut rng = Rng::new(4);
         for n in [0usize, 1, 7, 2047, 2048, 2049, 4096, 100_003, 1 << 20] {
             let counts: Vec<u32> = (0..n).map(|_| rng.below(50) as u32).collect();
-            let dev_counts = be.to_device(&counts);
+            let dev_counts = be.to_device(&counts).unwrap();
             let got = sort.exclusive_scan(&dev_counts, n).unwrap();
             let mut want = vec![0u32];
             for &c in &counts {
                 want.push(want.last().unwrap() + c);
             }
-            assert_eq!(be.to_host(&got, n + 1), want, "scan of {n}");
+            assert_eq!(be.to_host(&got, n + 1).unwrap(), want, "scan of {n}");
             for bits in [1u32, 8, 9, 17, 24, 25, 32] {
                 let max_key = if bits == 32 {
                     u32::MAX
@@ -194,13 +194,21 @@ mod tests {
                 };
                 let keys: Vec<u32> = (0..n).map(|_| (rng.next_u64() as u32) & max_key).collect();
                 let (k, v) = sort
-                    .sort_with_positions(&be.to_device(&keys), n, max_key)
+                    .sort_with_positions(&be.to_device(&keys).unwrap(), n, max_key)
                     .unwrap();
                 let mut order: Vec<u32> = (0..n as u32).collect();
                 order.sort_by_key(|&i| keys[i as usize]); // stable
                 let sorted: Vec<u32> = order.iter().map(|&i| keys[i as usize]).collect();
-                assert_eq!(be.to_host(&k, n), sorted, "keys of {n}, {bits} bits");
-                assert_eq!(be.to_host(&v, n), order, "positions of {n}, {bits} bits");
+                assert_eq!(
+                    be.to_host(&k, n).unwrap(),
+                    sorted,
+                    "keys of {n}, {bits} bits"
+                );
+                assert_eq!(
+                    be.to_host(&v, n).unwrap(),
+                    order,
+                    "positions of {n}, {bits} bits"
+                );
             }
         }
     }

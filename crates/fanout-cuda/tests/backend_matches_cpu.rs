@@ -154,16 +154,20 @@ fn every_operation_matches_the_cpu_backend() {
     let Some(g) = gpu() else { return };
     let mut r = Report::default();
     let mut rng = Rng::new(7);
-    let up = |t: &Tensor| g.upload(t);
-    let down = |t: &<CudaBackend as Backend>::Tensor| g.download(t);
+    let up = |t: &Tensor| g.upload(t).unwrap();
+    let down = |t: &<CudaBackend as Backend>::Tensor| g.download(t).unwrap();
 
     // Memory.
     let x = rand(37, 19, &mut rng);
     r.same_bits("upload/download", &x, &down(&up(&x)));
     let mut z = up(&x);
-    g.fill_zero(&mut z);
+    g.fill_zero(&mut z).unwrap();
     r.same_bits("fill_zero", &Tensor::zeros(37, 19), &down(&z));
-    r.same_bits("zeros", &Tensor::zeros(5, 3), &down(&g.zeros(5, 3)));
+    r.same_bits(
+        "zeros",
+        &Tensor::zeros(5, 3),
+        &down(&g.zeros(5, 3).unwrap()),
+    );
     r.same_bits(
         "empty",
         &Tensor::zeros(0, 4),
@@ -186,9 +190,10 @@ fn every_operation_matches_the_cpu_backend() {
             let c0 = rand(m, n, &mut rng);
             for &beta in &[0.0f32, 1.0] {
                 let mut cc = c0.clone();
-                CPU.gemm(0.5, &a, ta, &b, tb, beta, &mut cc);
+                CPU.gemm(0.5, &a, ta, &b, tb, beta, &mut cc).unwrap();
                 let mut gc = up(&c0);
-                g.gemm(0.5, &up(&a), ta, &up(&b), tb, beta, &mut gc);
+                g.gemm(0.5, &up(&a), ta, &up(&b), tb, beta, &mut gc)
+                    .unwrap();
                 r.close(
                     &format!("gemm {m}x{k}x{n} ta={ta} tb={tb} beta={beta}"),
                     &cc,
@@ -201,9 +206,11 @@ fn every_operation_matches_the_cpu_backend() {
     let (a, gr) = (rand(50, 12, &mut rng), rand(50, 7, &mut rng));
     let (mut c1, mut c2) = (rand(12, 7, &mut rng), rand(12, 7, &mut rng));
     let (mut d1, mut d2) = (up(&c1), up(&c2));
-    CPU.acc_at_b_shared(&gr, &mut [(&a, &mut c1), (&a, &mut c2)]);
+    CPU.acc_at_b_shared(&gr, &mut [(&a, &mut c1), (&a, &mut c2)])
+        .unwrap();
     let ga = up(&a);
-    g.acc_at_b_shared(&up(&gr), &mut [(&ga, &mut d1), (&ga, &mut d2)]);
+    g.acc_at_b_shared(&up(&gr), &mut [(&ga, &mut d1), (&ga, &mut d2)])
+        .unwrap();
     r.close("acc_at_b_shared 1", &c1, &down(&d1), GEMM_TOL);
     r.close("acc_at_b_shared 2", &c2, &down(&d2), GEMM_TOL);
 
@@ -215,80 +222,85 @@ fn every_operation_matches_the_cpu_backend() {
     let bias = rand(1, 67, &mut rng);
     let (gx, gy, gb) = (up(&x), up(&y), up(&bias));
     let mut t = x.clone();
-    CPU.add_bias(&mut t, &bias);
-    let mut u = gx.clone();
-    g.add_bias(&mut u, &gb);
+    CPU.add_bias(&mut t, &bias).unwrap();
+    let mut u = g.copy(&gx).unwrap();
+    g.add_bias(&mut u, &gb).unwrap();
     r.close("add_bias", &t, &down(&u), TOL);
     r.close(
         "sum_rows",
-        &CPU.sum_rows(&x),
-        &down(&g.sum_rows(&gx)),
+        &CPU.sum_rows(&x).unwrap(),
+        &down(&g.sum_rows(&gx).unwrap()),
         TOL * 10.0,
     );
     r.close(
         "sum_rows 0 rows",
-        &CPU.sum_rows(&Tensor::zeros(0, 3)),
-        &down(&g.sum_rows(&g.zeros(0, 3))),
+        &CPU.sum_rows(&Tensor::zeros(0, 3)).unwrap(),
+        &down(&g.sum_rows(&g.zeros(0, 3).unwrap()).unwrap()),
         TOL,
     );
     let mut t = y.clone();
-    CPU.axpy(-0.75, &x, &mut t);
-    let mut u = gy.clone();
-    g.axpy(-0.75, &gx, &mut u);
+    CPU.axpy(-0.75, &x, &mut t).unwrap();
+    let mut u = g.copy(&gy).unwrap();
+    g.axpy(-0.75, &gx, &mut u).unwrap();
     r.close("axpy", &t, &down(&u), TOL);
     let small = rand(40, 67, &mut rng);
     let mut t = y.clone();
-    CPU.axpy_prefix(2.0, &small, &mut t, 31);
-    let mut u = gy.clone();
-    g.axpy_prefix(2.0, &up(&small), &mut u, 31);
+    CPU.axpy_prefix(2.0, &small, &mut t, 31).unwrap();
+    let mut u = g.copy(&gy).unwrap();
+    g.axpy_prefix(2.0, &up(&small), &mut u, 31).unwrap();
     r.close("axpy_prefix", &t, &down(&u), TOL);
     r.same_bits(
         "prefix_rows",
-        &CPU.prefix_rows(&x, 100),
-        &down(&g.prefix_rows(&gx, 100)),
+        &CPU.prefix_rows(&x, 100).unwrap(),
+        &down(&g.prefix_rows(&gx, 100).unwrap()),
     );
     let mut t = x.clone();
-    CPU.scale(&mut t, 1.5);
-    let mut u = gx.clone();
-    g.scale(&mut u, 1.5);
+    CPU.scale(&mut t, 1.5).unwrap();
+    let mut u = g.copy(&gx).unwrap();
+    g.scale(&mut u, 1.5).unwrap();
     r.close("scale", &t, &down(&u), TOL);
-    r.close("mul", &CPU.mul(&x, &y), &down(&g.mul(&gx, &gy)), TOL);
-    let (p, s) = CPU.mul_sum_rows(&x, &y);
-    let (gp, gs) = g.mul_sum_rows(&gx, &gy);
+    r.close(
+        "mul",
+        &CPU.mul(&x, &y).unwrap(),
+        &down(&g.mul(&gx, &gy).unwrap()),
+        TOL,
+    );
+    let (p, s) = CPU.mul_sum_rows(&x, &y).unwrap();
+    let (gp, gs) = g.mul_sum_rows(&gx, &gy).unwrap();
     r.close("mul_sum_rows product", &p, &down(&gp), TOL);
     r.close("mul_sum_rows sums", &s, &down(&gs), TOL * 10.0);
-    let (dc, dg) = (CPU.dot(&x, &y), g.dot(&gx, &gy));
+    let (dc, dg) = (CPU.dot(&x, &y).unwrap(), g.dot(&gx, &gy).unwrap());
     r.checked += 1;
     if (dc - dg).abs() > 1e-9 * dc.abs().max(1.0) {
         r.failures
             .push(format!("dot: {dg} on the GPU, {dc} on the CPU"));
     }
-    let relu = CPU.relu(&x);
-    r.close("relu", &relu, &down(&g.relu(&gx)), 0.0);
+    let relu = CPU.relu(&x).unwrap();
+    r.close("relu", &relu, &down(&g.relu(&gx).unwrap()), 0.0);
     r.close(
         "relu_backward",
-        &CPU.relu_backward(&y, &relu),
-        &down(&g.relu_backward(&gy, &up(&relu))),
+        &CPU.relu_backward(&y, &relu).unwrap(),
+        &down(&g.relu_backward(&gy, &up(&relu)).unwrap()),
         0.0,
     );
     r.close(
         "leaky_relu",
-        &CPU.leaky_relu(&x, 0.2),
-        &down(&g.leaky_relu(&gx, 0.2)),
+        &CPU.leaky_relu(&x, 0.2).unwrap(),
+        &down(&g.leaky_relu(&gx, 0.2).unwrap()),
         TOL,
     );
     r.close(
         "leaky_relu_backward",
-        &CPU.leaky_relu_backward(&y, &x, 0.2),
-        &down(&g.leaky_relu_backward(&gy, &gx, 0.2)),
+        &CPU.leaky_relu_backward(&y, &x, 0.2).unwrap(),
+        &down(&g.leaky_relu_backward(&gy, &gx, 0.2).unwrap()),
         TOL,
     );
 
     // Dropout and the epilogue: masks bit for bit (with and without row ids).
     let ids: Vec<u32> = (0..301).map(|i| (i * 7919) % 100_003).collect();
     for (p, row_ids) in [(0.5f32, None), (0.3, Some(&ids[..])), (0.0, None)] {
-        let (o, m) = CPU.dropout(&x, p, 99, row_ids);
-        let (go, gm) = g.dropout(&gx, p, 99, row_ids);
+        let (o, m) = CPU.dropout(&x, p, 99, row_ids).unwrap();
+        let (go, gm) = g.dropout(&gx, p, 99, row_ids).unwrap();
         r.same_bits(
             &format!("dropout mask p={p} ids={}", row_ids.is_some()),
             &m,
@@ -306,9 +318,13 @@ fn every_operation_matches_the_cpu_backend() {
                         row_ids: Some(&ids),
                     });
                     let mut t = x.clone();
-                    let fc = CPU.epilogue(&mut t, bias_on.then_some(&bias), relu_on, spec, keep);
-                    let mut u = gx.clone();
-                    let fg = g.epilogue(&mut u, bias_on.then_some(&gb), relu_on, spec, keep);
+                    let fc = CPU
+                        .epilogue(&mut t, bias_on.then_some(&bias), relu_on, spec, keep)
+                        .unwrap();
+                    let mut u = g.copy(&gx).unwrap();
+                    let fg = g
+                        .epilogue(&mut u, bias_on.then_some(&gb), relu_on, spec, keep)
+                        .unwrap();
                     let what = format!(
                         "epilogue bias={bias_on} relu={relu_on} dropout={drop_on} keep={keep}"
                     );
@@ -332,14 +348,17 @@ fn every_operation_matches_the_cpu_backend() {
     // Row normalisation (a zero row included) and heads.
     let mut xz = x.clone();
     xz.data_mut()[67..134].fill(0.0);
-    let (yc, nc) = CPU.l2_normalize_rows(&xz);
-    let (yg, ng) = g.l2_normalize_rows(&up(&xz));
+    let (yc, nc) = CPU.l2_normalize_rows(&xz).unwrap();
+    let (yg, ng) = g.l2_normalize_rows(&up(&xz)).unwrap();
     r.close("l2_normalize_rows y", &yc, &down(&yg), TOL);
     r.close("l2_normalize_rows norms", &nc, &down(&ng), TOL);
     r.close(
         "l2_normalize_rows_backward",
-        &CPU.l2_normalize_rows_backward(&y, &yc, &nc),
-        &down(&g.l2_normalize_rows_backward(&gy, &up(&yc), &up(&nc))),
+        &CPU.l2_normalize_rows_backward(&y, &yc, &nc).unwrap(),
+        &down(
+            &g.l2_normalize_rows_backward(&gy, &up(&yc), &up(&nc))
+                .unwrap(),
+        ),
         TOL * 10.0,
     );
     for &(heads, f) in &[(1usize, 67usize), (8, 4), (3, 33)] {
@@ -349,12 +368,12 @@ fn every_operation_matches_the_cpu_backend() {
         let (gxh, gah, ggh) = (up(&xh), up(&ah), up(&gh));
         r.close(
             &format!("head_dot {heads}x{f}"),
-            &CPU.head_dot(&xh, &ah),
-            &down(&g.head_dot(&gxh, &gah)),
+            &CPU.head_dot(&xh, &ah).unwrap(),
+            &down(&g.head_dot(&gxh, &gah).unwrap()),
             TOL,
         );
-        let (dxc, dac) = CPU.head_dot_backward(&gh, &xh, &ah);
-        let (dxg, dag) = g.head_dot_backward(&ggh, &gxh, &gah);
+        let (dxc, dac) = CPU.head_dot_backward(&gh, &xh, &ah).unwrap();
+        let (dxg, dag) = g.head_dot_backward(&ggh, &gxh, &gah).unwrap();
         r.close(
             &format!("head_dot_backward dx {heads}x{f}"),
             &dxc,
@@ -369,9 +388,11 @@ fn every_operation_matches_the_cpu_backend() {
         );
         let acc0 = rand(130, heads * f, &mut rng);
         let mut acc = acc0.clone();
-        let dac2 = CPU.head_dot_backward_acc(&gh, &xh, &ah, &mut acc);
+        let dac2 = CPU.head_dot_backward_acc(&gh, &xh, &ah, &mut acc).unwrap();
         let mut gacc = up(&acc0);
-        let dag2 = g.head_dot_backward_acc(&ggh, &gxh, &gah, &mut gacc);
+        let dag2 = g
+            .head_dot_backward_acc(&ggh, &gxh, &gah, &mut gacc)
+            .unwrap();
         r.close(
             &format!("head_dot_backward_acc acc {heads}x{f}"),
             &acc,
@@ -386,15 +407,15 @@ fn every_operation_matches_the_cpu_backend() {
         );
         r.close(
             &format!("head_mean {heads}x{f}"),
-            &CPU.head_mean(&xh, heads),
-            &down(&g.head_mean(&gxh, heads)),
+            &CPU.head_mean(&xh, heads).unwrap(),
+            &down(&g.head_mean(&gxh, heads).unwrap()),
             TOL,
         );
         let gm = rand(123, f, &mut rng);
         r.close(
             &format!("head_mean_backward {heads}x{f}"),
-            &CPU.head_mean_backward(&gm, heads),
-            &down(&g.head_mean_backward(&up(&gm), heads)),
+            &CPU.head_mean_backward(&gm, heads).unwrap(),
+            &down(&g.head_mean_backward(&up(&gm), heads).unwrap()),
             TOL,
         );
     }
@@ -427,8 +448,8 @@ fn every_operation_matches_the_cpu_backend() {
             Aggregation::WeightedMean,
             Aggregation::GcnBoth,
         ] {
-            let cc = CPU.edge_coefficients(&cb, agg);
-            let gc = g.edge_coefficients(&gbk, agg);
+            let cc = CPU.edge_coefficients(&cb, agg).unwrap();
+            let gc = g.edge_coefficients(&gbk, agg).unwrap();
             match (&cc, &gc) {
                 (None, None) => {}
                 (Some(a), Some(b)) => r.close(
@@ -445,14 +466,14 @@ fn every_operation_matches_the_cpu_backend() {
             let gd = rand(d, 24, &mut rng);
             r.close(
                 &format!("block {bi} aggregate {agg:?}"),
-                &CPU.aggregate(&cb, &xs, agg),
-                &down(&g.aggregate(&gbk, &up(&xs), agg)),
+                &CPU.aggregate(&cb, &xs, agg).unwrap(),
+                &down(&g.aggregate(&gbk, &up(&xs), agg).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} aggregate_backward {agg:?}"),
-                &CPU.aggregate_backward(&cb, &gd, agg),
-                &down(&g.aggregate_backward(&gbk, &up(&gd), agg)),
+                &CPU.aggregate_backward(&cb, &gd, agg).unwrap(),
+                &down(&g.aggregate_backward(&gbk, &up(&gd), agg).unwrap()),
                 TOL,
             );
         }
@@ -464,24 +485,24 @@ fn every_operation_matches_the_cpu_backend() {
             let (gxs, gco, ggd) = (up(&xs), up(&coeff), up(&gd));
             r.close(
                 &format!("block {bi} spmm heads={heads}"),
-                &CPU.spmm(&cb, Some(&coeff), &xs),
-                &down(&g.spmm(&gbk, Some(&gco), &gxs)),
+                &CPU.spmm(&cb, Some(&coeff), &xs).unwrap(),
+                &down(&g.spmm(&gbk, Some(&gco), &gxs).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} spmm_backward_x heads={heads}"),
-                &CPU.spmm_backward_x(&cb, Some(&coeff), &gd),
-                &down(&g.spmm_backward_x(&gbk, Some(&gco), &ggd)),
+                &CPU.spmm_backward_x(&cb, Some(&coeff), &gd).unwrap(),
+                &down(&g.spmm_backward_x(&gbk, Some(&gco), &ggd).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} spmm_backward_coeff heads={heads}"),
-                &CPU.spmm_backward_coeff(&cb, &gd, &xs, heads),
-                &down(&g.spmm_backward_coeff(&gbk, &ggd, &gxs, heads)),
+                &CPU.spmm_backward_coeff(&cb, &gd, &xs, heads).unwrap(),
+                &down(&g.spmm_backward_coeff(&gbk, &ggd, &gxs, heads).unwrap()),
                 TOL,
             );
-            let (dxc, dcc) = CPU.spmm_backward(&cb, &coeff, &gd, &xs);
-            let (dxg, dcg) = g.spmm_backward(&gbk, &gco, &ggd, &gxs);
+            let (dxc, dcc) = CPU.spmm_backward(&cb, &coeff, &gd, &xs).unwrap();
+            let (dxg, dcg) = g.spmm_backward(&gbk, &gco, &ggd, &gxs).unwrap();
             r.close(
                 &format!("block {bi} spmm_backward dx heads={heads}"),
                 &dxc,
@@ -496,36 +517,36 @@ fn every_operation_matches_the_cpu_backend() {
             );
             let el = rand(s, heads, &mut rng);
             let er = rand(d, heads, &mut rng);
-            let sc = CPU.u_add_v(&cb, &el, &er);
+            let sc = CPU.u_add_v(&cb, &el, &er).unwrap();
             r.close(
                 &format!("block {bi} u_add_v"),
                 &sc,
-                &down(&g.u_add_v(&gbk, &up(&el), &up(&er))),
+                &down(&g.u_add_v(&gbk, &up(&el), &up(&er)).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} edge_sum_to_src"),
-                &CPU.edge_sum_to_src(&cb, &coeff),
-                &down(&g.edge_sum_to_src(&gbk, &gco)),
+                &CPU.edge_sum_to_src(&cb, &coeff).unwrap(),
+                &down(&g.edge_sum_to_src(&gbk, &gco).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} edge_sum_to_dst"),
-                &CPU.edge_sum_to_dst(&cb, &coeff),
-                &down(&g.edge_sum_to_dst(&gbk, &gco)),
+                &CPU.edge_sum_to_dst(&cb, &coeff).unwrap(),
+                &down(&g.edge_sum_to_dst(&gbk, &gco).unwrap()),
                 TOL,
             );
-            let a = CPU.edge_softmax(&cb, &sc);
+            let a = CPU.edge_softmax(&cb, &sc).unwrap();
             r.close(
                 &format!("block {bi} edge_softmax"),
                 &a,
-                &down(&g.edge_softmax(&gbk, &up(&sc))),
+                &down(&g.edge_softmax(&gbk, &up(&sc)).unwrap()),
                 TOL,
             );
             r.close(
                 &format!("block {bi} edge_softmax_backward"),
-                &CPU.edge_softmax_backward(&cb, &a, &coeff),
-                &down(&g.edge_softmax_backward(&gbk, &up(&a), &gco)),
+                &CPU.edge_softmax_backward(&cb, &a, &coeff).unwrap(),
+                &down(&g.edge_softmax_backward(&gbk, &up(&a), &gco).unwrap()),
                 TOL,
             );
         }
@@ -534,14 +555,14 @@ fn every_operation_matches_the_cpu_backend() {
     let idx: Vec<u32> = (0..500).map(|_| rng.below(301) as u32).collect();
     r.same_bits(
         "gather_rows",
-        &CPU.gather_rows(&x, &idx),
-        &down(&g.gather_rows(&gx, &idx)),
+        &CPU.gather_rows(&x, &idx).unwrap(),
+        &down(&g.gather_rows(&gx, &idx).unwrap()),
     );
     let src = rand(500, 67, &mut rng);
     let mut t = y.clone();
-    CPU.scatter_add_rows(&mut t, &idx, &src);
-    let mut u = gy.clone();
-    g.scatter_add_rows(&mut u, &idx, &up(&src));
+    CPU.scatter_add_rows(&mut t, &idx, &src).unwrap();
+    let mut u = g.copy(&gy).unwrap();
+    g.scatter_add_rows(&mut u, &idx, &up(&src)).unwrap();
     r.close("scatter_add_rows", &t, &down(&u), TOL);
 
     // Loss and metrics (unlabelled rows included).
@@ -566,11 +587,11 @@ fn every_operation_matches_the_cpu_backend() {
             .push("softmax_cross_entropy accepted labels >= classes".into());
     }
     r.checked += 1;
-    if CPU.accuracy(&logits, &labels) != g.accuracy(&up(&logits), &labels) {
+    if CPU.accuracy(&logits, &labels).unwrap() != g.accuracy(&up(&logits), &labels).unwrap() {
         r.failures.push(format!(
             "accuracy: {:?} on the GPU, {:?} on the CPU",
-            g.accuracy(&up(&logits), &labels),
-            CPU.accuracy(&logits, &labels)
+            g.accuracy(&up(&logits), &labels).unwrap(),
+            CPU.accuracy(&logits, &labels).unwrap()
         ));
     }
 
@@ -590,9 +611,10 @@ fn every_operation_matches_the_cpu_backend() {
         step: 3,
     };
     let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-    CPU.adam_update(&mut p, &g0, &mut m, &mut v, &hp);
+    CPU.adam_update(&mut p, &g0, &mut m, &mut v, &hp).unwrap();
     let (mut gp, mut gm, mut gv) = (up(&p0), up(&m0), up(&v0));
-    g.adam_update(&mut gp, &up(&g0), &mut gm, &mut gv, &hp);
+    g.adam_update(&mut gp, &up(&g0), &mut gm, &mut gv, &hp)
+        .unwrap();
     r.close("adam value", &p, &down(&gp), TOL);
     r.close("adam m", &m, &down(&gm), TOL);
     r.close("adam v", &v, &down(&gv), TOL);
@@ -603,9 +625,9 @@ fn every_operation_matches_the_cpu_backend() {
             weight_decay: 0.001,
         };
         let (mut p, mut b) = (p0.clone(), m0.clone());
-        CPU.sgd_update(&mut p, &g0, &mut b, &hp);
+        CPU.sgd_update(&mut p, &g0, &mut b, &hp).unwrap();
         let (mut gp, mut gb) = (up(&p0), up(&m0));
-        g.sgd_update(&mut gp, &up(&g0), &mut gb, &hp);
+        g.sgd_update(&mut gp, &up(&g0), &mut gb, &hp).unwrap();
         r.close(
             &format!("sgd value momentum={momentum}"),
             &p,
@@ -632,12 +654,15 @@ fn gradients_to_sources_are_deterministic() {
     let mut rng = Rng::new(3);
     let ob = Owned::random(2000, 5000, 30, false, &mut rng);
     let b = g.prepare_block(&ob.as_ref()).unwrap();
-    let gd = g.upload(&rand(2000, 64, &mut rng));
-    let first = g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth));
+    let gd = g.upload(&rand(2000, 64, &mut rng)).unwrap();
+    let first = g
+        .download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth).unwrap())
+        .unwrap();
     for _ in 0..3 {
         assert_eq!(
             first,
-            g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth))
+            g.download(&g.aggregate_backward(&b, &gd, Aggregation::GcnBoth).unwrap())
+                .unwrap()
         );
     }
 }
@@ -658,9 +683,9 @@ fn memory_aware_kernels_equal_the_plain_ones() {
     let mut r = Report::default();
     let both = |f: &dyn Fn() -> <CudaBackend as Backend>::Tensor| {
         g.set_graph_kernels(GraphKernels::Plain);
-        let plain = g.download(&f());
+        let plain = g.download(&f()).unwrap();
         g.set_graph_kernels(GraphKernels::MemoryAware);
-        (plain, g.download(&f()))
+        (plain, g.download(&f()).unwrap())
     };
     for (bi, max_deg) in [1u64, 31, 100].into_iter().enumerate() {
         let ob = Owned::random(700, 900, max_deg, false, &mut rng);
@@ -685,17 +710,17 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             let x = rand(900, cols, &mut rng);
             let gd = rand(700, cols, &mut rng);
             let coeff = (heads > 0).then(|| rand(edges, heads, &mut rng));
-            let (gx, ggd) = (g.upload(&x), g.upload(&gd));
-            let gco = coeff.as_ref().map(|c| g.upload(c));
-            let (plain, ma) = both(&|| g.spmm(&gb, gco.as_ref(), &gx));
+            let (gx, ggd) = (g.upload(&x).unwrap(), g.upload(&gd).unwrap());
+            let gco = coeff.as_ref().map(|c| g.upload(c).unwrap());
+            let (plain, ma) = both(&|| g.spmm(&gb, gco.as_ref(), &gx).unwrap());
             r.same_bits(&format!("{what}: spmm memory-aware = plain"), &plain, &ma);
             r.close(
                 &format!("{what}: spmm memory-aware"),
-                &CPU.spmm(&cb, coeff.as_ref(), &x),
+                &CPU.spmm(&cb, coeff.as_ref(), &x).unwrap(),
                 &ma,
                 TOL,
             );
-            let (plain, ma) = both(&|| g.spmm_backward_x(&gb, gco.as_ref(), &ggd));
+            let (plain, ma) = both(&|| g.spmm_backward_x(&gb, gco.as_ref(), &ggd).unwrap());
             r.same_bits(
                 &format!("{what}: spmm backward memory-aware = plain"),
                 &plain,
@@ -703,12 +728,12 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             );
             r.close(
                 &format!("{what}: spmm backward memory-aware"),
-                &CPU.spmm_backward_x(&cb, coeff.as_ref(), &gd),
+                &CPU.spmm_backward_x(&cb, coeff.as_ref(), &gd).unwrap(),
                 &ma,
                 TOL,
             );
             if heads > 0 {
-                let (plain, ma) = both(&|| g.spmm_backward_coeff(&gb, &ggd, &gx, heads));
+                let (plain, ma) = both(&|| g.spmm_backward_coeff(&gb, &ggd, &gx, heads).unwrap());
                 r.same_bits(
                     &format!("{what}: coefficient gradient, vectorised = plain"),
                     &plain,
@@ -716,13 +741,13 @@ fn memory_aware_kernels_equal_the_plain_ones() {
                 );
                 r.close(
                     &format!("{what}: coefficient gradient, vectorised"),
-                    &CPU.spmm_backward_coeff(&cb, &gd, &x, heads),
+                    &CPU.spmm_backward_coeff(&cb, &gd, &x, heads).unwrap(),
                     &ma,
                     TOL,
                 );
                 let a = rand(heads, cols / heads, &mut rng);
-                let ga = g.upload(&a);
-                let (plain, ma) = both(&|| g.head_dot(&gx, &ga));
+                let ga = g.upload(&a).unwrap();
+                let (plain, ma) = both(&|| g.head_dot(&gx, &ga).unwrap());
                 r.same_bits(
                     &format!("{what}: head_dot, vectorised = plain"),
                     &plain,
@@ -730,7 +755,7 @@ fn memory_aware_kernels_equal_the_plain_ones() {
                 );
                 r.close(
                     &format!("{what}: head_dot, vectorised"),
-                    &CPU.head_dot(&x, &a),
+                    &CPU.head_dot(&x, &a).unwrap(),
                     &ma,
                     TOL,
                 );
@@ -747,8 +772,8 @@ fn memory_aware_kernels_equal_the_plain_ones() {
         rand(700_000, 8, &mut rng),
         rand(ob.indices.len(), 2, &mut rng),
     );
-    let (gx, gco) = (g.upload(&x), g.upload(&coeff));
-    let (plain, ma) = both(&|| g.spmm(&gb, Some(&gco), &gx));
+    let (gx, gco) = (g.upload(&x).unwrap(), g.upload(&coeff).unwrap());
+    let (plain, ma) = both(&|| g.spmm(&gb, Some(&gco), &gx).unwrap());
     r.same_bits(
         "600,000 destinations: spmm memory-aware = plain",
         &plain,
@@ -756,15 +781,15 @@ fn memory_aware_kernels_equal_the_plain_ones() {
     );
     r.close(
         "600,000 destinations: spmm memory-aware",
-        &CPU.spmm(&cb, Some(&coeff), &x),
+        &CPU.spmm(&cb, Some(&coeff), &x).unwrap(),
         &ma,
         TOL,
     );
     for cols in [3usize, 100, 128] {
         let x = rand(5000, cols, &mut rng);
-        let gx = g.upload(&x);
+        let gx = g.upload(&x).unwrap();
         let ids: Vec<u32> = (0..3000).map(|_| rng.below(5000) as u32).collect();
-        let (plain, warp) = both(&|| g.gather_rows(&gx, &ids));
+        let (plain, warp) = both(&|| g.gather_rows(&gx, &ids).unwrap());
         r.same_bits(
             &format!("gather_rows {cols} columns: warp = plain"),
             &plain,
@@ -772,14 +797,19 @@ fn memory_aware_kernels_equal_the_plain_ones() {
         );
         r.same_bits(
             &format!("gather_rows {cols} columns: the CPU's"),
-            &CPU.gather_rows(&x, &ids),
+            &CPU.gather_rows(&x, &ids).unwrap(),
             &warp,
         );
         let mut past = ids.clone();
         past[7] = 5000;
         past[2999] = u32::MAX;
-        let got = g.download(&g.gather_rows_device(&gx, &g.upload_ids(&past), past.len()));
-        let mut want = CPU.gather_rows(&x, &ids);
+        let got = g
+            .download(
+                &g.gather_rows_device(&gx, &g.upload_ids(&past).unwrap(), past.len())
+                    .unwrap(),
+            )
+            .unwrap();
+        let mut want = CPU.gather_rows(&x, &ids).unwrap();
         for row in [7, 2999] {
             want.data_mut()[row * cols..(row + 1) * cols].fill(0.0);
         }
@@ -794,8 +824,9 @@ fn memory_aware_kernels_equal_the_plain_ones() {
             .expect("page-locked memory");
         r.same_bits(
             &format!("gather_mapped_rows {cols} columns: the CPU's"),
-            &CPU.gather_rows(&x, &ids),
-            &g.download(&g.gather_mapped_rows(&mapped, &ids, None)),
+            &CPU.gather_rows(&x, &ids).unwrap(),
+            &g.download(&g.gather_mapped_rows(&mapped, &ids, None).unwrap())
+                .unwrap(),
         );
     }
     r.finish("memory_aware_kernels_equal_the_plain_ones");
@@ -818,7 +849,7 @@ fn side_stream_gather_is_ordered_before_its_readers() {
         .expect("maps")
         .expect("page-locked memory");
     let big = rand(2048, 2048, &mut rng);
-    let gbig = g.upload(&big);
+    let gbig = g.upload(&big).unwrap();
     let mut r = Report {
         failures: Vec::new(),
         checked: 0,
@@ -833,20 +864,22 @@ fn side_stream_gather_is_ordered_before_its_readers() {
         if busy {
             // Queued ahead on the backend stream: the gather overlaps these products.
             for _ in 0..4 {
-                std::hint::black_box(g.matmul(&gbig, false, &gbig, false));
+                std::hint::black_box(g.matmul(&gbig, false, &gbig, false).unwrap());
             }
         }
-        let gathered = g.gather_mapped_rows(&mapped, &ids, None);
-        let read = g.gather_rows(&gathered, &again);
+        let gathered = g.gather_mapped_rows(&mapped, &ids, None).unwrap();
+        let read = g.gather_rows(&gathered, &again).unwrap();
         drop(gathered);
-        let want = CPU.gather_rows(&CPU.gather_rows(&x, &ids), &again);
+        let want = CPU
+            .gather_rows(&CPU.gather_rows(&x, &ids).unwrap(), &again)
+            .unwrap();
         r.same_bits(
             &format!(
                 "round {round} ({}): rows read on the backend stream",
                 if busy { "busy" } else { "idle" }
             ),
             &want,
-            &g.download(&read),
+            &g.download(&read).unwrap(),
         );
     }
     r.finish("side_stream_gather_is_ordered_before_its_readers");
@@ -870,7 +903,7 @@ fn loss_and_accuracy_in_one_read() {
                 }
             })
             .collect();
-        let gx = g.upload(&x);
+        let gx = g.upload(&x).unwrap();
         let (ce, correct) = g.loss_and_accuracy(&gx, &labels).unwrap();
         let apart = g.softmax_cross_entropy(&gx, &labels).unwrap();
         assert_eq!(
@@ -880,11 +913,11 @@ fn loss_and_accuracy_in_one_read() {
         );
         assert_eq!(ce.count, apart.count);
         assert_eq!(
-            g.download(&ce.grad),
-            g.download(&apart.grad),
+            g.download(&ce.grad).unwrap(),
+            g.download(&apart.grad).unwrap(),
             "{rows} x {classes}: gradient"
         );
-        let (want, labelled) = CPU.accuracy(&x, &labels);
+        let (want, labelled) = CPU.accuracy(&x, &labels).unwrap();
         assert_eq!(
             (correct, ce.count),
             (want, labelled),
@@ -899,7 +932,7 @@ fn loss_and_accuracy_in_one_read() {
         );
     }
     let none = vec![-1i64; 6];
-    let gx = g.upload(&rand(6, 4, &mut rng));
+    let gx = g.upload(&rand(6, 4, &mut rng)).unwrap();
     let (ce, correct) = g.loss_and_accuracy(&gx, &none).unwrap();
     assert_eq!((ce.loss, ce.count, correct), (0.0, 0, 0));
     assert!(
@@ -927,34 +960,34 @@ fn steps_read_late_give_what_steps_read_at_once_do() {
                 }
             })
             .collect();
-        let gx = g.upload(&x);
+        let gx = g.upload(&x).unwrap();
         let (ce, correct) = g.loss_and_accuracy(&gx, &labels).unwrap();
         let f = g.loss_and_accuracy_on_device(&gx, &labels).unwrap();
-        let read = g.finish_read(g.read_later(&f.figures));
+        let read = g.finish_read(g.read_later(&f.figures).unwrap()).unwrap();
         assert_eq!(read.data()[0].to_bits(), ce.loss.to_bits(), "{rows}: loss");
         assert_eq!(read.data()[1], correct as f32, "{rows}: correct");
         assert_eq!(f.count, ce.count);
         assert_eq!(
-            g.download(&f.grad),
-            g.download(&ce.grad),
+            g.download(&f.grad).unwrap(),
+            g.download(&ce.grad).unwrap(),
             "{rows}: gradient"
         );
     }
     // Twelve reads outstanding at once, each behind a product queued after the one before.
-    let a = g.upload(&rand(512, 512, &mut rng));
+    let a = g.upload(&rand(512, 512, &mut rng)).unwrap();
     let hosts: Vec<Tensor> = (0..12).map(|k| rand(1 + k, 3 + k, &mut rng)).collect();
     let reads: Vec<_> = hosts
         .iter()
         .map(|h| {
-            let _busy = g.matmul(&a, false, &a, false);
-            g.read_later(&g.upload(h))
+            let _busy = g.matmul(&a, false, &a, false).unwrap();
+            g.read_later(&g.upload(h).unwrap()).unwrap()
         })
         .collect();
     for (h, r) in hosts.iter().zip(reads) {
-        assert_eq!(&g.finish_read(r), h, "a read started late");
+        assert_eq!(&g.finish_read(r).unwrap(), h, "a read started late");
     }
     // The gate and the gated updates, against the CPU's defaults.
-    let mut gate = g.zeros(1, 4);
+    let mut gate = g.zeros(1, 4).unwrap();
     let p0 = rand(3, 5, &mut rng);
     let grad = rand(3, 5, &mut rng);
     let hp = AdamUpdate {
@@ -971,12 +1004,18 @@ fn steps_read_late_give_what_steps_read_at_once_do() {
         weight_decay: 0.0,
     };
     let adam_gated = |gate: &_| {
-        let (mut p, mut m, mut v) = (g.upload(&p0), g.zeros(3, 5), g.zeros(3, 5));
-        g.adam_update_gated(&mut p, &g.upload(&grad), &mut m, &mut v, &hp, gate);
-        let mut b = g.zeros(3, 5);
-        let mut q = g.upload(&p0);
-        g.sgd_update_gated(&mut q, &g.upload(&grad), &mut b, &sgd, gate);
-        (g.download(&p), g.download(&q))
+        let (mut p, mut m, mut v) = (
+            g.upload(&p0).unwrap(),
+            g.zeros(3, 5).unwrap(),
+            g.zeros(3, 5).unwrap(),
+        );
+        g.adam_update_gated(&mut p, &g.upload(&grad).unwrap(), &mut m, &mut v, &hp, gate)
+            .unwrap();
+        let mut b = g.zeros(3, 5).unwrap();
+        let mut q = g.upload(&p0).unwrap();
+        g.sgd_update_gated(&mut q, &g.upload(&grad).unwrap(), &mut b, &sgd, gate)
+            .unwrap();
+        (g.download(&p).unwrap(), g.download(&q).unwrap())
     };
     let (mut cp, mut cm, mut cv, mut cb) = (
         p0.clone(),
@@ -984,24 +1023,27 @@ fn steps_read_late_give_what_steps_read_at_once_do() {
         Tensor::zeros(3, 5),
         Tensor::zeros(3, 5),
     );
-    CPU.adam_update(&mut cp, &grad, &mut cm, &mut cv, &hp);
+    CPU.adam_update(&mut cp, &grad, &mut cm, &mut cv, &hp)
+        .unwrap();
     let mut cq = p0.clone();
-    CPU.sgd_update(&mut cq, &grad, &mut cb, &sgd);
+    CPU.sgd_update(&mut cq, &grad, &mut cb, &sgd).unwrap();
     assert_eq!(
         adam_gated(&gate),
         (cp, cq),
         "an open gate updates as the CPU does"
     );
-    g.mark_non_finite(&g.upload(&rand(40, 40, &mut rng)), &mut gate, 0);
+    g.mark_non_finite(&g.upload(&rand(40, 40, &mut rng)).unwrap(), &mut gate, 0)
+        .unwrap();
     assert_eq!(
-        g.download(&gate).data(),
+        g.download(&gate).unwrap().data(),
         &[0.0; 4],
         "finite values mark nothing"
     );
     let mut bad = rand(100, 7, &mut rng);
     bad.data_mut()[333] = f32::NAN;
-    g.mark_non_finite(&g.upload(&bad), &mut gate, 2);
-    let marked = g.download(&gate);
+    g.mark_non_finite(&g.upload(&bad).unwrap(), &mut gate, 2)
+        .unwrap();
+    let marked = g.download(&gate).unwrap();
     assert_eq!(
         (marked.data()[0], marked.data()[1], marked.data()[2]),
         (1.0, 0.0, 0.0)
@@ -1009,8 +1051,9 @@ fn steps_read_late_give_what_steps_read_at_once_do() {
     assert!(marked.data()[3].is_nan(), "slot 2 holds the NaN");
     let mut inf = rand(1, 9, &mut rng);
     inf.data_mut()[8] = f32::NEG_INFINITY;
-    g.mark_non_finite(&g.upload(&inf), &mut gate, 0);
-    let marked = g.download(&gate);
+    g.mark_non_finite(&g.upload(&inf).unwrap(), &mut gate, 0)
+        .unwrap();
+    let marked = g.download(&gate).unwrap();
     assert_eq!(marked.data()[..2], [1.0, f32::NEG_INFINITY]);
     assert_eq!(adam_gated(&gate), (p0.clone(), p0), "a marked gate skips");
 }
@@ -1025,22 +1068,27 @@ fn gin_eps_stays_on_the_device() {
         let s = Tensor::scalar(eps);
         let x = rand(50, 9, &mut rng);
         let y = rand(60, 9, &mut rng);
-        let (gs, gx) = (g.upload(&s), g.upload(&x));
-        let mut on_device = g.upload(&y);
-        g.axpy_prefix_one_plus(&gs, &gx, &mut on_device, 30);
-        let mut read = g.upload(&y);
-        g.axpy_prefix(1.0 + eps, &gx, &mut read, 30);
+        let (gs, gx) = (g.upload(&s).unwrap(), g.upload(&x).unwrap());
+        let mut on_device = g.upload(&y).unwrap();
+        g.axpy_prefix_one_plus(&gs, &gx, &mut on_device, 30)
+            .unwrap();
+        let mut read = g.upload(&y).unwrap();
+        g.axpy_prefix(1.0 + eps, &gx, &mut read, 30).unwrap();
         let mut cpu = y.clone();
-        CPU.axpy_prefix(1.0 + eps, &x, &mut cpu, 30);
-        assert_eq!(g.download(&on_device), g.download(&read), "eps {eps}");
-        assert_eq!(g.download(&on_device), cpu, "eps {eps}: the CPU's");
-        let (a, b) = (rand(1000, 37, &mut rng), rand(1000, 37, &mut rng));
-        let (ga, gb) = (g.upload(&a), g.upload(&b));
-        let mut acc = g.upload(&s);
-        g.add_dot(&ga, &gb, &mut acc);
-        let want = eps + 1.0 * (g.dot(&ga, &gb) as f32);
+        CPU.axpy_prefix(1.0 + eps, &x, &mut cpu, 30).unwrap();
         assert_eq!(
-            g.download(&acc).data()[0].to_bits(),
+            g.download(&on_device).unwrap(),
+            g.download(&read).unwrap(),
+            "eps {eps}"
+        );
+        assert_eq!(g.download(&on_device).unwrap(), cpu, "eps {eps}: the CPU's");
+        let (a, b) = (rand(1000, 37, &mut rng), rand(1000, 37, &mut rng));
+        let (ga, gb) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+        let mut acc = g.upload(&s).unwrap();
+        g.add_dot(&ga, &gb, &mut acc).unwrap();
+        let want = eps + 1.0 * (g.dot(&ga, &gb).unwrap() as f32);
+        assert_eq!(
+            g.download(&acc).unwrap().data()[0].to_bits(),
             want.to_bits(),
             "eps {eps}: add_dot"
         );
@@ -1063,9 +1111,9 @@ fn all_finite_finds_every_non_finite_value() {
     host[0].data_mut()[6] = -0.0;
     host[2].data_mut()[9] = f32::MIN_POSITIVE / 4.0;
     let check = |h: &[Tensor]| {
-        let up: Vec<_> = h.iter().map(|t| g.upload(t)).collect();
-        let want = CPU.all_finite(&h.iter().collect::<Vec<_>>());
-        assert_eq!(g.all_finite(&up.iter().collect::<Vec<_>>()), want);
+        let up: Vec<_> = h.iter().map(|t| g.upload(t).unwrap()).collect();
+        let want = CPU.all_finite(&h.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(g.all_finite(&up.iter().collect::<Vec<_>>()).unwrap(), want);
         want
     };
     assert!(check(&host), "finite tensors");
@@ -1079,7 +1127,7 @@ fn all_finite_finds_every_non_finite_value() {
         h[t].data_mut()[at] = bad;
         assert!(!check(&h), "{bad} in tensor {t} at {at}");
     }
-    assert!(g.all_finite(&[]), "no tensor");
+    assert!(g.all_finite(&[]).unwrap(), "no tensor");
 }
 
 /// Uploads of every size around the page-locked staging ring's bounds (64 KiB and more go
@@ -1112,9 +1160,14 @@ fn uploads_through_the_staging_ring_arrive_whole() {
         .enumerate()
         .map(|(k, &n)| Tensor::from_fn(1, n, |_, c| (k * 1_000_003 + c) as f32))
         .collect();
-    let on_device: Vec<_> = hosts.iter().map(|t| g.upload(t)).collect();
+    let on_device: Vec<_> = hosts.iter().map(|t| g.upload(t).unwrap()).collect();
     for (k, (h, d)) in hosts.iter().zip(&on_device).enumerate() {
-        assert_eq!(&g.download(d), h, "upload {k} of {} floats", sizes[k]);
+        assert_eq!(
+            &g.download(d).unwrap(),
+            h,
+            "upload {k} of {} floats",
+            sizes[k]
+        );
     }
 }
 
@@ -1171,15 +1224,15 @@ fn models_train_as_on_the_cpu() {
         let bc = mc.prepare_blocks(&[b0.as_ref(), b1.as_ref()]).unwrap();
         let bg = mg.prepare_blocks(&[b0.as_ref(), b1.as_ref()]).unwrap();
         let (mut oc, mut og) = (Adam::new(CPU, 0.01), Adam::new(g.clone(), 0.01));
-        let gx = g.upload(&x);
+        let gx = g.upload(&x).unwrap();
         for step in 0..4u64 {
             let mode = Mode::Train { dropout_key: step };
             let lc = mc.forward(&bc, x.clone(), mode).unwrap();
-            let lg = mg.forward(&bg, gx.clone(), mode).unwrap();
+            let lg = mg.forward(&bg, g.copy(&gx).unwrap(), mode).unwrap();
             r.close(
                 &format!("{kind:?} step {step} logits"),
                 &lc,
-                &g.download(&lg),
+                &g.download(&lg).unwrap(),
                 1e-4,
             );
             let cc = CPU.softmax_cross_entropy(&lc, &labels).unwrap();
@@ -1191,8 +1244,8 @@ fn models_train_as_on_the_cpu() {
                     cg.loss, cc.loss
                 ));
             }
-            mc.zero_grad();
-            mg.zero_grad();
+            mc.zero_grad().unwrap();
+            mg.zero_grad().unwrap();
             mc.backward(&cc.grad).unwrap();
             mg.backward(&cg.grad).unwrap();
             if step == 0 {
@@ -1200,7 +1253,7 @@ fn models_train_as_on_the_cpu() {
                     r.close(
                         &format!("{kind:?} gradient of {name}"),
                         &pc.grad,
-                        &g.download(&pg.grad),
+                        &g.download(&pg.grad).unwrap(),
                         1e-3,
                     );
                 }
@@ -1212,7 +1265,7 @@ fn models_train_as_on_the_cpu() {
             r.close(
                 &format!("{kind:?} {name} after 4 steps"),
                 &pc.value,
-                &g.download(&pg.value),
+                &g.download(&pg.value).unwrap(),
                 1e-3,
             );
         }
@@ -1221,7 +1274,7 @@ fn models_train_as_on_the_cpu() {
             mg.forward(&bg, gx, Mode::Eval).unwrap(),
         );
         r.checked += 1;
-        if CPU.accuracy(&ec, &labels) != g.accuracy(&eg, &labels) {
+        if CPU.accuracy(&ec, &labels).unwrap() != g.accuracy(&eg, &labels).unwrap() {
             r.failures.push(format!("{kind:?}: eval accuracy differs"));
         }
     }

@@ -49,8 +49,10 @@ fn rows_summed_in_order_are_the_host_communicators_sum() {
         let scale = 1.0 / 3.0;
         let want: Vec<f32> = host_sum(&parts).iter().map(|v| v * scale).collect();
         let flat: Vec<f32> = parts.concat();
-        let x = be.upload(&Tensor::new(ranks, n, flat));
-        let got = be.download(&be.sum_rows_in_order(&x, scale));
+        let x = be.upload(&Tensor::new(ranks, n, flat)).unwrap();
+        let got = be
+            .download(&be.sum_rows_in_order(&x, scale).unwrap())
+            .unwrap();
         assert_eq!(got.rows(), 1);
         assert_eq!(bits(got.data()), bits(&want), "{ranks} rows of {n}");
         if ranks >= 3 {
@@ -61,9 +63,11 @@ fn rows_summed_in_order_are_the_host_communicators_sum() {
             assert_ne!(bits(&reversed), bits(&want), "{ranks} rows: order shows");
         }
     }
-    let empty = be.upload(&Tensor::new(0, 4, vec![]));
+    let empty = be.upload(&Tensor::new(0, 4, vec![])).unwrap();
     assert_eq!(
-        be.download(&be.sum_rows_in_order(&empty, 2.0)).data(),
+        be.download(&be.sum_rows_in_order(&empty, 2.0).unwrap())
+            .unwrap()
+            .data(),
         &[0.0; 4]
     );
 }
@@ -89,10 +93,10 @@ fn a_group_of_one_sums_through_nccl() {
         .iter()
         .map(|&(r, c)| Tensor::new(r, c, spread(r * c, &mut rng)))
         .collect();
-    let mut devs: Vec<_> = hosts.iter().map(|t| be.upload(t)).collect();
+    let mut devs: Vec<_> = hosts.iter().map(|t| be.upload(t).unwrap()).collect();
     let (scale_in, scale_out) = (37.0f32, 1.0 / 59.0);
     let mut refs: Vec<_> = devs.iter_mut().collect();
-    be.sum_over_group(&mut refs, scale_in, scale_out);
+    be.sum_over_group(&mut refs, scale_in, scale_out).unwrap();
     for ((host, dev), shape) in hosts.iter().zip(&devs).zip(shapes) {
         // The trainer's host path for one rank: scaled in, summed (alone), scaled out.
         let want: Vec<f32> = host
@@ -100,7 +104,7 @@ fn a_group_of_one_sums_through_nccl() {
             .iter()
             .map(|v| (v * scale_in) * scale_out)
             .collect();
-        let got = be.download(dev);
+        let got = be.download(dev).unwrap();
         assert_eq!((got.rows(), got.cols()), shape);
         assert_eq!(bits(got.data()), bits(&want), "{shape:?}");
     }

@@ -160,24 +160,31 @@ fn input_rows_gathered_with_the_samplers_device_ids() {
     assert!(resident.is_some(), "a GPU batch carries its device copy");
     let cols = 12;
     let x = Tensor::from_fn(n as usize, cols, |r, c| (r * cols + c) as f32);
-    let gx = dev.upload(&x);
+    let gx = dev.upload(&x).unwrap();
     let ids = &batch.input_nodes;
-    let want = CpuBackend.gather_rows(&x, ids);
+    let want = CpuBackend.gather_rows(&x, ids).unwrap();
     let other = vec![0u32; ids.len()];
     assert_eq!(
-        dev.download(&dev.gather_input_rows(&gx, ids, resident)),
+        dev.download(&dev.gather_input_rows(&gx, ids, resident).unwrap())
+            .unwrap(),
         want
     );
     assert_eq!(
-        dev.download(&dev.gather_input_rows(&gx, &other, resident)),
+        dev.download(&dev.gather_input_rows(&gx, &other, resident).unwrap())
+            .unwrap(),
         want,
         "the ids are read from the device copy"
     );
-    assert_eq!(dev.download(&dev.gather_input_rows(&gx, ids, None)), want);
+    assert_eq!(
+        dev.download(&dev.gather_input_rows(&gx, ids, None).unwrap())
+            .unwrap(),
+        want
+    );
     let fewer = &ids[..ids.len() - 1];
     assert_eq!(
-        dev.download(&dev.gather_input_rows(&gx, fewer, resident)),
-        CpuBackend.gather_rows(&x, fewer),
+        dev.download(&dev.gather_input_rows(&gx, fewer, resident).unwrap())
+            .unwrap(),
+        CpuBackend.gather_rows(&x, fewer).unwrap(),
         "another count: the host ids"
     );
     let mapped = dev
@@ -185,7 +192,8 @@ fn input_rows_gathered_with_the_samplers_device_ids() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        dev.download(&dev.gather_mapped_rows(&mapped, &other, resident)),
+        dev.download(&dev.gather_mapped_rows(&mapped, &other, resident).unwrap())
+            .unwrap(),
         want,
         "mapped rows, the ids of the device copy"
     );
@@ -341,16 +349,19 @@ fn weighted_device_blocks_aggregate_as_the_host_blocks() {
         .0
         .as_deref()
         .expect("a GPU batch's device copy");
-    let adopted = dev.adopt_blocks(resident, &refs).expect("adopted");
+    let adopted = dev.adopt_blocks(resident, &refs).unwrap().expect("adopted");
     for (l, (a, r)) in adopted.iter().zip(&refs).enumerate() {
         let uploaded = dev.prepare_block(r).unwrap();
-        let x = dev.upload(&Tensor::from_fn(r.num_src, 8, |i, c| {
-            ((i * 8 + c) % 13) as f32 - 6.0
-        }));
+        let x = dev
+            .upload(&Tensor::from_fn(r.num_src, 8, |i, c| {
+                ((i * 8 + c) % 13) as f32 - 6.0
+            }))
+            .unwrap();
         for agg in [Aggregation::Weighted, Aggregation::WeightedMean] {
             assert_eq!(
-                dev.download(&dev.aggregate(a, &x, agg)),
-                dev.download(&dev.aggregate(&uploaded, &x, agg)),
+                dev.download(&dev.aggregate(a, &x, agg).unwrap()).unwrap(),
+                dev.download(&dev.aggregate(&uploaded, &x, agg).unwrap())
+                    .unwrap(),
                 "block {l} {agg:?}"
             );
         }

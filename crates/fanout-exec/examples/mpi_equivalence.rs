@@ -95,13 +95,13 @@ fn main() {
         one.compute_gradients(prepared(&ds, &s, &union, key), 9)
             .expect("one-worker step");
         let mut expect = Vec::new();
-        one.gradients_into(1.0, &mut expect);
+        one.gradients_into(1.0, &mut expect).unwrap();
         let mut t = trainer(&ds, kind);
         let mine = near_equal_part(&union, rank, n);
         t.compute_reduced_gradients(prepared(&ds, &s, mine, key), 9, &comm, &mut Vec::new())
             .expect("all-reduced step");
         let mut got = Vec::new();
-        t.gradients_into(1.0, &mut got);
+        t.gradients_into(1.0, &mut got).unwrap();
         let mut d = [max_rel_diff(&got, &expect) as f64];
         // The worst rank decides.
         let mut all = d;

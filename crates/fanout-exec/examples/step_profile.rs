@@ -109,7 +109,7 @@ fn main() {
                     .softmax_cross_entropy(&logits, labels)
                     .expect("labels in range");
                 let t2 = Instant::now();
-                model.zero_grad();
+                model.zero_grad().unwrap();
                 model.backward(&ce.grad).expect("after a training forward");
                 let t3 = Instant::now();
                 opt.step_model(&mut model)

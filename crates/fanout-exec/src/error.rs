@@ -48,19 +48,6 @@ pub enum ExecError {
     },
 }
 
-/// Runs `work`, which computes on the backend named `backend`: on the CPU as it is (nothing
-/// there fails like a device); on any other inside [`fanout_compute::catch_device_failure`],
-/// a device failure becoming [`ExecError::Device`] instead of a panic.
-pub(crate) fn reporting_device_failures<T>(
-    backend: &str,
-    work: impl FnOnce() -> Result<T>,
-) -> Result<T> {
-    if backend == "cpu" {
-        return work();
-    }
-    fanout_compute::catch_device_failure(work).unwrap_or_else(|f| Err(ExecError::device(f)))
-}
-
 impl ExecError {
     /// [`ExecError::Device`] for `failure`, no checkpoint named yet.
     pub fn device(failure: fanout_compute::DeviceFailure) -> Self {
@@ -174,8 +161,18 @@ impl From<fanout_graph::Error> for ExecError {
 }
 
 impl From<fanout_compute::ComputeError> for ExecError {
+    /// A device's failure passed up through the compute layer becomes [`ExecError::Device`].
     fn from(e: fanout_compute::ComputeError) -> Self {
-        ExecError::Compute(e)
+        match e {
+            fanout_compute::ComputeError::Device(f) => ExecError::device(f),
+            e => ExecError::Compute(e),
+        }
+    }
+}
+
+impl From<fanout_compute::DeviceFailure> for ExecError {
+    fn from(f: fanout_compute::DeviceFailure) -> Self {
+        ExecError::device(f)
     }
 }
 

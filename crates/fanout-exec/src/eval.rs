@@ -6,7 +6,7 @@ use crate::error::{ExecError, Result};
 use crate::pipeline::{Pipeline, PipelineConfig};
 use crate::run::{checkpoint_meta as meta, open_dataset};
 use crate::trainer::Trainer;
-use fanout_compute::{io, Backend, CpuBackend, Sgd};
+use fanout_compute::{io, Backend, ComputeError, CpuBackend, Sgd};
 use fanout_graph::{Progress, Residency};
 use fanout_sample::{parse_fanouts, SamplerSpec};
 use std::path::PathBuf;
@@ -55,23 +55,21 @@ pub fn evaluate_checkpoint(req: &EvalRequest, progress: &dyn Progress) -> Result
 
 /// [`evaluate_checkpoint`] with the model on `be` (sampling and feature extraction stay on the
 /// host). A backend whose kernels give the CPU's results gives the CPU's accuracy; its device
-/// failing ([`fanout_compute::device_failed`]) ends the evaluation with
-/// [`ExecError::Device`].
+/// failing (a [`fanout_compute::DeviceFailure`] from a backend method) ends the evaluation
+/// with [`ExecError::Device`].
 pub fn evaluate_checkpoint_with<B: Backend>(
     be: B,
     req: &EvalRequest,
     progress: &dyn Progress,
 ) -> Result<f64> {
-    crate::error::reporting_device_failures(be.name(), || evaluate_on(be, req, progress))
-}
-
-/// [`evaluate_checkpoint_with`] after its choice of how to report device failures.
-fn evaluate_on<B: Backend>(be: B, req: &EvalRequest, progress: &dyn Progress) -> Result<f64> {
     let path = &req.checkpoint;
     let bad = |e: String| ExecError::Invalid(format!("{}: {e}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let md = io::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let model = io::from_bytes(be.clone(), &bytes).map_err(|e| bad(e.to_string()))?;
+    let model = io::from_bytes(be.clone(), &bytes).map_err(|e| match e {
+        ComputeError::Device(f) => ExecError::device(f),
+        e => bad(e.to_string()),
+    })?;
     let get = |k: &str| {
         md.get(k)
             .cloned()

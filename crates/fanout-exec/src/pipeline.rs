@@ -676,7 +676,8 @@ fn extract_aggregated(
     // is bit-identical to the layer's own.
     let cpu = CpuBackend;
     let block = cpu.prepare_block(&refs[0]).ok()?;
-    let coeff = cpu.edge_coefficients(&block, aggregation);
+    // The CPU backend never fails; were it to, the batch is extracted the plain way.
+    let coeff = cpu.edge_coefficients(&block, aggregation).ok()?;
     let mut agg = Vec::new();
     let r = ex.extract_aggregated(
         &batch.input_nodes,

@@ -199,7 +199,7 @@ pub(crate) fn device_cache_table<B: Backend>(
         )));
     }
     Ok((
-        be.upload_owned(Tensor::new(cached + 1, dim, rows)),
+        be.upload_owned(Tensor::new(cached + 1, dim, rows))?,
         cached,
         dim,
     ))

@@ -17,7 +17,7 @@
 //! the run ends with that worker's message instead of hanging.
 
 use crate::config::{FeaturePlacement, StrategyKind, TrainConfig};
-use crate::error::{reporting_device_failures, ExecError, Result};
+use crate::error::{ExecError, Result};
 use crate::memory::{measure_trial_batch, MemoryProbe, TrialMemory};
 use crate::metrics::{EpochMetrics, RunMetrics};
 use crate::pipeline::{Pipeline, PipelineConfig};
@@ -219,12 +219,12 @@ impl TrainOutcome {
     /// to `path`.
     pub fn save_model(&self, path: &Path) -> Result<()> {
         let be = self.model.backend();
-        let params: Vec<(String, Tensor)> = self
+        let params = self
             .model
             .named_params()
             .into_iter()
-            .map(|(n, p)| (n, be.download(&p.value)))
-            .collect();
+            .map(|(n, p)| Ok((n, be.download(&p.value)?)))
+            .collect::<Result<Vec<(String, Tensor)>>>()?;
         let bytes = checkpoint_bytes(
             &self.config,
             self.model.config(),
@@ -489,8 +489,8 @@ pub fn train(cfg: &TrainConfig, env: &RunEnv, obs: &mut dyn FitObserver) -> Resu
 /// same config, a backend whose kernels give the CPU's results trains the CPU's model bit for
 /// bit. The outcome's model is on the CPU ([`TrainOutcome::model`]). A backend other than the
 /// CPU is refused, before the dataset is opened, the options [`check_backend`] names; its
-/// device failing during the run ([`fanout_compute::device_failed`]) ends the run with
-/// [`ExecError::Device`].
+/// device failing during the run (a [`fanout_compute::DeviceFailure`] from a backend method)
+/// ends the run with [`ExecError::Device`].
 pub fn train_with_backend<B: Backend>(
     be: B,
     cfg: &TrainConfig,
@@ -511,18 +511,6 @@ pub fn train_with_backend<B: Backend>(
             be.name()
         )));
     }
-    // A device can fail where the CPU cannot (out of memory, a refused launch): its backend
-    // stops with a `DeviceFailure`, returned here as an error, not a panic.
-    reporting_device_failures(be.name(), || train_on_backend(be, cfg, env, obs))
-}
-
-/// [`train_with_backend`] after its checks.
-fn train_on_backend<B: Backend>(
-    be: B,
-    cfg: &TrainConfig,
-    env: &RunEnv,
-    obs: &mut dyn FitObserver,
-) -> Result<TrainOutcome> {
     let ds = open_dataset(cfg, env.progress)?;
     let n = cfg.workers.max(1);
     if n == 1 {
@@ -758,24 +746,9 @@ pub fn train_worker(
 /// the host through `comm`, or on the devices where the backends joined a device group
 /// ([`Backend::sum_over_group`], which gives the host sum's bits), so a group of workers on
 /// other backends whose kernels give the CPU's results trains the CPU group's model bit for
-/// bit. A device failing
-/// ([`fanout_compute::device_failed`]) ends the worker with [`ExecError::Device`].
+/// bit. A device failing (a [`fanout_compute::DeviceFailure`] from a backend method) ends
+/// the worker with [`ExecError::Device`].
 pub fn train_worker_with<B: Backend>(
-    be: B,
-    ds: Arc<Dataset>,
-    cfg: &TrainConfig,
-    comm: &dyn Comm,
-    pool: Option<Arc<rayon::ThreadPool>>,
-    env: &RunEnv,
-    obs: &mut dyn FitObserver,
-) -> Result<TrainOutcome> {
-    reporting_device_failures(be.name(), || {
-        train_worker_on(be, ds, cfg, comm, pool, env, obs)
-    })
-}
-
-/// [`train_worker_with`] after its choice of how to report device failures.
-fn train_worker_on<B: Backend>(
     be: B,
     ds: Arc<Dataset>,
     cfg: &TrainConfig,
@@ -907,7 +880,7 @@ fn train_worker_on<B: Backend>(
         let mut plain = PlainExtractor::new(ds.clone())?;
         plain.extract(&all, &mut rows)?;
         let dim = plain.dim();
-        trainer = trainer.with_device_rows(be.upload_owned(Tensor::new(n, dim, rows)));
+        trainer = trainer.with_device_rows(be.upload_owned(Tensor::new(n, dim, rows))?);
         obs.note(&format!(
             "features on the device: {n} rows x {dim} ({:.0} MB as f32), each batch's rows gathered there",
             (n * dim * 4) as f64 / 1e6
@@ -1121,21 +1094,16 @@ fn train_worker_on<B: Backend>(
                 None
             },
         };
-        let fit = || {
-            fit_with(
-                &mut trainer,
-                train.as_ref(),
-                valid.as_ref().map(|p| p as &dyn crate::BatchSource),
-                test.as_ref().map(|p| p as &dyn crate::BatchSource),
-                fit_cfg,
-                comm,
-                obs,
-                ctl,
-            )
-        };
-        // Caught here too (not only in `train_worker_with`), so that the error says where
-        // the last checkpoint is, as an interruption's does.
-        reporting_device_failures(be.name(), fit)
+        fit_with(
+            &mut trainer,
+            train.as_ref(),
+            valid.as_ref().map(|p| p as &dyn crate::BatchSource),
+            test.as_ref().map(|p| p as &dyn crate::BatchSource),
+            fit_cfg,
+            comm,
+            obs,
+            ctl,
+        )
     };
     let metrics = result.map_err(|e| {
         let note = match (saved, env.checkpoint, env.resume) {

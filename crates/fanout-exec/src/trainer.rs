@@ -193,8 +193,8 @@ impl<B: Backend> Trainer<B> {
         if let Some(agg) = p.input_agg {
             // Block 0's destination rows and their aggregate (the extract stage aggregated).
             let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
-            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features));
-            let agg = be.upload_owned(Tensor::new(rows, p.dim, agg));
+            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features))?;
+            let agg = be.upload_owned(Tensor::new(rows, p.dim, agg))?;
             return Ok(self
                 .model
                 .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);
@@ -208,7 +208,7 @@ impl<B: Backend> Trainer<B> {
             ));
         }
         if let (Some(table), Some(split)) = (&self.device_cache, &p.cache_split) {
-            let mut x = be.gather_rows(table, &split.slots);
+            let mut x = be.gather_rows(table, &split.slots)?;
             if !split.reused_positions.is_empty() {
                 let previous = match &self.previous_rows {
                     Some((seq, rows)) if seq + 1 == split.seq => rows,
@@ -220,8 +220,8 @@ impl<B: Backend> Trainer<B> {
                         )))
                     }
                 };
-                let reused = be.gather_rows(previous, &split.reused_from);
-                be.scatter_add_rows(&mut x, &split.reused_positions, &reused);
+                let reused = be.gather_rows(previous, &split.reused_from)?;
+                be.scatter_add_rows(&mut x, &split.reused_positions, &reused)?;
             }
             if !split.miss_positions.is_empty() {
                 let m = split.miss_positions.len();
@@ -233,7 +233,7 @@ impl<B: Backend> Trainer<B> {
                             .iter()
                             .map(|&i| p.batch.input_nodes[i as usize])
                             .collect();
-                        be.gather_mapped_rows(all, &ids, None)
+                        be.gather_mapped_rows(all, &ids, None)?
                     }
                     _ if p.features.len() != m * p.dim => {
                         return Err(ExecError::Invalid(format!(
@@ -249,22 +249,26 @@ impl<B: Backend> Trainer<B> {
                             }
                         )))
                     }
-                    _ => be.upload_owned(Tensor::new(m, p.dim, p.features)),
+                    _ => be.upload_owned(Tensor::new(m, p.dim, p.features))?,
                 };
-                be.scatter_add_rows(&mut x, &split.miss_positions, &misses);
+                be.scatter_add_rows(&mut x, &split.miss_positions, &misses)?;
             }
             // Match: the next batch may reuse these rows.
-            self.previous_rows = split.keep.then(|| (split.seq, x.clone()));
+            self.previous_rows = if split.keep {
+                Some((split.seq, be.copy(&x)?))
+            } else {
+                None
+            };
             return Ok(self.model.forward_rows(&blocks, x, mode, ids)?);
         }
         let x = match (&self.device_rows, &self.mapped_rows) {
             (Some(all), _) if p.features.is_empty() && rows > 0 => {
-                be.gather_input_rows(all, &p.batch.input_nodes, resident)
+                be.gather_input_rows(all, &p.batch.input_nodes, resident)?
             }
             (_, Some(all)) if p.features.is_empty() && rows > 0 => {
-                be.gather_mapped_rows(all, &p.batch.input_nodes, resident)
+                be.gather_mapped_rows(all, &p.batch.input_nodes, resident)?
             }
-            _ => be.upload_owned(Tensor::new(rows, p.dim, p.features)),
+            _ => be.upload_owned(Tensor::new(rows, p.dim, p.features))?,
         };
         Ok(self.model.forward_rows(&blocks, x, mode, ids)?)
     }
@@ -298,26 +302,27 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<Option<R>> {
         let labels = labels(&p)?.to_vec();
         if p.batch.num_seeds == 0 {
-            self.model.zero_grad();
+            self.model.zero_grad()?;
             return Ok(None);
         }
         let logits = self.forward(p, Mode::Train { dropout_key })?;
         let be = self.model.backend().clone();
         let (grad, kept) = loss(&be, &logits, &labels)?;
-        self.model.zero_grad();
+        self.model.zero_grad()?;
         self.model.backward(&grad)?;
         Ok(Some(kept))
     }
 
     /// Appends every parameter gradient, multiplied by `scale`, to `out` (parameters in
     /// [`Model::named_params`] order, each row-major). With [`Trainer::set_gradients`] this is
-    /// how data-parallel workers all-reduce their gradients.
-    pub fn gradients_into(&self, scale: f32, out: &mut Vec<f32>) {
+    /// how data-parallel workers all-reduce their gradients. `Err` when the device fails.
+    pub fn gradients_into(&self, scale: f32, out: &mut Vec<f32>) -> Result<()> {
         let be = self.model.backend();
         for (_, p) in self.model.named_params() {
-            let g = be.download(&p.grad);
+            let g = be.download(&p.grad)?;
             out.extend(g.data().iter().map(|v| v * scale));
         }
+        Ok(())
     }
 
     /// A data-parallel worker's share of a step: forward and backward of its batch `p`, then
@@ -344,7 +349,7 @@ impl<B: Backend> Trainer<B> {
             return self.sum_on_devices(outcome, group, comm, start);
         }
         scratch.clear();
-        self.gradients_into(outcome.labelled as f32, scratch);
+        self.gradients_into(outcome.labelled as f32, scratch)?;
         scratch.push(outcome.labelled as f32);
         comm.all_reduce_sum_f32(scratch)?;
         let step_labelled = scratch.pop().unwrap_or(0.0);
@@ -400,7 +405,7 @@ impl<B: Backend> Trainer<B> {
             .into_iter()
             .map(|p| &mut p.grad)
             .collect();
-        be.sum_over_group(&mut grads, outcome.labelled as f32, scale);
+        be.sum_over_group(&mut grads, outcome.labelled as f32, scale)?;
         Ok(ReducedStep {
             outcome,
             step_labelled: step_labelled as usize,
@@ -431,7 +436,7 @@ impl<B: Backend> Trainer<B> {
         let (remote, local): (Vec<Prepared>, Vec<Prepared>) =
             group.into_iter().partition(|p| p.remote.is_some());
         if !remote.is_empty() {
-            let params = self.parameters();
+            let params = self.parameters()?;
             for p in &remote {
                 src.remote_start(p, &params)?;
             }
@@ -452,7 +457,7 @@ impl<B: Backend> Trainer<B> {
         for p in local {
             let o = self.run(p, |t, p| t.compute_gradients(p, dropout_key))?;
             scratch.clear();
-            self.gradients_into(o.labelled as f32, scratch);
+            self.gradients_into(o.labelled as f32, scratch)?;
             add(&mut acc, scratch)?;
             loss_sum += o.loss * o.labelled as f64;
             correct += o.correct;
@@ -535,7 +540,7 @@ impl<B: Backend> Trainer<B> {
         let mut at = 0;
         for p in self.model.params_mut() {
             let (r, c) = be.shape(&p.value);
-            p.value = be.upload_owned(Tensor::new(r, c, flat[at..at + r * c].to_vec()));
+            p.value = be.upload_owned(Tensor::new(r, c, flat[at..at + r * c].to_vec()))?;
             at += r * c;
         }
         Ok(())
@@ -558,20 +563,20 @@ impl<B: Backend> Trainer<B> {
             let (r, c) = be.shape(&p.grad);
             let v: Vec<f32> = flat[at..at + r * c].iter().map(|v| v * scale).collect();
             at += r * c;
-            p.grad = be.upload_owned(Tensor::new(r, c, v));
+            p.grad = be.upload_owned(Tensor::new(r, c, v))?;
         }
         Ok(())
     }
 
     /// The parameters' values, flattened in [`Trainer::gradients_into`]'s layout (to check
-    /// that replicas agree, or to broadcast them).
-    pub fn parameters(&self) -> Vec<f32> {
+    /// that replicas agree, or to broadcast them). `Err` when the device fails.
+    pub fn parameters(&self) -> Result<Vec<f32>> {
         let be = self.model.backend();
         let mut out = Vec::with_capacity(self.model.num_params());
         for (_, p) in self.model.named_params() {
-            out.extend_from_slice(be.download(&p.value).data());
+            out.extend_from_slice(be.download(&p.value)?.data());
         }
-        out
+        Ok(out)
     }
 
     /// One optimiser step from the current gradients.
@@ -603,7 +608,7 @@ impl<B: Backend> Trainer<B> {
     /// are exactly as before, so later training is unaffected (PaGraph's trial batch).
     pub fn trial_step(&mut self, p: Prepared, dropout_key: u64) -> Result<BatchOutcome> {
         let out = self.compute_gradients(p, dropout_key);
-        self.model.zero_grad();
+        self.model.zero_grad()?;
         self.model.clear_cache();
         out
     }
@@ -619,7 +624,7 @@ impl<B: Backend> Trainer<B> {
     pub fn eval_batch(&mut self, p: Prepared) -> Result<(usize, usize)> {
         let labels = labels(&p)?.to_vec();
         let logits = self.forward(p, Mode::Eval)?;
-        Ok(self.model.backend().accuracy(&logits, &labels))
+        Ok(self.model.backend().accuracy(&logits, &labels)?)
     }
 
     /// Accuracy (`0..=1`, 0 when nothing is labelled) over every seed of `pipe`, sampled under
@@ -657,14 +662,14 @@ impl<B: Backend> Trainer<B> {
             if late {
                 let next = self.run(p, |t, p| t.queue_eval(p))?;
                 if let Some(q) = queued.replace(next) {
-                    add(self.finish_eval(q));
+                    add(self.finish_eval(q)?);
                 }
             } else {
                 add(self.run(p, |t, p| t.eval_batch(p))?);
             }
         }
         if let Some(q) = queued {
-            add(self.finish_eval(q));
+            add(self.finish_eval(q)?);
         }
         pipe.take_times();
         Ok((correct, labelled))
@@ -672,28 +677,30 @@ impl<B: Backend> Trainer<B> {
 
     /// What is not finite after a step's forward and backward: `loss` (the step's mean loss)
     /// or a parameter gradient, named, with its first bad value; `None` when all are finite.
-    pub fn non_finite(&self, loss: f64) -> Option<String> {
+    /// `Err` when the device fails.
+    pub fn non_finite(&self, loss: f64) -> Result<Option<String>> {
         if !loss.is_finite() {
-            return Some(loss_not_finite(loss));
+            return Ok(Some(loss_not_finite(loss)));
         }
         let be = self.model.backend();
         let params = self.model.named_params();
         // One check of every gradient (one read on a device); which one is bad only when one is.
-        if be.all_finite(&params.iter().map(|(_, p)| &p.grad).collect::<Vec<_>>()) {
-            return None;
+        if be.all_finite(&params.iter().map(|(_, p)| &p.grad).collect::<Vec<_>>())? {
+            return Ok(None);
         }
         for (name, p) in params {
-            let g = be.download(&p.grad);
+            let g = be.download(&p.grad)?;
             if let Some(&v) = g.data().iter().find(|v| !v.is_finite()) {
-                return Some(gradient_not_finite(&name, v));
+                return Ok(Some(gradient_not_finite(&name, v)));
             }
         }
-        None
+        Ok(None)
     }
 
-    /// A copy of the optimiser's state (for a resumable checkpoint).
-    pub fn optimizer_state(&self) -> OptimState {
-        self.opt.export_state()
+    /// A copy of the optimiser's state (for a resumable checkpoint); `Err` when the device
+    /// fails.
+    pub fn optimizer_state(&self) -> Result<OptimState> {
+        Ok(self.opt.export_state()?)
     }
 
     /// Replaces the optimiser's state (from [`Trainer::optimizer_state`] of a trainer over the
@@ -702,23 +709,23 @@ impl<B: Backend> Trainer<B> {
         Ok(self.opt.import_state(state)?)
     }
 
-    /// The parameters' values on the host, in [`Model::named_params`] order.
-    pub fn snapshot(&self) -> Vec<Tensor> {
+    /// The parameters' values on the host, in [`Model::named_params`] order; `Err` when the
+    /// device fails.
+    pub fn snapshot(&self) -> Result<Vec<Tensor>> {
         let be = self.model.backend();
-        self.model
-            .named_params()
-            .iter()
-            .map(|(_, p)| be.download(&p.value))
-            .collect()
+        let params = self.model.named_params();
+        let host = params.iter().map(|(_, p)| be.download(&p.value));
+        Ok(host.collect::<std::result::Result<_, _>>()?)
     }
 
     /// Replaces the parameters' values by `params` (from [`Trainer::snapshot`] of a trainer
-    /// over the same model).
-    pub fn restore(&mut self, params: &[Tensor]) {
+    /// over the same model). `Err` when the device fails.
+    pub fn restore(&mut self, params: &[Tensor]) -> Result<()> {
         let be = self.model.backend().clone();
         for (p, v) in self.model.params_mut().into_iter().zip(params) {
-            p.value = be.upload(v);
+            p.value = be.upload(v)?;
         }
+        Ok(())
     }
 }
 
@@ -895,7 +902,7 @@ pub fn fit_with<B: Backend + Send>(
                 state.epochs_done
             )));
         }
-        trainer.restore(&state.params);
+        trainer.restore(&state.params)?;
         trainer.set_optimizer_state(state.optim)?;
         if let Some(b) = state.best {
             run.best_epoch = b.epoch;
@@ -919,8 +926,11 @@ pub fn fit_with<B: Backend + Send>(
     let mut grads: Vec<f32> = Vec::new();
     // A backend whose reads wait for its queue reads each one-worker step's figures after
     // queueing the next step (`deferred.rs`); the gate stops its optimiser on the device.
-    let mut gate =
-        (workers == 1 && trainer.model.backend().defers_reads()).then(|| trainer.new_gate());
+    let mut gate = if workers == 1 && trainer.model.backend().defers_reads() {
+        Some(trainer.new_gate()?)
+    } else {
+        None
+    };
     // The next epoch's stream, started while this epoch's last batch trains, so that its first
     // batches are sampled and extracted behind that step instead of in front of the epoch.
     let mut next: Option<EpochStream> = None;
@@ -1038,7 +1048,7 @@ pub fn fit_with<B: Backend + Send>(
                 sync_s += s.allreduce_s;
                 sync_bytes += s.allreduce_bytes;
                 // Every worker holds the step's gradient, so all stop at the same step.
-                if let Some(bad) = trainer.non_finite(s.step.loss) {
+                if let Some(bad) = trainer.non_finite(s.step.loss)? {
                     return Err(non_finite(bad));
                 }
                 trainer.run_apply()?;
@@ -1047,7 +1057,7 @@ pub fn fit_with<B: Backend + Send>(
                 let p = group.pop().expect("one batch");
                 let (out, bad) = trainer.run(p, |t, p| -> Result<_> {
                     let out = t.compute_gradients(p, key)?;
-                    if let Some(bad) = t.non_finite(out.loss) {
+                    if let Some(bad) = t.non_finite(out.loss)? {
                         return Ok((out, Some(bad)));
                     }
                     t.apply_gradients()?;
@@ -1070,7 +1080,7 @@ pub fn fit_with<B: Backend + Send>(
                 // The gradients are the all-reduced ones, the same on every worker, so every
                 // worker stops at the same step; a worker's own non-finite loss stops it alone
                 // (the others learn of it through the communicator).
-                if let Some(bad) = trainer.non_finite(r.outcome.loss) {
+                if let Some(bad) = trainer.non_finite(r.outcome.loss)? {
                     return Err(non_finite(bad));
                 }
                 trainer.run_apply()?;
@@ -1194,7 +1204,7 @@ pub fn fit_with<B: Backend + Send>(
                 Some((b, _)) => score > *b || score.is_infinite(),
             };
             if better {
-                best = Some((score, trainer.snapshot()));
+                best = Some((score, trainer.snapshot()?));
                 run.best_epoch = epoch;
                 run.best_val_acc = m.val_acc.unwrap_or(0.0);
                 run.test_acc = m.test_acc.unwrap_or(0.0);
@@ -1206,8 +1216,8 @@ pub fn fit_with<B: Backend + Send>(
         if let Some(hook) = ctl.on_epoch.as_mut() {
             let state = FitState {
                 epochs_done: epoch + 1,
-                params: trainer.snapshot(),
-                optim: trainer.optimizer_state(),
+                params: trainer.snapshot()?,
+                optim: trainer.optimizer_state()?,
                 best: best.as_ref().map(|(_, params)| BestState {
                     val_acc: best_val,
                     epoch: run.best_epoch,
@@ -1222,7 +1232,7 @@ pub fn fit_with<B: Backend + Send>(
         }
     }
     if let Some((_, params)) = best {
-        trainer.restore(&params);
+        trainer.restore(&params)?;
     }
     run.median_epoch_s = RunMetrics::median_epoch_time(&run.epochs);
     run.rates = ctl.rates;

@@ -4,8 +4,8 @@
 //! path), and the options that run on the CPU only are refused with a clear error.
 
 use fanout_compute::{
-    device_failed, io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock,
-    CrossEntropy, DropoutSpec, MappedRows, Model, ModelKind, SgdUpdate, Tensor,
+    io, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef, CpuBackend, CpuBlock, CrossEntropy,
+    DeviceFailure, DeviceResult, DropoutSpec, MappedRows, Model, ModelKind, SgdUpdate, Tensor,
 };
 use fanout_exec::trainer::block_refs;
 use fanout_exec::{
@@ -25,9 +25,11 @@ use common::saved_tiny;
 #[derive(Clone, Copy, Debug)]
 struct Named {
     cpu: CpuBackend,
-    /// A countdown of matrix products: the last one fails like a GPU out of memory
-    /// ([`device_failed`]).
+    /// A countdown of matrix products: the last one fails like a GPU out of memory (an
+    /// `Err` of [`DeviceFailure`]).
     products_left: Option<&'static AtomicUsize>,
+    /// A countdown of every call that can fail on a device: the last one fails.
+    calls_left: Option<&'static AtomicUsize>,
     /// Counts `gather_rows` calls.
     gathers: Option<&'static AtomicUsize>,
     /// Counts `gather_mapped_rows` calls.
@@ -45,6 +47,7 @@ struct Named {
 const NAMED: Named = Named {
     cpu: CpuBackend,
     products_left: None,
+    calls_left: None,
     gathers: None,
     mapped_gathers: None,
     reads_later: None,
@@ -54,12 +57,27 @@ const NAMED: Named = Named {
 
 impl Named {
     /// Counts a matrix product down, failing the device on the last one.
-    fn count_down(&self) {
+    fn count_down(&self) -> DeviceResult<()> {
         if let Some(left) = self.products_left {
             if left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                device_failed("CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)".into());
+                return Err(DeviceFailure::new(
+                    "CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)",
+                ));
             }
         }
+        Ok(())
+    }
+
+    /// Counts a fallible call down, failing the device on the last one.
+    fn count_call(&self) -> DeviceResult<()> {
+        if let Some(left) = self.calls_left {
+            if left.fetch_sub(1, Ordering::SeqCst) == 1 {
+                return Err(DeviceFailure::new(
+                    "CUDA launch failed: CUDA_ERROR_LAUNCH_FAILED (fake)",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -124,22 +142,27 @@ impl Backend for Named {
     fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.cpu.on_compute_threads(f)
     }
-    fn upload(&self, host: &Tensor) -> Tensor {
+    fn upload(&self, host: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.upload(host)
     }
-    fn upload_owned(&self, host: Tensor) -> Tensor {
+    fn upload_owned(&self, host: Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.upload_owned(host)
     }
-    fn download(&self, t: &Tensor) -> Tensor {
+    fn download(&self, t: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.download(t)
     }
-    fn zeros(&self, rows: usize, cols: usize) -> Tensor {
+    fn zeros(&self, rows: usize, cols: usize) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.zeros(rows, cols)
     }
     fn shape(&self, t: &Tensor) -> (usize, usize) {
         self.cpu.shape(t)
     }
-    fn fill_zero(&self, t: &mut Tensor) {
+    fn fill_zero(&self, t: &mut Tensor) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.fill_zero(t)
     }
     fn prepare_block(&self, block: &BlockRef<'_>) -> fanout_compute::Result<CpuBlock> {
@@ -153,15 +176,18 @@ impl Backend for Named {
         &self,
         resident: &(dyn std::any::Any + Send + Sync),
         blocks: &[BlockRef<'_>],
-    ) -> Option<Vec<CpuBlock>> {
-        let held = resident.downcast_ref::<HeldBlocks>()?;
+    ) -> DeviceResult<Option<Vec<CpuBlock>>> {
+        self.count_call()?;
+        let Some(held) = resident.downcast_ref::<HeldBlocks>() else {
+            return Ok(None);
+        };
         assert_eq!(held.0.len(), blocks.len(), "a held copy of other blocks");
         let refs = block_refs(&held.0);
-        Some(
+        Ok(Some(
             refs.iter()
                 .map(|r| self.cpu.prepare_block(r).unwrap())
                 .collect(),
-        )
+        ))
     }
     fn gemm(
         &self,
@@ -172,56 +198,87 @@ impl Backend for Named {
         trans_b: bool,
         beta: f32,
         c: &mut Tensor,
-    ) {
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.gemm(alpha, a, trans_a, b, trans_b, beta, c)
     }
-    fn acc_at_b_shared(&self, g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
+    fn acc_at_b_shared(
+        &self,
+        g: &Tensor,
+        pairs: &mut [(&Tensor, &mut Tensor)],
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.acc_at_b_shared(g, pairs)
     }
-    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
-        self.count_down();
+    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> DeviceResult<Tensor> {
+        self.count_call()?;
+        self.count_down()?;
         self.cpu.matmul(a, trans_a, b, trans_b)
     }
-    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
+    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.add_bias(x, bias)
     }
-    fn sum_rows(&self, x: &Tensor) -> Tensor {
+    fn sum_rows(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.sum_rows(x)
     }
-    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) {
+    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.axpy(alpha, x, y)
     }
-    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
+    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.axpy_prefix(alpha, x, y, rows)
     }
-    fn prefix_rows(&self, x: &Tensor, rows: usize) -> Tensor {
+    fn prefix_rows(&self, x: &Tensor, rows: usize) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.prefix_rows(x, rows)
     }
-    fn scale(&self, x: &mut Tensor, alpha: f32) {
+    fn scale(&self, x: &mut Tensor, alpha: f32) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.scale(x, alpha)
     }
-    fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
+    fn copy(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
+        self.cpu.copy(x)
+    }
+    fn mul(&self, a: &Tensor, b: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.mul(a, b)
     }
-    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> DeviceResult<(Tensor, Tensor)> {
+        self.count_call()?;
         self.cpu.mul_sum_rows(a, b)
     }
-    fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
+    fn dot(&self, a: &Tensor, b: &Tensor) -> DeviceResult<f64> {
+        self.count_call()?;
         self.cpu.dot(a, b)
     }
-    fn relu(&self, x: &Tensor) -> Tensor {
+    fn relu(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.relu(x)
     }
-    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> Tensor {
+    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.relu_backward(grad, out)
     }
-    fn leaky_relu(&self, x: &Tensor, slope: f32) -> Tensor {
+    fn leaky_relu(&self, x: &Tensor, slope: f32) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.leaky_relu(x, slope)
     }
-    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
+    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.leaky_relu_backward(grad, x, slope)
     }
-    fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        key: u64,
+        row_ids: Option<&[u32]>,
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        self.count_call()?;
         self.cpu.dropout(x, p, key, row_ids)
     }
     fn epilogue(
@@ -231,19 +288,34 @@ impl Backend for Named {
         relu: bool,
         dropout: Option<DropoutSpec<'_>>,
         keep: bool,
-    ) -> Option<Tensor> {
+    ) -> DeviceResult<Option<Tensor>> {
+        self.count_call()?;
         self.cpu.epilogue(x, bias, relu, dropout, keep)
     }
-    fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
+    fn l2_normalize_rows(&self, x: &Tensor) -> DeviceResult<(Tensor, Tensor)> {
+        self.count_call()?;
         self.cpu.l2_normalize_rows(x)
     }
-    fn l2_normalize_rows_backward(&self, grad: &Tensor, y: &Tensor, norms: &Tensor) -> Tensor {
+    fn l2_normalize_rows_backward(
+        &self,
+        grad: &Tensor,
+        y: &Tensor,
+        norms: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.l2_normalize_rows_backward(grad, y, norms)
     }
-    fn head_dot(&self, x: &Tensor, a: &Tensor) -> Tensor {
+    fn head_dot(&self, x: &Tensor, a: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.head_dot(x, a)
     }
-    fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
+    fn head_dot_backward(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        a: &Tensor,
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        self.count_call()?;
         self.cpu.head_dot_backward(grad, x, a)
     }
     fn head_dot_backward_acc(
@@ -252,22 +324,37 @@ impl Backend for Named {
         x: &Tensor,
         a: &Tensor,
         acc: &mut Tensor,
-    ) -> Tensor {
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.head_dot_backward_acc(grad, x, a, acc)
     }
-    fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
+    fn head_mean(&self, x: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.head_mean(x, heads)
     }
-    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> Tensor {
+    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.head_mean_backward(grad, heads)
     }
-    fn edge_coefficients(&self, block: &CpuBlock, agg: Aggregation) -> Option<Tensor> {
+    fn edge_coefficients(
+        &self,
+        block: &CpuBlock,
+        agg: Aggregation,
+    ) -> DeviceResult<Option<Tensor>> {
+        self.count_call()?;
         self.cpu.edge_coefficients(block, agg)
     }
-    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
+    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.spmm(block, coeff, x)
     }
-    fn spmm_backward_x(&self, block: &CpuBlock, coeff: Option<&Tensor>, grad: &Tensor) -> Tensor {
+    fn spmm_backward_x(
+        &self,
+        block: &CpuBlock,
+        coeff: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.spmm_backward_x(block, coeff, grad)
     }
     fn spmm_backward_coeff(
@@ -276,7 +363,8 @@ impl Backend for Named {
         grad: &Tensor,
         x: &Tensor,
         heads: usize,
-    ) -> Tensor {
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.spmm_backward_coeff(block, grad, x, heads)
     }
     fn spmm_backward(
@@ -285,28 +373,46 @@ impl Backend for Named {
         coeff: &Tensor,
         grad: &Tensor,
         x: &Tensor,
-    ) -> (Tensor, Tensor) {
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        self.count_call()?;
         self.cpu.spmm_backward(block, coeff, grad, x)
     }
-    fn aggregate(&self, block: &CpuBlock, x: &Tensor, agg: Aggregation) -> Tensor {
+    fn aggregate(&self, block: &CpuBlock, x: &Tensor, agg: Aggregation) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.aggregate(block, x, agg)
     }
-    fn aggregate_backward(&self, block: &CpuBlock, grad: &Tensor, agg: Aggregation) -> Tensor {
+    fn aggregate_backward(
+        &self,
+        block: &CpuBlock,
+        grad: &Tensor,
+        agg: Aggregation,
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.aggregate_backward(block, grad, agg)
     }
-    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
+    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.u_add_v(block, el, er)
     }
-    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.edge_sum_to_src(block, e)
     }
-    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
+    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.edge_sum_to_dst(block, e)
     }
-    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> Tensor {
+    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.edge_softmax(block, scores)
     }
-    fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
+    fn edge_softmax_backward(
+        &self,
+        block: &CpuBlock,
+        a: &Tensor,
+        grad: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         self.cpu.edge_softmax_backward(block, a, grad)
     }
     /// "Maps" host rows as a CPU tensor held by the table.
@@ -326,7 +432,8 @@ impl Backend for Named {
         table: &MappedRows,
         idx: &[u32],
         _resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> Tensor {
+    ) -> DeviceResult<Tensor> {
+        self.count_call()?;
         MAPPED_GATHERS.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.mapped_gathers {
             c.fetch_add(1, Ordering::Relaxed);
@@ -337,14 +444,16 @@ impl Backend for Named {
             .expect("Named's table");
         self.cpu.gather_rows(t, idx)
     }
-    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
+    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> DeviceResult<Tensor> {
+        self.count_call()?;
         GATHER_CALLS.fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.gathers {
             c.fetch_add(1, Ordering::Relaxed);
         }
         self.cpu.gather_rows(x, idx)
     }
-    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
+    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.scatter_add_rows(y, idx, x)
     }
     fn softmax_cross_entropy(
@@ -354,17 +463,27 @@ impl Backend for Named {
     ) -> fanout_compute::Result<CrossEntropy<Tensor>> {
         self.cpu.softmax_cross_entropy(logits, labels)
     }
-    fn add_dot(&self, a: &Tensor, b: &Tensor, y: &mut Tensor) {
+    fn add_dot(&self, a: &Tensor, b: &Tensor, y: &mut Tensor) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.add_dot(a, b, y)
     }
-    fn axpy_prefix_one_plus(&self, s: &Tensor, x: &Tensor, y: &mut Tensor, rows: usize) {
+    fn axpy_prefix_one_plus(
+        &self,
+        s: &Tensor,
+        x: &Tensor,
+        y: &mut Tensor,
+        rows: usize,
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.axpy_prefix_one_plus(s, x, y, rows)
     }
-    fn all_finite(&self, tensors: &[&Tensor]) -> bool {
+    fn all_finite(&self, tensors: &[&Tensor]) -> DeviceResult<bool> {
+        self.count_call()?;
         self.cpu.all_finite(tensors)
     }
     /// Counted (with a counter), then the default: a read at once.
-    fn read_later(&self, t: &Tensor) -> fanout_compute::PendingRead {
+    fn read_later(&self, t: &Tensor) -> DeviceResult<fanout_compute::PendingRead> {
+        self.count_call()?;
         if let Some(n) = self.reads_later {
             n.fetch_add(1, Ordering::Relaxed);
         }
@@ -375,7 +494,13 @@ impl Backend for Named {
     }
     /// The trait's reference: scaled in, summed in rank order through the group's host
     /// communicator, scaled out (counted).
-    fn sum_over_group(&self, tensors: &mut [&mut Tensor], scale_in: f32, scale_out: f32) {
+    fn sum_over_group(
+        &self,
+        tensors: &mut [&mut Tensor],
+        scale_in: f32,
+        scale_out: f32,
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         GROUP_SUMS.fetch_add(1, Ordering::Relaxed);
         let comm = self.group.expect("sum_over_group without a group");
         let mut flat: Vec<f32> = tensors
@@ -394,9 +519,11 @@ impl Backend for Named {
             );
             at += n;
         }
+        Ok(())
     }
     // `gather_input_rows` keeps its default, which calls `gather_rows` above (counted).
-    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
+    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> DeviceResult<(usize, usize)> {
+        self.count_call()?;
         NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
         self.cpu.accuracy(logits, labels)
     }
@@ -407,11 +534,19 @@ impl Backend for Named {
         m: &mut Tensor,
         v: &mut Tensor,
         hp: &AdamUpdate,
-    ) {
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         NAMED_CALLS.fetch_add(1, Ordering::Relaxed);
         self.cpu.adam_update(value, grad, m, v, hp)
     }
-    fn sgd_update(&self, value: &mut Tensor, grad: &Tensor, buf: &mut Tensor, hp: &SgdUpdate) {
+    fn sgd_update(
+        &self,
+        value: &mut Tensor,
+        grad: &Tensor,
+        buf: &mut Tensor,
+        hp: &SgdUpdate,
+    ) -> DeviceResult<()> {
+        self.count_call()?;
         self.cpu.sgd_update(value, grad, buf, hp)
     }
 }
@@ -692,8 +827,8 @@ fn rows_added_onto_negative_zeros_keep_their_bits() {
     for (zero, keeps) in [(-0.0f32, true), (0.0, false)] {
         let table = Tensor::new(2, n, [vec![1.0; n], vec![zero; n]].concat());
         // Row 0 a cache hit, rows 1 and 2 misses onto the zero row, one of them uploaded.
-        let mut x = be.gather_rows(&table, &[0, 1, 1]);
-        be.scatter_add_rows(&mut x, &[2], &rows);
+        let mut x = be.gather_rows(&table, &[0, 1, 1]).unwrap();
+        be.scatter_add_rows(&mut x, &[2], &rows).unwrap();
         let got: Vec<u32> = x.row(2).iter().map(|v| v.to_bits()).collect();
         let want: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
         assert_eq!(got == want, keeps, "zero row {zero:?}: {got:?}");
@@ -757,6 +892,86 @@ fn a_device_failing_mid_run_ends_it_with_an_error_not_a_panic() {
     let again = train_with_backend(NAMED, &cfg, &RunEnv::default(), &mut ()).unwrap();
     let cpu = train(&cfg, &RunEnv::default(), &mut ()).unwrap();
     assert_identical(&again, &cpu, "after a device failure");
+}
+
+/// One training step of a two-layer `kind` model on `be` (blocks, input rows and labels
+/// fixed): every kind of backend call a step makes, the optimiser's included.
+fn one_step(be: Named, kind: ModelKind) -> fanout_compute::Result<()> {
+    // Block 0: 3 destinations of 6 sources; block 1: 2 seeds of those 3.
+    let (p0, i0) = ([0u32, 2, 4, 6], [1u32, 3, 2, 4, 5, 0]);
+    let (p1, i1) = ([0u32, 2, 3], [1u32, 2, 0]);
+    let refs = [
+        BlockRef {
+            num_dst: 3,
+            num_src: 6,
+            indptr: &p0,
+            indices: &i0,
+            weights: None,
+        },
+        BlockRef {
+            num_dst: 2,
+            num_src: 3,
+            indptr: &p1,
+            indices: &i1,
+            weights: None,
+        },
+    ];
+    let mut model = Model::new(be, fanout_compute::ModelConfig::new(kind, 4, 8, 3, 2))?;
+    let mut opt = fanout_compute::Adam::new(be, 0.01);
+    let blocks = model.prepare_blocks(&refs)?;
+    let x = be.upload(&Tensor::from_fn(6, 4, |r, c| {
+        (r * 4 + c) as f32 * 0.1 - 1.0
+    }))?;
+    let logits = model.forward(&blocks, x, fanout_compute::Mode::Train { dropout_key: 3 })?;
+    let ce = be.softmax_cross_entropy(&logits, &[2, 0])?;
+    model.zero_grad()?;
+    model.backward(&ce.grad)?;
+    fanout_compute::Optimizer::step_model(&mut opt, &mut model)?;
+    Ok(())
+}
+
+/// The countdown of [`a_device_failing_at_any_call_of_a_step_returns_its_error`].
+static CALLS_LEFT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whichever backend call of a training step the device fails in, for every model kind, the
+/// step returns that failure as an error (no panic, no later call), and the same step on a
+/// device that does not fail then runs.
+#[test]
+fn a_device_failing_at_any_call_of_a_step_returns_its_error() {
+    let failing = Named {
+        calls_left: Some(&CALLS_LEFT),
+        ..NAMED
+    };
+    for kind in [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::Gat,
+        ModelKind::Gin,
+        ModelKind::PinSage,
+    ] {
+        // How many calls the step makes: a countdown that does not reach zero.
+        let plenty = 1_000_000;
+        CALLS_LEFT.store(plenty, Ordering::SeqCst);
+        one_step(failing, kind).unwrap();
+        let calls = plenty - CALLS_LEFT.load(Ordering::SeqCst);
+        assert!(calls > 20, "{kind:?}: only {calls} calls");
+        for at in 1..=calls {
+            CALLS_LEFT.store(at, Ordering::SeqCst);
+            match one_step(failing, kind) {
+                Err(fanout_compute::ComputeError::Device(f)) => assert!(
+                    f.message.contains("CUDA_ERROR_LAUNCH_FAILED (fake)"),
+                    "{kind:?} call {at}: {f}"
+                ),
+                other => panic!("{kind:?}: call {at} of {calls} failed, the step gave {other:?}"),
+            }
+            assert_eq!(
+                CALLS_LEFT.load(Ordering::SeqCst),
+                0,
+                "{kind:?}: a call after the failure at call {at}"
+            );
+        }
+        one_step(NAMED, kind).unwrap();
+    }
 }
 
 #[test]

@@ -82,7 +82,7 @@ fn allreduced_gradients_equal_the_union_batch_gradient() {
         let p = prepared(&ds, &s, &union, key);
         let single = one.compute_gradients(p, dropout_key).unwrap();
         let mut expect = Vec::new();
-        one.gradients_into(1.0, &mut expect);
+        one.gradients_into(1.0, &mut expect).unwrap();
         assert!(expect.iter().any(|&g| g != 0.0));
         for workers in [2usize, 3] {
             let results: Vec<(Vec<f32>, f64, usize)> = std::thread::scope(|sc| {
@@ -99,7 +99,7 @@ fn allreduced_gradients_equal_the_union_batch_gradient() {
                                 .compute_reduced_gradients(p, dropout_key, &comm, &mut scratch)
                                 .unwrap();
                             let mut g = Vec::new();
-                            t.gradients_into(1.0, &mut g);
+                            t.gradients_into(1.0, &mut g).unwrap();
                             (
                                 g,
                                 r.outcome.loss * r.outcome.labelled as f64,
@@ -146,7 +146,7 @@ fn a_worker_with_another_mask_key_breaks_the_equality() {
     one.compute_gradients(prepared(&ds, &s, &union, key), 1)
         .unwrap();
     let mut expect = Vec::new();
-    one.gradients_into(1.0, &mut expect);
+    one.gradients_into(1.0, &mut expect).unwrap();
     let grads: Vec<Vec<f32>> = std::thread::scope(|sc| {
         let hs: Vec<_> = LocalComm::group(2)
             .into_iter()
@@ -160,7 +160,7 @@ fn a_worker_with_another_mask_key_breaks_the_equality() {
                     t.compute_reduced_gradients(p, dropout_key, &comm, &mut Vec::new())
                         .unwrap();
                     let mut g = Vec::new();
-                    t.gradients_into(1.0, &mut g);
+                    t.gradients_into(1.0, &mut g).unwrap();
                     g
                 })
             })

@@ -68,9 +68,9 @@ fn aggregates_equal(ds: &Arc<Dataset>, kind: ModelKind) {
         // The aggregate: what the layer computes from the whole gathered matrix.
         let be = CpuBackend;
         let block = be.prepare_block(&block_refs(&p.batch.blocks)[0]).unwrap();
-        let coeff = be.edge_coefficients(&block, plan.aggregation);
+        let coeff = be.edge_coefficients(&block, plan.aggregation).unwrap();
         let x = Tensor::new(p.batch.input_nodes.len(), dim, p.features);
-        let want = be.spmm(&block, coeff.as_ref(), &x);
+        let want = be.spmm(&block, coeff.as_ref(), &x).unwrap();
         assert_eq!(agg, want.data(), "bit for bit");
         // Rows written: the destinations' and their aggregate, not every source row (fewer
         // wherever a block's sources outnumber twice its destinations, as here).

@@ -227,7 +227,7 @@ fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
     let cancel = Cancel::new();
     cancel.cancel();
     let mut t = trainer(&ds, ModelKind::Sage, 0.5);
-    let before = t.parameters();
+    let before = t.parameters().unwrap();
     let train = pipeline(&ds, vec![5, 5], ds.train.to_vec(), true);
     let ctl = FitControl {
         cancel: Some(&cancel),
@@ -249,7 +249,7 @@ fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
         Err(e) => panic!("expected an interruption, got {e}"),
         Ok(_) => panic!("a cancelled run trained"),
     }
-    assert_eq!(t.parameters(), before);
+    assert_eq!(t.parameters().unwrap(), before);
     // Three epochs straight, keeping the states the hook sees.
     let mut states: Vec<FitState> = Vec::new();
     let mut hook = |s: &FitState| {
@@ -273,7 +273,7 @@ fn fit_with_stops_on_cancel_and_resumes_from_the_state_its_hook_saw() {
         ..FitControl::default()
     };
     let b = fit_with(&mut resumed, &train, v, None, cfg(3), &solo(), &mut (), ctl).unwrap();
-    assert_eq!(resumed.parameters(), full.parameters());
+    assert_eq!(resumed.parameters().unwrap(), full.parameters().unwrap());
     assert_eq!(
         (a.best_epoch, a.best_val_acc),
         (b.best_epoch, b.best_val_acc)

@@ -25,6 +25,7 @@ pub mod sparse_grad;
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
 use crate::block::{BlockDims, BlockRef};
 use crate::error::Result;
+use crate::failure::DeviceResult;
 use crate::tensor::Tensor;
 
 pub use graph::CpuBlock;
@@ -47,23 +48,24 @@ impl Backend for CpuBackend {
         rayon::scope(|_| f())
     }
 
-    fn upload(&self, host: &Tensor) -> Tensor {
-        host.clone()
+    fn upload(&self, host: &Tensor) -> DeviceResult<Tensor> {
+        Ok(host.clone())
     }
-    fn upload_owned(&self, host: Tensor) -> Tensor {
-        host
+    fn upload_owned(&self, host: Tensor) -> DeviceResult<Tensor> {
+        Ok(host)
     }
-    fn download(&self, t: &Tensor) -> Tensor {
-        t.clone()
+    fn download(&self, t: &Tensor) -> DeviceResult<Tensor> {
+        Ok(t.clone())
     }
-    fn zeros(&self, rows: usize, cols: usize) -> Tensor {
-        Tensor::zeros(rows, cols)
+    fn zeros(&self, rows: usize, cols: usize) -> DeviceResult<Tensor> {
+        Ok(Tensor::zeros(rows, cols))
     }
     fn shape(&self, t: &Tensor) -> (usize, usize) {
         t.shape()
     }
-    fn fill_zero(&self, t: &mut Tensor) {
+    fn fill_zero(&self, t: &mut Tensor) -> DeviceResult<()> {
         t.data_mut().fill(0.0);
+        Ok(())
     }
     fn prepare_block(&self, block: &BlockRef<'_>) -> Result<CpuBlock> {
         CpuBlock::new(block)
@@ -81,56 +83,75 @@ impl Backend for CpuBackend {
         trans_b: bool,
         beta: f32,
         c: &mut Tensor,
-    ) {
-        gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c)
+    ) -> DeviceResult<()> {
+        gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c);
+        Ok(())
     }
-    fn acc_at_b_shared(&self, g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
-        gemm::acc_at_b_shared(g, pairs)
+    fn acc_at_b_shared(
+        &self,
+        g: &Tensor,
+        pairs: &mut [(&Tensor, &mut Tensor)],
+    ) -> DeviceResult<()> {
+        gemm::acc_at_b_shared(g, pairs);
+        Ok(())
     }
-    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
-        gemm::matmul(a, trans_a, b, trans_b)
+    fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> DeviceResult<Tensor> {
+        Ok(gemm::matmul(a, trans_a, b, trans_b))
     }
-    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) {
-        dense::add_bias(x, bias)
+    fn add_bias(&self, x: &mut Tensor, bias: &Tensor) -> DeviceResult<()> {
+        dense::add_bias(x, bias);
+        Ok(())
     }
-    fn sum_rows(&self, x: &Tensor) -> Tensor {
-        dense::sum_rows(x)
+    fn sum_rows(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        Ok(dense::sum_rows(x))
     }
-    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) {
-        dense::axpy(alpha, x, y)
+    fn axpy(&self, alpha: f32, x: &Tensor, y: &mut Tensor) -> DeviceResult<()> {
+        dense::axpy(alpha, x, y);
+        Ok(())
     }
-    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) {
-        dense::axpy_prefix(alpha, x, y, rows)
+    fn axpy_prefix(&self, alpha: f32, x: &Tensor, y: &mut Tensor, rows: usize) -> DeviceResult<()> {
+        dense::axpy_prefix(alpha, x, y, rows);
+        Ok(())
     }
-    fn prefix_rows(&self, x: &Tensor, rows: usize) -> Tensor {
-        dense::prefix_rows(x, rows)
+    fn prefix_rows(&self, x: &Tensor, rows: usize) -> DeviceResult<Tensor> {
+        Ok(dense::prefix_rows(x, rows))
     }
-    fn scale(&self, x: &mut Tensor, alpha: f32) {
-        dense::scale(x, alpha)
+    fn copy(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        Ok(x.clone())
     }
-    fn mul(&self, a: &Tensor, b: &Tensor) -> Tensor {
-        dense::mul(a, b)
+    fn scale(&self, x: &mut Tensor, alpha: f32) -> DeviceResult<()> {
+        dense::scale(x, alpha);
+        Ok(())
     }
-    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
-        dense::mul_sum_rows(a, b)
+    fn mul(&self, a: &Tensor, b: &Tensor) -> DeviceResult<Tensor> {
+        Ok(dense::mul(a, b))
     }
-    fn dot(&self, a: &Tensor, b: &Tensor) -> f64 {
-        dense::dot(a, b)
+    fn mul_sum_rows(&self, a: &Tensor, b: &Tensor) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(dense::mul_sum_rows(a, b))
     }
-    fn relu(&self, x: &Tensor) -> Tensor {
-        dense::relu(x)
+    fn dot(&self, a: &Tensor, b: &Tensor) -> DeviceResult<f64> {
+        Ok(dense::dot(a, b))
     }
-    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> Tensor {
-        dense::relu_backward(grad, out)
+    fn relu(&self, x: &Tensor) -> DeviceResult<Tensor> {
+        Ok(dense::relu(x))
     }
-    fn leaky_relu(&self, x: &Tensor, slope: f32) -> Tensor {
-        dense::leaky_relu(x, slope)
+    fn relu_backward(&self, grad: &Tensor, out: &Tensor) -> DeviceResult<Tensor> {
+        Ok(dense::relu_backward(grad, out))
     }
-    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> Tensor {
-        dense::leaky_relu_backward(grad, x, slope)
+    fn leaky_relu(&self, x: &Tensor, slope: f32) -> DeviceResult<Tensor> {
+        Ok(dense::leaky_relu(x, slope))
     }
-    fn dropout(&self, x: &Tensor, p: f32, key: u64, row_ids: Option<&[u32]>) -> (Tensor, Tensor) {
-        dense::dropout(x, p, key, row_ids)
+    fn leaky_relu_backward(&self, grad: &Tensor, x: &Tensor, slope: f32) -> DeviceResult<Tensor> {
+        Ok(dense::leaky_relu_backward(grad, x, slope))
+    }
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        key: u64,
+        row_ids: Option<&[u32]>,
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(dense::dropout(x, p, key, row_ids))
     }
     fn epilogue(
         &self,
@@ -139,20 +160,30 @@ impl Backend for CpuBackend {
         relu: bool,
         dropout: Option<DropoutSpec<'_>>,
         keep: bool,
-    ) -> Option<Tensor> {
-        dense::epilogue(x, bias, relu, dropout, keep)
+    ) -> DeviceResult<Option<Tensor>> {
+        Ok(dense::epilogue(x, bias, relu, dropout, keep))
     }
-    fn l2_normalize_rows(&self, x: &Tensor) -> (Tensor, Tensor) {
-        dense::l2_normalize_rows(x)
+    fn l2_normalize_rows(&self, x: &Tensor) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(dense::l2_normalize_rows(x))
     }
-    fn l2_normalize_rows_backward(&self, grad: &Tensor, y: &Tensor, norms: &Tensor) -> Tensor {
-        dense::l2_normalize_rows_backward(grad, y, norms)
+    fn l2_normalize_rows_backward(
+        &self,
+        grad: &Tensor,
+        y: &Tensor,
+        norms: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        Ok(dense::l2_normalize_rows_backward(grad, y, norms))
     }
-    fn head_dot(&self, x: &Tensor, a: &Tensor) -> Tensor {
-        dense::head_dot(x, a)
+    fn head_dot(&self, x: &Tensor, a: &Tensor) -> DeviceResult<Tensor> {
+        Ok(dense::head_dot(x, a))
     }
-    fn head_dot_backward(&self, grad: &Tensor, x: &Tensor, a: &Tensor) -> (Tensor, Tensor) {
-        dense::head_dot_backward(grad, x, a)
+    fn head_dot_backward(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        a: &Tensor,
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(dense::head_dot_backward(grad, x, a))
     }
     fn head_dot_backward_acc(
         &self,
@@ -160,24 +191,33 @@ impl Backend for CpuBackend {
         x: &Tensor,
         a: &Tensor,
         acc: &mut Tensor,
-    ) -> Tensor {
-        dense::head_dot_backward_acc(grad, x, a, acc)
+    ) -> DeviceResult<Tensor> {
+        Ok(dense::head_dot_backward_acc(grad, x, a, acc))
     }
-    fn head_mean(&self, x: &Tensor, heads: usize) -> Tensor {
-        dense::head_mean(x, heads)
+    fn head_mean(&self, x: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        Ok(dense::head_mean(x, heads))
     }
-    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> Tensor {
-        dense::head_mean_backward(grad, heads)
+    fn head_mean_backward(&self, grad: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        Ok(dense::head_mean_backward(grad, heads))
     }
 
-    fn edge_coefficients(&self, block: &CpuBlock, agg: Aggregation) -> Option<Tensor> {
-        graph::edge_coefficients(block, agg)
+    fn edge_coefficients(
+        &self,
+        block: &CpuBlock,
+        agg: Aggregation,
+    ) -> DeviceResult<Option<Tensor>> {
+        Ok(graph::edge_coefficients(block, agg))
     }
-    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
-        graph::spmm(block, coeff, x)
+    fn spmm(&self, block: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> DeviceResult<Tensor> {
+        Ok(graph::spmm(block, coeff, x))
     }
-    fn spmm_backward_x(&self, block: &CpuBlock, coeff: Option<&Tensor>, grad: &Tensor) -> Tensor {
-        graph::spmm_backward_x(block, coeff, grad)
+    fn spmm_backward_x(
+        &self,
+        block: &CpuBlock,
+        coeff: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        Ok(graph::spmm_backward_x(block, coeff, grad))
     }
     fn spmm_backward_coeff(
         &self,
@@ -185,8 +225,8 @@ impl Backend for CpuBackend {
         grad: &Tensor,
         x: &Tensor,
         heads: usize,
-    ) -> Tensor {
-        graph::spmm_backward_coeff(block, grad, x, heads)
+    ) -> DeviceResult<Tensor> {
+        Ok(graph::spmm_backward_coeff(block, grad, x, heads))
     }
     fn spmm_backward(
         &self,
@@ -194,29 +234,35 @@ impl Backend for CpuBackend {
         coeff: &Tensor,
         grad: &Tensor,
         x: &Tensor,
-    ) -> (Tensor, Tensor) {
-        graph::spmm_backward(block, coeff, grad, x)
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(graph::spmm_backward(block, coeff, grad, x))
     }
-    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> Tensor {
-        graph::u_add_v(block, el, er)
+    fn u_add_v(&self, block: &CpuBlock, el: &Tensor, er: &Tensor) -> DeviceResult<Tensor> {
+        Ok(graph::u_add_v(block, el, er))
     }
-    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
-        graph::edge_sum_to_src(block, e)
+    fn edge_sum_to_src(&self, block: &CpuBlock, e: &Tensor) -> DeviceResult<Tensor> {
+        Ok(graph::edge_sum_to_src(block, e))
     }
-    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> Tensor {
-        graph::edge_sum_to_dst(block, e)
+    fn edge_sum_to_dst(&self, block: &CpuBlock, e: &Tensor) -> DeviceResult<Tensor> {
+        Ok(graph::edge_sum_to_dst(block, e))
     }
-    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> Tensor {
-        graph::edge_softmax(block, scores)
+    fn edge_softmax(&self, block: &CpuBlock, scores: &Tensor) -> DeviceResult<Tensor> {
+        Ok(graph::edge_softmax(block, scores))
     }
-    fn edge_softmax_backward(&self, block: &CpuBlock, a: &Tensor, grad: &Tensor) -> Tensor {
-        graph::edge_softmax_backward(block, a, grad)
+    fn edge_softmax_backward(
+        &self,
+        block: &CpuBlock,
+        a: &Tensor,
+        grad: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        Ok(graph::edge_softmax_backward(block, a, grad))
     }
-    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> Tensor {
-        graph::gather_rows(x, idx)
+    fn gather_rows(&self, x: &Tensor, idx: &[u32]) -> DeviceResult<Tensor> {
+        Ok(graph::gather_rows(x, idx))
     }
-    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) {
-        graph::scatter_add_rows(y, idx, x)
+    fn scatter_add_rows(&self, y: &mut Tensor, idx: &[u32], x: &Tensor) -> DeviceResult<()> {
+        graph::scatter_add_rows(y, idx, x);
+        Ok(())
     }
 
     fn softmax_cross_entropy(
@@ -226,8 +272,8 @@ impl Backend for CpuBackend {
     ) -> Result<CrossEntropy<Tensor>> {
         loss::softmax_cross_entropy(logits, labels)
     }
-    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> (usize, usize) {
-        loss::accuracy(logits, labels)
+    fn accuracy(&self, logits: &Tensor, labels: &[i64]) -> DeviceResult<(usize, usize)> {
+        Ok(loss::accuracy(logits, labels))
     }
     fn adam_update(
         &self,
@@ -236,10 +282,18 @@ impl Backend for CpuBackend {
         m: &mut Tensor,
         v: &mut Tensor,
         hp: &AdamUpdate,
-    ) {
-        optim::adam_update(value, grad, m, v, hp)
+    ) -> DeviceResult<()> {
+        optim::adam_update(value, grad, m, v, hp);
+        Ok(())
     }
-    fn sgd_update(&self, value: &mut Tensor, grad: &Tensor, buf: &mut Tensor, hp: &SgdUpdate) {
-        optim::sgd_update(value, grad, buf, hp)
+    fn sgd_update(
+        &self,
+        value: &mut Tensor,
+        grad: &Tensor,
+        buf: &mut Tensor,
+        hp: &SgdUpdate,
+    ) -> DeviceResult<()> {
+        optim::sgd_update(value, grad, buf, hp);
+        Ok(())
     }
 }

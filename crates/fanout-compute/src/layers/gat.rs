@@ -1,12 +1,10 @@
 //! GAT: multi-head attention with edge softmax.
 
-use std::borrow::Cow;
-
 use fanout_rand::Rng;
 
 use super::{
     acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, epilogue_backward_bias, glorot,
-    no_cache, Activation, Layer, Param, Pass,
+    no_cache, Activation, Layer, MaybeOwned, Param, Pass,
 };
 use crate::backend::Backend;
 use crate::error::Result;
@@ -73,15 +71,15 @@ impl<B: Backend> GatLayer<B> {
         merge: HeadMerge,
         act: Activation,
         rng: &mut Rng,
-    ) -> Self {
+    ) -> Result<Self> {
         assert!(heads > 0, "GatLayer: zero heads");
         let hf = heads * head_dim;
-        let weight = Param::new(&be, "weight", &glorot(in_dim, hf, rng));
+        let weight = Param::new(&be, "weight", &glorot(in_dim, hf, rng))?;
         let attn = |rng: &mut Rng| Tensor::glorot(heads, head_dim, hf, head_dim, rng);
-        let attn_l = Param::new(&be, "attn_l", &attn(rng));
-        let attn_r = Param::new(&be, "attn_r", &attn(rng));
-        let bias = Param::new(&be, "bias", &Tensor::zeros(1, hf));
-        GatLayer {
+        let attn_l = Param::new(&be, "attn_l", &attn(rng))?;
+        let attn_r = Param::new(&be, "attn_r", &attn(rng))?;
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, hf))?;
+        Ok(GatLayer {
             be,
             in_dim,
             heads,
@@ -93,7 +91,7 @@ impl<B: Backend> GatLayer<B> {
             attn_r,
             bias,
             cache: None,
-        }
+        })
     }
 
     /// Number of attention heads.
@@ -119,23 +117,23 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gat", block, &h_src, self.in_dim)?;
-        let z = be.matmul(&h_src, false, &self.weight.value, false);
-        let z_dst = be.prefix_rows(&z, dims.num_dst);
-        let el = be.head_dot(&z, &self.attn_l.value);
-        let er = be.head_dot(&z_dst, &self.attn_r.value);
-        let scores = be.u_add_v(block, &el, &er);
-        let e = be.leaky_relu(&scores, GAT_NEGATIVE_SLOPE);
-        let alpha = be.edge_softmax(block, &e);
-        let mut rst = be.spmm(block, Some(&alpha), &z);
+        let z = be.matmul(&h_src, false, &self.weight.value, false)?;
+        let z_dst = be.prefix_rows(&z, dims.num_dst)?;
+        let el = be.head_dot(&z, &self.attn_l.value)?;
+        let er = be.head_dot(&z_dst, &self.attn_r.value)?;
+        let scores = be.u_add_v(block, &el, &er)?;
+        let e = be.leaky_relu(&scores, GAT_NEGATIVE_SLOPE)?;
+        let alpha = be.edge_softmax(block, &e)?;
+        let mut rst = be.spmm(block, Some(&alpha), &z)?;
         // Concatenated heads take the bias in the epilogue's pass; averaged ones before it.
         let (merged, bias) = match self.merge {
             HeadMerge::Concat => (rst, Some(&self.bias.value)),
             HeadMerge::Mean => {
-                be.add_bias(&mut rst, &self.bias.value);
-                (be.head_mean(&rst, self.heads), None)
+                be.add_bias(&mut rst, &self.bias.value)?;
+                (be.head_mean(&rst, self.heads)?, None)
             }
         };
-        let (out, kept) = self.act.finish(be, merged, bias, pass);
+        let (out, kept) = self.act.finish(be, merged, bias, pass)?;
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             h_src,
@@ -155,26 +153,30 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         check_grad(be, "gat", grad_out, c.out_shape)?;
         let kept = c.kept.as_ref();
         let g_rst = match self.merge {
-            HeadMerge::Concat => epilogue_backward_bias(be, grad_out, kept, &mut self.bias),
+            HeadMerge::Concat => epilogue_backward_bias(be, grad_out, kept, &mut self.bias)?,
             HeadMerge::Mean => {
-                let g = epilogue_backward(be, grad_out, kept);
-                let g_rst = be.head_mean_backward(g.as_ref(), self.heads);
-                acc_bias(be, &g_rst, &mut self.bias);
-                Cow::Owned(g_rst)
+                let g = epilogue_backward(be, grad_out, kept)?;
+                let g_rst = be.head_mean_backward(g.as_ref(), self.heads)?;
+                acc_bias(be, &g_rst, &mut self.bias)?;
+                MaybeOwned::Owned(g_rst)
             }
         };
         let g_rst = g_rst.as_ref();
-        let (mut gz, g_alpha) = be.spmm_backward(&c.block, &c.alpha, g_rst, &c.z);
-        let g_e = be.edge_softmax_backward(&c.block, &c.alpha, &g_alpha);
-        let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE);
-        let g_el = be.edge_sum_to_src(&c.block, &g_scores);
-        let g_er = be.edge_sum_to_dst(&c.block, &g_scores);
-        let g_attn_l = be.head_dot_backward_acc(&g_el, &c.z, &self.attn_l.value, &mut gz);
-        be.axpy(1.0, &g_attn_l, &mut self.attn_l.grad);
-        let g_attn_r = be.head_dot_backward_acc(&g_er, &c.z_dst, &self.attn_r.value, &mut gz);
-        be.axpy(1.0, &g_attn_r, &mut self.attn_r.grad);
-        acc_at_b(be, &c.h_src, &gz, &mut self.weight);
-        Ok(need.then(|| be.matmul(&gz, false, &self.weight.value, true)))
+        let (mut gz, g_alpha) = be.spmm_backward(&c.block, &c.alpha, g_rst, &c.z)?;
+        let g_e = be.edge_softmax_backward(&c.block, &c.alpha, &g_alpha)?;
+        let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE)?;
+        let g_el = be.edge_sum_to_src(&c.block, &g_scores)?;
+        let g_er = be.edge_sum_to_dst(&c.block, &g_scores)?;
+        let g_attn_l = be.head_dot_backward_acc(&g_el, &c.z, &self.attn_l.value, &mut gz)?;
+        be.axpy(1.0, &g_attn_l, &mut self.attn_l.grad)?;
+        let g_attn_r = be.head_dot_backward_acc(&g_er, &c.z_dst, &self.attn_r.value, &mut gz)?;
+        be.axpy(1.0, &g_attn_r, &mut self.attn_r.grad)?;
+        acc_at_b(be, &c.h_src, &gz, &mut self.weight)?;
+        Ok(if need {
+            Some(be.matmul(&gz, false, &self.weight.value, true)?)
+        } else {
+            None
+        })
     }
 
     fn params(&self) -> Vec<&Param<B>> {

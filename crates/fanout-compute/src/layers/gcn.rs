@@ -42,10 +42,16 @@ struct Cache<B: Backend> {
 
 impl<B: Backend> GcnLayer<B> {
     /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
-    pub fn new(be: B, in_dim: usize, out_dim: usize, act: Activation, rng: &mut Rng) -> Self {
-        let weight = Param::new(&be, "weight", &glorot(in_dim, out_dim, rng));
-        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
-        GcnLayer {
+    pub fn new(
+        be: B,
+        in_dim: usize,
+        out_dim: usize,
+        act: Activation,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let weight = Param::new(&be, "weight", &glorot(in_dim, out_dim, rng))?;
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim))?;
+        Ok(GcnLayer {
             be,
             in_dim,
             out_dim,
@@ -54,7 +60,7 @@ impl<B: Backend> GcnLayer<B> {
             weight,
             bias,
             cache: None,
-        }
+        })
     }
 
     /// Forces an order for the product (default [`AggregateOrder::Auto`]).
@@ -72,8 +78,8 @@ impl<B: Backend> GcnLayer<B> {
         coeff: Option<B::Tensor>,
         agg: B::Tensor,
         pass: Pass<'_>,
-    ) -> B::Tensor {
-        let out = self.be.matmul(&agg, false, &self.weight.value, false);
+    ) -> Result<B::Tensor> {
+        let out = self.be.matmul(&agg, false, &self.weight.value, false)?;
         self.finish(block, coeff, agg, false, out, pass)
     }
 
@@ -97,9 +103,9 @@ impl<B: Backend> GcnLayer<B> {
         project_first: bool,
         out: B::Tensor,
         pass: Pass<'_>,
-    ) -> B::Tensor {
+    ) -> Result<B::Tensor> {
         let be = &self.be;
-        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass);
+        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass)?;
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             coeff,
@@ -108,7 +114,7 @@ impl<B: Backend> GcnLayer<B> {
             out_shape: be.shape(&out),
             kept,
         });
-        out
+        Ok(out)
     }
 }
 
@@ -126,14 +132,14 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gcn", block, &h_src, self.in_dim)?;
-        let coeff = be.edge_coefficients(block, Aggregation::GcnBoth);
+        let coeff = be.edge_coefficients(block, Aggregation::GcnBoth)?;
         if self.order.project_first(dims, self.in_dim, self.out_dim) {
-            let z = be.matmul(&h_src, false, &self.weight.value, false);
-            let out = be.spmm(block, coeff.as_ref(), &z);
-            Ok(self.finish(block, coeff, h_src, true, out, pass))
+            let z = be.matmul(&h_src, false, &self.weight.value, false)?;
+            let out = be.spmm(block, coeff.as_ref(), &z)?;
+            self.finish(block, coeff, h_src, true, out, pass)
         } else {
-            let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            Ok(self.forward_from_aggregate(block, coeff, agg, pass))
+            let agg = be.spmm(block, coeff.as_ref(), &h_src)?;
+            self.forward_from_aggregate(block, coeff, agg, pass)
         }
     }
 
@@ -152,25 +158,34 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         let be = &self.be;
         let plan = self.plan();
         let coeff = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
-        Ok(self.forward_from_aggregate(block, coeff, agg, pass))
+        self.forward_from_aggregate(block, coeff, agg, pass)
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gcn"))?;
         let be = &self.be;
         check_grad(be, "gcn", grad_out, c.out_shape)?;
-        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias);
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias)?;
         let g = g.as_ref();
         if c.project_first {
-            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
-            acc_at_b(be, &c.input, &gz, &mut self.weight);
-            Ok(need.then(|| be.matmul(&gz, false, &self.weight.value, true)))
+            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g)?;
+            acc_at_b(be, &c.input, &gz, &mut self.weight)?;
+            Ok(if need {
+                Some(be.matmul(&gz, false, &self.weight.value, true)?)
+            } else {
+                None
+            })
         } else {
-            acc_at_b(be, &c.input, g, &mut self.weight);
-            Ok(need.then(|| {
-                let gagg = be.matmul(g, false, &self.weight.value, true);
-                be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)
-            }))
+            acc_at_b(be, &c.input, g, &mut self.weight)?;
+            if !need {
+                return Ok(None);
+            }
+            let gagg = be.matmul(g, false, &self.weight.value, true)?;
+            Ok(Some(be.spmm_backward_x(
+                &c.block,
+                c.coeff.as_ref(),
+                &gagg,
+            )?))
         }
     }
 

@@ -51,13 +51,13 @@ impl<B: Backend> GinLayer<B> {
         out_dim: usize,
         act: Activation,
         rng: &mut Rng,
-    ) -> Self {
-        let eps = Param::new(&be, "eps", &Tensor::zeros(1, 1));
-        let w1 = Param::new(&be, "w1", &glorot(in_dim, hidden, rng));
-        let b1 = Param::new(&be, "b1", &Tensor::zeros(1, hidden));
-        let w2 = Param::new(&be, "w2", &glorot(hidden, out_dim, rng));
-        let b2 = Param::new(&be, "b2", &Tensor::zeros(1, out_dim));
-        GinLayer {
+    ) -> Result<Self> {
+        let eps = Param::new(&be, "eps", &Tensor::zeros(1, 1))?;
+        let w1 = Param::new(&be, "w1", &glorot(in_dim, hidden, rng))?;
+        let b1 = Param::new(&be, "b1", &Tensor::zeros(1, hidden))?;
+        let w2 = Param::new(&be, "w2", &glorot(hidden, out_dim, rng))?;
+        let b2 = Param::new(&be, "b2", &Tensor::zeros(1, out_dim))?;
+        Ok(GinLayer {
             be,
             in_dim,
             hidden,
@@ -69,7 +69,7 @@ impl<B: Backend> GinLayer<B> {
             w2,
             b2,
             cache: None,
-        }
+        })
     }
 
     /// Width of the MLP's hidden layer.
@@ -96,16 +96,16 @@ impl<B: Backend> GinLayer<B> {
         h_dst: B::Tensor,
         mut agg: B::Tensor,
         pass: Pass<'_>,
-    ) -> B::Tensor {
+    ) -> Result<B::Tensor> {
         let be = &self.be;
         // eps is read where it lives (no read back to the host on a device).
         let rows = be.shape(&h_dst).0;
-        be.axpy_prefix_one_plus(&self.eps.value, &h_dst, &mut agg, rows);
-        let mut hid = be.matmul(&agg, false, &self.w1.value, false);
+        be.axpy_prefix_one_plus(&self.eps.value, &h_dst, &mut agg, rows)?;
+        let mut hid = be.matmul(&agg, false, &self.w1.value, false)?;
         // ReLU's backward reads its output (`hid`), so nothing else is kept.
-        be.epilogue(&mut hid, Some(&self.b1.value), true, None, false);
-        let out = be.matmul(&hid, false, &self.w2.value, false);
-        let (out, kept) = self.act.finish(be, out, Some(&self.b2.value), pass);
+        be.epilogue(&mut hid, Some(&self.b1.value), true, None, false)?;
+        let out = be.matmul(&hid, false, &self.w2.value, false)?;
+        let (out, kept) = self.act.finish(be, out, Some(&self.b2.value), pass)?;
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             h_dst,
@@ -114,7 +114,7 @@ impl<B: Backend> GinLayer<B> {
             out_shape: be.shape(&out),
             kept,
         });
-        out
+        Ok(out)
     }
 }
 
@@ -132,9 +132,9 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gin", block, &h_src, self.in_dim)?;
-        let agg = be.spmm(block, None, &h_src);
-        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
-        Ok(self.forward_from_sum(block, h_dst, agg, pass))
+        let agg = be.spmm(block, None, &h_src)?;
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst)?;
+        self.forward_from_sum(block, h_dst, agg, pass)
     }
 
     fn input_plan(&self) -> Option<InputPlan> {
@@ -156,29 +156,30 @@ impl<B: Backend> Layer<B> for GinLayer<B> {
             plan,
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
-        Ok(self.forward_from_sum(block, h_dst, agg, pass))
+        self.forward_from_sum(block, h_dst, agg, pass)
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gin"))?;
         let be = &self.be;
         check_grad(be, "gin", grad_out, c.out_shape)?;
-        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.b2);
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.b2)?;
         let g = g.as_ref();
-        acc_at_b(be, &c.hid, g, &mut self.w2);
-        let ghid = be.matmul(g, false, &self.w2.value, true);
-        let ghid = be.relu_backward(&ghid, &c.hid);
-        acc_bias(be, &ghid, &mut self.b1);
-        acc_at_b(be, &c.agg, &ghid, &mut self.w1);
-        let gagg = be.matmul(&ghid, false, &self.w1.value, true);
-        be.add_dot(&gagg, &c.h_dst, &mut self.eps.grad);
-        Ok(need.then(|| {
-            let mut dx = be.spmm_backward_x(&c.block, None, &gagg);
-            let rows = be.shape(&gagg).0;
-            // eps has not changed since the forward: the optimiser steps after the backward.
-            be.axpy_prefix_one_plus(&self.eps.value, &gagg, &mut dx, rows);
-            dx
-        }))
+        acc_at_b(be, &c.hid, g, &mut self.w2)?;
+        let ghid = be.matmul(g, false, &self.w2.value, true)?;
+        let ghid = be.relu_backward(&ghid, &c.hid)?;
+        acc_bias(be, &ghid, &mut self.b1)?;
+        acc_at_b(be, &c.agg, &ghid, &mut self.w1)?;
+        let gagg = be.matmul(&ghid, false, &self.w1.value, true)?;
+        be.add_dot(&gagg, &c.h_dst, &mut self.eps.grad)?;
+        if !need {
+            return Ok(None);
+        }
+        let mut dx = be.spmm_backward_x(&c.block, None, &gagg)?;
+        let rows = be.shape(&gagg).0;
+        // eps has not changed since the forward: the optimiser steps after the backward.
+        be.axpy_prefix_one_plus(&self.eps.value, &gagg, &mut dx, rows)?;
+        Ok(Some(dx))
     }
 
     fn params(&self) -> Vec<&Param<B>> {

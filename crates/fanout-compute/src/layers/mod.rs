@@ -15,13 +15,12 @@ mod gin;
 mod pinsage;
 mod sage;
 
-use std::borrow::Cow;
-
 use fanout_rand::Rng;
 
 use crate::backend::{Aggregation, Backend, DropoutSpec};
 use crate::block::BlockDims;
 use crate::error::{ComputeError, Result};
+use crate::failure::DeviceResult;
 use crate::tensor::Tensor;
 
 pub use gat::{GatLayer, HeadMerge, GAT_NEGATIVE_SLOPE};
@@ -31,7 +30,7 @@ pub use pinsage::PinSageLayer;
 pub use sage::SageLayer;
 
 /// A learnable tensor and its accumulated gradient (same shape, on the same device).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Param<B: Backend> {
     name: &'static str,
     /// The current value.
@@ -41,13 +40,14 @@ pub struct Param<B: Backend> {
 }
 
 impl<B: Backend> Param<B> {
-    /// A parameter named `name` (unique within its layer) holding `init`, gradient zero.
-    pub fn new(be: &B, name: &'static str, init: &Tensor) -> Self {
-        Param {
+    /// A parameter named `name` (unique within its layer) holding `init`, gradient zero;
+    /// `Err` when the device fails.
+    pub fn new(be: &B, name: &'static str, init: &Tensor) -> DeviceResult<Self> {
+        Ok(Param {
             name,
-            value: be.upload(init),
-            grad: be.zeros(init.rows(), init.cols()),
-        }
+            value: be.upload(init)?,
+            grad: be.zeros(init.rows(), init.cols())?,
+        })
     }
 
     /// The name within its layer (e.g. `"w_self"`), used in checkpoints.
@@ -165,6 +165,25 @@ impl<'a> Pass<'a> {
     }
 }
 
+/// A tensor borrowed from the caller or made here: what `Cow` is, without asking the tensor
+/// to be `Clone` (a device tensor is copied only by a backend call, which can fail).
+#[derive(Debug)]
+pub enum MaybeOwned<'a, T> {
+    /// The caller's.
+    Borrowed(&'a T),
+    /// Made here.
+    Owned(T),
+}
+
+impl<T> AsRef<T> for MaybeOwned<'_, T> {
+    fn as_ref(&self) -> &T {
+        match self {
+            MaybeOwned::Borrowed(t) => t,
+            MaybeOwned::Owned(t) => t,
+        }
+    }
+}
+
 /// [`epilogue_backward`] for an epilogue that added `bias`: also adds the gradient's column
 /// sums into `bias.grad`, the values [`acc_bias`] adds, in the same pass as the product
 /// ([`Backend::mul_sum_rows`]) when a factor was kept.
@@ -173,18 +192,18 @@ pub(crate) fn epilogue_backward_bias<'a, B: Backend>(
     grad: &'a B::Tensor,
     kept: Option<&B::Tensor>,
     bias: &mut Param<B>,
-) -> Cow<'a, B::Tensor> {
-    match kept {
+) -> DeviceResult<MaybeOwned<'a, B::Tensor>> {
+    Ok(match kept {
         Some(factor) => {
-            let (g, sums) = be.mul_sum_rows(grad, factor);
-            be.axpy(1.0, &sums, &mut bias.grad);
-            Cow::Owned(g)
+            let (g, sums) = be.mul_sum_rows(grad, factor)?;
+            be.axpy(1.0, &sums, &mut bias.grad)?;
+            MaybeOwned::Owned(g)
         }
         None => {
-            acc_bias(be, grad, bias);
-            Cow::Borrowed(grad)
+            acc_bias(be, grad, bias)?;
+            MaybeOwned::Borrowed(grad)
         }
-    }
+    })
 }
 
 /// The gradient at the input of [`Activation::finish`] given the gradient at its output and
@@ -193,11 +212,11 @@ pub(crate) fn epilogue_backward<'a, B: Backend>(
     be: &B,
     grad: &'a B::Tensor,
     kept: Option<&B::Tensor>,
-) -> Cow<'a, B::Tensor> {
-    match kept {
-        Some(factor) => Cow::Owned(be.mul(grad, factor)),
-        None => Cow::Borrowed(grad),
-    }
+) -> DeviceResult<MaybeOwned<'a, B::Tensor>> {
+    Ok(match kept {
+        Some(factor) => MaybeOwned::Owned(be.mul(grad, factor)?),
+        None => MaybeOwned::Borrowed(grad),
+    })
 }
 
 /// The nonlinearity a layer applies to its output.
@@ -220,10 +239,10 @@ impl Activation {
         mut x: B::Tensor,
         bias: Option<&B::Tensor>,
         pass: Pass<'_>,
-    ) -> (B::Tensor, Option<B::Tensor>) {
+    ) -> DeviceResult<(B::Tensor, Option<B::Tensor>)> {
         let relu = self == Activation::Relu;
-        let kept = be.epilogue(&mut x, bias, relu, pass.dropout(), pass.is_train());
-        (x, kept)
+        let kept = be.epilogue(&mut x, bias, relu, pass.dropout(), pass.is_train())?;
+        Ok((x, kept))
     }
 
     /// The gradient at the input, given the gradient at the output and the output itself.
@@ -232,11 +251,11 @@ impl Activation {
         be: &B,
         grad: &'a B::Tensor,
         out: &B::Tensor,
-    ) -> Cow<'a, B::Tensor> {
-        match self {
-            Activation::None => Cow::Borrowed(grad),
-            Activation::Relu => Cow::Owned(be.relu_backward(grad, out)),
-        }
+    ) -> DeviceResult<MaybeOwned<'a, B::Tensor>> {
+        Ok(match self {
+            Activation::None => MaybeOwned::Borrowed(grad),
+            Activation::Relu => MaybeOwned::Owned(be.relu_backward(grad, out)?),
+        })
     }
 }
 
@@ -337,7 +356,7 @@ pub(crate) fn check_aggregated<B: Backend>(
             ));
         }
     }
-    Ok(be.edge_coefficients(block, aggregation))
+    Ok(be.edge_coefficients(block, aggregation)?)
 }
 
 /// Checks `grad_out` against the cached forward's output shape.
@@ -366,14 +385,19 @@ pub(crate) fn no_cache(kind: &str) -> ComputeError {
 }
 
 /// `param.grad += op(a)^T-style product`: `grad += a^T b`.
-pub(crate) fn acc_at_b<B: Backend>(be: &B, a: &B::Tensor, b: &B::Tensor, p: &mut Param<B>) {
-    be.gemm(1.0, a, true, b, false, 1.0, &mut p.grad);
+pub(crate) fn acc_at_b<B: Backend>(
+    be: &B,
+    a: &B::Tensor,
+    b: &B::Tensor,
+    p: &mut Param<B>,
+) -> DeviceResult<()> {
+    be.gemm(1.0, a, true, b, false, 1.0, &mut p.grad)
 }
 
 /// `bias.grad += column sums of g`.
-pub(crate) fn acc_bias<B: Backend>(be: &B, g: &B::Tensor, p: &mut Param<B>) {
-    let s = be.sum_rows(g);
-    be.axpy(1.0, &s, &mut p.grad);
+pub(crate) fn acc_bias<B: Backend>(be: &B, g: &B::Tensor, p: &mut Param<B>) -> DeviceResult<()> {
+    let s = be.sum_rows(g)?;
+    be.axpy(1.0, &s, &mut p.grad)
 }
 
 #[cfg(test)]
@@ -405,15 +429,18 @@ mod tests {
                 match kind {
                     "sage" => Box::new(
                         super::SageLayer::new(be, 3, 2, Activation::Relu, &mut rng)
+                            .unwrap()
                             .with_order(order),
                     ),
                     "gcn" => Box::new(
                         super::GcnLayer::new(be, 3, 2, Activation::Relu, &mut rng)
+                            .unwrap()
                             .with_order(order),
                     ),
                     // GIN always sums first; a non-zero eps so its self term counts.
                     _ => {
-                        let mut l = super::GinLayer::new(be, 3, 4, 2, Activation::Relu, &mut rng);
+                        let mut l =
+                            super::GinLayer::new(be, 3, 4, 2, Activation::Relu, &mut rng).unwrap();
                         l.params_mut()[0].value = Tensor::scalar(0.375);
                         Box::new(l)
                     }
@@ -422,9 +449,9 @@ mod tests {
             let mut layer = make(AggregateOrder::AggregateFirst);
             let want = layer.forward(&block, x.clone(), Pass::Eval).unwrap();
             let agg_kind = layer.input_plan().unwrap().for_block(be.block_dims(&block));
-            let coeff = be.edge_coefficients(&block, agg_kind.unwrap());
-            let agg = be.spmm(&block, coeff.as_ref(), &x);
-            let h_dst = be.prefix_rows(&x, 2);
+            let coeff = be.edge_coefficients(&block, agg_kind.unwrap()).unwrap();
+            let agg = be.spmm(&block, coeff.as_ref(), &x).unwrap();
+            let h_dst = be.prefix_rows(&x, 2).unwrap();
             let got = layer
                 .forward_aggregated(&block, h_dst.clone(), agg.clone(), Pass::Eval)
                 .unwrap();

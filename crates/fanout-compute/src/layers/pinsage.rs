@@ -4,7 +4,7 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, glorot_gain, no_cache,
-    Activation, Layer, Param, Pass, RELU_GAIN,
+    Activation, Layer, MaybeOwned, Param, Pass, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -59,18 +59,18 @@ impl<B: Backend> PinSageLayer<B> {
         act: Activation,
         normalize: bool,
         rng: &mut Rng,
-    ) -> Self {
+    ) -> Result<Self> {
         // DGL's PinSAGE example: xavier_uniform_ with the ReLU gain.
-        let q = Param::new(&be, "q", &glorot_gain(in_dim, hidden, RELU_GAIN, rng));
-        let q_bias = Param::new(&be, "q_bias", &Tensor::zeros(1, hidden));
+        let q = Param::new(&be, "q", &glorot_gain(in_dim, hidden, RELU_GAIN, rng))?;
+        let q_bias = Param::new(&be, "q_bias", &Tensor::zeros(1, hidden))?;
         let w_neigh = Param::new(
             &be,
             "w_neigh",
             &glorot_gain(hidden, out_dim, RELU_GAIN, rng),
-        );
-        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng));
-        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
-        PinSageLayer {
+        )?;
+        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng))?;
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim))?;
+        Ok(PinSageLayer {
             be,
             in_dim,
             hidden,
@@ -83,7 +83,7 @@ impl<B: Backend> PinSageLayer<B> {
             w_self,
             bias,
             cache: None,
-        }
+        })
     }
 
     /// Width of the neighbour projection `Q`.
@@ -106,14 +106,14 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "pinsage", block, &h_src, self.in_dim)?;
-        let mut n = be.matmul(&h_src, false, &self.q.value, false);
+        let mut n = be.matmul(&h_src, false, &self.q.value, false)?;
         // ReLU's backward reads its output (`n`), so nothing else is kept.
-        be.epilogue(&mut n, Some(&self.q_bias.value), true, None, false);
-        let coeff = be.edge_coefficients(block, Aggregation::WeightedMean);
-        let agg = be.spmm(block, coeff.as_ref(), &n);
-        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
-        let mut z = be.matmul(&agg, false, &self.w_neigh.value, false);
-        be.gemm(1.0, &h_dst, false, &self.w_self.value, false, 1.0, &mut z);
+        be.epilogue(&mut n, Some(&self.q_bias.value), true, None, false)?;
+        let coeff = be.edge_coefficients(block, Aggregation::WeightedMean)?;
+        let agg = be.spmm(block, coeff.as_ref(), &n)?;
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst)?;
+        let mut z = be.matmul(&agg, false, &self.w_neigh.value, false)?;
+        be.gemm(1.0, &h_dst, false, &self.w_self.value, false, 1.0, &mut z)?;
         // The activation's backward reads its output (`z`), kept below.
         be.epilogue(
             &mut z,
@@ -121,14 +121,18 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
             self.act == Activation::Relu,
             None,
             false,
-        );
-        let normalized = self.normalize.then(|| be.l2_normalize_rows(&z));
+        )?;
+        let normalized = if self.normalize {
+            Some(be.l2_normalize_rows(&z)?)
+        } else {
+            None
+        };
         let out = match &normalized {
-            Some((y, _)) => y.clone(),
-            None => z.clone(),
+            Some((y, _)) => be.copy(y)?,
+            None => be.copy(&z)?,
         };
         // The dropout comes after the normalisation.
-        let (out, kept) = Activation::None.finish(be, out, None, pass);
+        let (out, kept) = Activation::None.finish(be, out, None, pass)?;
         if pass.is_train() {
             self.cache = Some(Cache {
                 block: block.clone(),
@@ -151,34 +155,37 @@ impl<B: Backend> Layer<B> for PinSageLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("pinsage"))?;
         let be = &self.be;
         check_grad(be, "pinsage", grad_out, be.shape(&c.z))?;
-        let grad_out = epilogue_backward(be, grad_out, c.kept.as_ref());
+        let grad_out = epilogue_backward(be, grad_out, c.kept.as_ref())?;
         let grad_out = grad_out.as_ref();
         let gz = match &c.normalized {
-            Some((y, norms)) => be.l2_normalize_rows_backward(grad_out, y, norms),
-            None => grad_out.clone(),
+            Some((y, norms)) => {
+                MaybeOwned::Owned(be.l2_normalize_rows_backward(grad_out, y, norms)?)
+            }
+            None => MaybeOwned::Borrowed(grad_out),
         };
-        let g = self.act.backward(be, &gz, &c.z);
+        let g = self.act.backward(be, gz.as_ref(), &c.z)?;
         let g = g.as_ref();
-        acc_bias(be, g, &mut self.bias);
+        acc_bias(be, g, &mut self.bias)?;
         be.acc_at_b_shared(
             g,
             &mut [
                 (&c.agg, &mut self.w_neigh.grad),
                 (&c.h_dst, &mut self.w_self.grad),
             ],
-        );
-        let gagg = be.matmul(g, false, &self.w_neigh.value, true);
-        let gn = be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg);
-        let gn = be.relu_backward(&gn, &c.n);
-        acc_bias(be, &gn, &mut self.q_bias);
-        acc_at_b(be, &c.h_src, &gn, &mut self.q);
-        Ok(need.then(|| {
-            let mut dx = be.matmul(&gn, false, &self.q.value, true);
-            let gself = be.matmul(g, false, &self.w_self.value, true);
-            let rows = be.shape(&gself).0;
-            be.axpy_prefix(1.0, &gself, &mut dx, rows);
-            dx
-        }))
+        )?;
+        let gagg = be.matmul(g, false, &self.w_neigh.value, true)?;
+        let gn = be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)?;
+        let gn = be.relu_backward(&gn, &c.n)?;
+        acc_bias(be, &gn, &mut self.q_bias)?;
+        acc_at_b(be, &c.h_src, &gn, &mut self.q)?;
+        if !need {
+            return Ok(None);
+        }
+        let mut dx = be.matmul(&gn, false, &self.q.value, true)?;
+        let gself = be.matmul(g, false, &self.w_self.value, true)?;
+        let rows = be.shape(&gself).0;
+        be.axpy_prefix(1.0, &gself, &mut dx, rows)?;
+        Ok(Some(dx))
     }
 
     fn params(&self) -> Vec<&Param<B>> {

@@ -43,17 +43,23 @@ struct Cache<B: Backend> {
 }
 
 impl<B: Backend> SageLayer<B> {
-    /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
-    pub fn new(be: B, in_dim: usize, out_dim: usize, act: Activation, rng: &mut Rng) -> Self {
+    /// A layer `in_dim -> out_dim` with weights drawn from `rng`; `Err` when the device fails.
+    pub fn new(
+        be: B,
+        in_dim: usize,
+        out_dim: usize,
+        act: Activation,
+        rng: &mut Rng,
+    ) -> Result<Self> {
         // DGL SAGEConv: xavier_uniform_ with the ReLU gain on both weights, zero bias.
-        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng));
+        let w_self = Param::new(&be, "w_self", &glorot_gain(in_dim, out_dim, RELU_GAIN, rng))?;
         let w_neigh = Param::new(
             &be,
             "w_neigh",
             &glorot_gain(in_dim, out_dim, RELU_GAIN, rng),
-        );
-        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim));
-        SageLayer {
+        )?;
+        let bias = Param::new(&be, "bias", &Tensor::zeros(1, out_dim))?;
+        Ok(SageLayer {
             be,
             in_dim,
             out_dim,
@@ -63,7 +69,7 @@ impl<B: Backend> SageLayer<B> {
             w_neigh,
             bias,
             cache: None,
-        }
+        })
     }
 
     /// Forces an order for the neighbour product (default [`AggregateOrder::Auto`]).
@@ -82,10 +88,10 @@ impl<B: Backend> SageLayer<B> {
         h_dst: B::Tensor,
         agg: B::Tensor,
         pass: Pass<'_>,
-    ) -> B::Tensor {
+    ) -> Result<B::Tensor> {
         let be = &self.be;
-        let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
-        be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out);
+        let mut out = be.matmul(&h_dst, false, &self.w_self.value, false)?;
+        be.gemm(1.0, &agg, false, &self.w_neigh.value, false, 1.0, &mut out)?;
         self.finish(block, coeff, h_dst, agg, false, out, pass)
     }
 
@@ -111,9 +117,9 @@ impl<B: Backend> SageLayer<B> {
         project_first: bool,
         out: B::Tensor,
         pass: Pass<'_>,
-    ) -> B::Tensor {
+    ) -> Result<B::Tensor> {
         let be = &self.be;
-        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass);
+        let (out, kept) = self.act.finish(be, out, Some(&self.bias.value), pass)?;
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             coeff,
@@ -123,7 +129,7 @@ impl<B: Backend> SageLayer<B> {
             out_shape: be.shape(&out),
             kept,
         });
-        out
+        Ok(out)
     }
 }
 
@@ -141,17 +147,17 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "sage", block, &h_src, self.in_dim)?;
-        let coeff = be.edge_coefficients(block, Aggregation::Mean);
-        let h_dst = be.prefix_rows(&h_src, dims.num_dst);
+        let coeff = be.edge_coefficients(block, Aggregation::Mean)?;
+        let h_dst = be.prefix_rows(&h_src, dims.num_dst)?;
         if self.order.project_first(dims, self.in_dim, self.out_dim) {
-            let mut out = be.matmul(&h_dst, false, &self.w_self.value, false);
-            let z = be.matmul(&h_src, false, &self.w_neigh.value, false);
-            let agg = be.spmm(block, coeff.as_ref(), &z);
-            be.axpy(1.0, &agg, &mut out);
-            Ok(self.finish(block, coeff, h_dst, h_src, true, out, pass))
+            let mut out = be.matmul(&h_dst, false, &self.w_self.value, false)?;
+            let z = be.matmul(&h_src, false, &self.w_neigh.value, false)?;
+            let agg = be.spmm(block, coeff.as_ref(), &z)?;
+            be.axpy(1.0, &agg, &mut out)?;
+            self.finish(block, coeff, h_dst, h_src, true, out, pass)
         } else {
-            let agg = be.spmm(block, coeff.as_ref(), &h_src);
-            Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, pass))
+            let agg = be.spmm(block, coeff.as_ref(), &h_src)?;
+            self.forward_from_aggregate(block, coeff, h_dst, agg, pass)
         }
     }
 
@@ -175,20 +181,24 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             plan,
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
-        Ok(self.forward_from_aggregate(block, coeff, h_dst, agg, pass))
+        self.forward_from_aggregate(block, coeff, h_dst, agg, pass)
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
         let be = &self.be;
         check_grad(be, "sage", grad_out, c.out_shape)?;
-        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias);
+        let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias)?;
         let g = g.as_ref();
         let mut dx = if c.project_first {
-            acc_at_b(be, &c.h_dst, g, &mut self.w_self);
-            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g);
-            acc_at_b(be, &c.neigh_in, &gz, &mut self.w_neigh);
-            need.then(|| be.matmul(&gz, false, &self.w_neigh.value, true))
+            acc_at_b(be, &c.h_dst, g, &mut self.w_self)?;
+            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g)?;
+            acc_at_b(be, &c.neigh_in, &gz, &mut self.w_neigh)?;
+            if need {
+                Some(be.matmul(&gz, false, &self.w_neigh.value, true)?)
+            } else {
+                None
+            }
         } else {
             // Both weights' gradients multiply the same `g`: one pass over it.
             be.acc_at_b_shared(
@@ -197,16 +207,18 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
                     (&c.h_dst, &mut self.w_self.grad),
                     (&c.neigh_in, &mut self.w_neigh.grad),
                 ],
-            );
-            need.then(|| {
-                let gagg = be.matmul(g, false, &self.w_neigh.value, true);
-                be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)
-            })
+            )?;
+            if need {
+                let gagg = be.matmul(g, false, &self.w_neigh.value, true)?;
+                Some(be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)?)
+            } else {
+                None
+            }
         };
         if let Some(dx) = dx.as_mut() {
-            let gself = be.matmul(g, false, &self.w_self.value, true);
+            let gself = be.matmul(g, false, &self.w_self.value, true)?;
             let rows = be.shape(&gself).0;
-            be.axpy_prefix(1.0, &gself, dx, rows);
+            be.axpy_prefix(1.0, &gself, dx, rows)?;
         }
         Ok(dx)
     }

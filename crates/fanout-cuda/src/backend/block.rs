@@ -2,13 +2,13 @@
 //! first use.
 
 use super::kernels::launch;
-use super::{device_failed, CudaBackend};
+use super::{device_error, CudaBackend};
 use crate::sample::{DeviceBlock, DeviceBlocks};
 use crate::sort::{DeviceSort, Failure};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 #[cfg(doc)]
 use fanout_compute::SourceMajor;
-use fanout_compute::{BlockDims, BlockRef};
+use fanout_compute::{BlockDims, BlockRef, DeviceResult};
 use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -46,10 +46,13 @@ impl fmt::Debug for CudaBlock {
 
 impl CudaBackend {
     /// Copies a validated block to the device and computes each edge's destination there.
-    pub(crate) fn upload_block(&self, b: &BlockRef<'_>) -> CudaBlock {
-        let indptr = self.to_device(b.indptr);
-        let indices = self.to_device(b.indices);
-        let weights = b.weights.map(|w| self.to_device(w));
+    pub(crate) fn upload_block(&self, b: &BlockRef<'_>) -> DeviceResult<CudaBlock> {
+        let indptr = self.to_device(b.indptr)?;
+        let indices = self.to_device(b.indices)?;
+        let weights = match b.weights {
+            Some(w) => Some(self.to_device(w)?),
+            None => None,
+        };
         self.block_from(b.dims(), indptr, indices, weights)
     }
 
@@ -77,8 +80,10 @@ impl CudaBackend {
         &self,
         resident: &(dyn Any + Send + Sync),
         blocks: &[BlockRef<'_>],
-    ) -> Option<Vec<CudaBlock>> {
-        let dev = resident.downcast_ref::<DeviceBlocks>()?;
+    ) -> DeviceResult<Option<Vec<CudaBlock>>> {
+        let Some(dev) = resident.downcast_ref::<DeviceBlocks>() else {
+            return Ok(None);
+        };
         // Exactly the shapes the sampler recorded for these blocks (a copy moved onto
         // another batch of other shapes is not adopted), and buffers that hold them.
         let fits = |b: &BlockRef<'_>, &(d, s, e): &(usize, usize, usize)| {
@@ -101,23 +106,31 @@ impl CudaBackend {
             || !blocks.iter().zip(&dev.dims).all(|(b, d)| fits(b, d))
             || !blocks.iter().zip(&dev.blocks).all(|(b, d)| holds(b, d))
         {
-            return None;
+            return Ok(None);
         }
-        fn copy<T: DeviceRepr>(be: &CudaBackend, s: &CudaSlice<T>, len: usize) -> CudaSlice<T> {
+        fn copy<T: DeviceRepr>(
+            be: &CudaBackend,
+            s: &CudaSlice<T>,
+            len: usize,
+        ) -> DeviceResult<CudaSlice<T>> {
             be.stream()
                 .clone_dtod(&s.slice(0..len.max(1)))
-                .unwrap_or_else(|e| device_failed("cuMemcpyDtoD (sampled block)", e))
+                .map_err(|e| device_error("cuMemcpyDtoD (sampled block)", e))
         }
         let adopted = blocks.iter().zip(&dev.blocks).map(|(b, d)| {
             let dims = b.dims();
+            let weights = match &d.weights {
+                Some(w) => Some(copy(self, w, dims.num_edges)?),
+                None => None,
+            };
             self.block_from(
                 dims,
-                copy(self, &d.offs, dims.num_dst + 1),
-                copy(self, &d.ids, dims.num_edges),
-                d.weights.as_ref().map(|w| copy(self, w, dims.num_edges)),
+                copy(self, &d.offs, dims.num_dst + 1)?,
+                copy(self, &d.ids, dims.num_edges)?,
+                weights,
             )
         });
-        Some(adopted.collect())
+        Ok(Some(adopted.collect::<DeviceResult<_>>()?))
     }
 
     /// A block from its device arrays: computes each edge's destination there.
@@ -127,8 +140,8 @@ impl CudaBackend {
         indptr: CudaSlice<u32>,
         indices: CudaSlice<u32>,
         weights: Option<CudaSlice<f32>>,
-    ) -> CudaBlock {
-        let mut edst = self.alloc::<u32>(dims.num_edges);
+    ) -> DeviceResult<CudaBlock> {
+        let mut edst = self.alloc::<u32>(dims.num_edges)?;
         let dsts = dims.num_dst as i64;
         launch!(
             self.inner,
@@ -136,7 +149,7 @@ impl CudaBackend {
             dims.num_dst,
             [&indptr, &mut edst, &dsts]
         );
-        CudaBlock(Arc::new(BlockData {
+        Ok(CudaBlock(Arc::new(BlockData {
             dims,
             indptr,
             indices,
@@ -144,23 +157,25 @@ impl CudaBackend {
             edst,
             out_degrees: OnceLock::new(),
             transposed: OnceLock::new(),
-        }))
+        })))
     }
 
     /// The number of edges leaving each source (counted on the device on first use, kept).
-    pub(crate) fn out_degrees<'b>(&self, b: &'b CudaBlock) -> &'b CudaSlice<u32> {
-        b.0.out_degrees.get_or_init(|| {
-            let d = &b.0;
-            let mut counts = self.alloc::<u32>(d.dims.num_src);
-            let edges = d.dims.num_edges as i64;
-            launch!(
-                self.inner,
-                "count_sources",
-                d.dims.num_edges,
-                [&d.indices, &mut counts, &edges]
-            );
-            counts
-        })
+    pub(crate) fn out_degrees<'b>(&self, b: &'b CudaBlock) -> DeviceResult<&'b CudaSlice<u32>> {
+        if let Some(counts) = b.0.out_degrees.get() {
+            return Ok(counts);
+        }
+        let d = &b.0;
+        let mut counts = self.alloc::<u32>(d.dims.num_src)?;
+        let edges = d.dims.num_edges as i64;
+        launch!(
+            self.inner,
+            "count_sources",
+            d.dims.num_edges,
+            [&d.indices, &mut counts, &edges]
+        );
+        // Another thread may have counted meanwhile: the first count kept is used.
+        Ok(b.0.out_degrees.get_or_init(|| counts))
     }
 
     /// The block's transpose on first use, built on the device and kept: the sources'
@@ -170,24 +185,27 @@ impl CudaBackend {
     /// only). Layers that aggregate their input first (GraphSAGE, GCN) never need it on the
     /// input layer's block, the largest: its sources get no gradient. GAT's attention
     /// gradients need it on every block.
-    pub(crate) fn transposed<'b>(&self, b: &'b CudaBlock) -> &'b Transposed {
-        b.0.transposed.get_or_init(|| {
-            let d = &b.0;
-            let (n, e) = (d.dims.num_src, d.dims.num_edges);
-            let sort = DeviceSort {
-                stream: self.stream(),
-                kernels: self.kernels(),
-            };
-            let degrees = self.out_degrees(b);
-            let built = self.inner.timed("transpose (radix sort)", || {
-                let ptr = sort.exclusive_scan(degrees, n)?;
-                let max_key = n.saturating_sub(1) as u32;
-                let (_, eid) = sort.sort_with_positions(&d.indices, e, max_key)?;
-                let dst = sort.gather(&d.edst, &eid, e)?;
-                Ok::<_, Failure>(Transposed { ptr, dst, eid })
-            });
-            built.unwrap_or_else(|(call, err)| device_failed(call, err))
-        })
+    pub(crate) fn transposed<'b>(&self, b: &'b CudaBlock) -> DeviceResult<&'b Transposed> {
+        if let Some(t) = b.0.transposed.get() {
+            return Ok(t);
+        }
+        let d = &b.0;
+        let (n, e) = (d.dims.num_src, d.dims.num_edges);
+        let sort = DeviceSort {
+            stream: self.stream(),
+            kernels: self.kernels(),
+        };
+        let degrees = self.out_degrees(b)?;
+        let built = self.inner.timed("transpose (radix sort)", || {
+            let ptr = sort.exclusive_scan(degrees, n)?;
+            let max_key = n.saturating_sub(1) as u32;
+            let (_, eid) = sort.sort_with_positions(&d.indices, e, max_key)?;
+            let dst = sort.gather(&d.edst, &eid, e)?;
+            Ok::<_, Failure>(Transposed { ptr, dst, eid })
+        });
+        let t = built.map_err(|(call, err)| device_error(call, err))?;
+        // Another thread may have built one meanwhile: the first one kept is used.
+        Ok(b.0.transposed.get_or_init(|| t))
     }
 }
 
@@ -244,18 +262,22 @@ mod tests {
                 indices: &indices,
                 weights: None,
             };
-            let block = be.upload_block(&b);
-            let t = be.transposed(&block);
+            let block = be.upload_block(&b).unwrap();
+            let t = be.transposed(&block).unwrap();
             let want = SourceMajor::of(&indptr, &indices, num_src);
             let e = indices.len();
             let case = format!("{num_dst} x {num_src}, {e} edges");
             assert_eq!(
-                be.to_host(&t.ptr, num_src + 1),
+                be.to_host(&t.ptr, num_src + 1).unwrap(),
                 want.indptr,
                 "{case}: offsets"
             );
-            assert_eq!(be.to_host(&t.eid, e), want.eid, "{case}: edge ids");
-            assert_eq!(be.to_host(&t.dst, e), want.dst, "{case}: destinations");
+            assert_eq!(be.to_host(&t.eid, e).unwrap(), want.eid, "{case}: edge ids");
+            assert_eq!(
+                be.to_host(&t.dst, e).unwrap(),
+                want.dst,
+                "{case}: destinations"
+            );
         }
     }
 }

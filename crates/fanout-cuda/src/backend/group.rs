@@ -22,9 +22,10 @@
 //! (a collective: it returns once every rank has joined). NCCL refuses two ranks on one GPU.
 
 use super::kernels::launch;
-use super::{device_failed, CudaBackend, CudaTensor};
+use super::{device_error, CudaBackend, CudaTensor};
 use crate::Error;
 use cudarc::nccl::safe::{Comm, Id};
+use fanout_compute::DeviceResult;
 use std::sync::Mutex;
 
 /// The NCCL communicator of one rank, on its backend's stream.
@@ -131,43 +132,48 @@ impl CudaBackend {
     /// by `scale_in`, every rank's vector gathered on every device, summed in rank order and
     /// multiplied by `scale_out` ([`CudaBackend::sum_rows_in_order`]), and unpacked. All on
     /// the stream; no host wait.
-    pub(super) fn group_sum(&self, tensors: &mut [&mut CudaTensor], scale_in: f32, scale_out: f32) {
+    pub(super) fn group_sum(
+        &self,
+        tensors: &mut [&mut CudaTensor],
+        scale_in: f32,
+        scale_out: f32,
+    ) -> DeviceResult<()> {
         let Some(group) = self.inner.group.get() else {
-            device_failed(
+            return Err(device_error(
                 "sum_over_group",
                 "this backend has joined no device group (join_group)",
-            );
+            ));
         };
         let len: usize = tensors.iter().map(|t| t.len()).sum();
         if len == 0 {
-            return;
+            return Ok(());
         }
-        let mut mine = self.alloc::<f32>(len);
+        let mut mine = self.alloc::<f32>(len)?;
         let mut at = 0;
         for t in tensors.iter() {
             let n = t.len();
             if n > 0 {
                 let mut dst = mine.slice_mut(at..at + n);
                 if let Err(e) = self.stream().memcpy_dtod(&t.data.slice(0..n), &mut dst) {
-                    device_failed("cuMemcpyDtoD (pack gradients)", e);
+                    return Err(device_error("cuMemcpyDtoD (pack gradients)", e));
                 }
             }
             at += n;
         }
         let n64 = len as i64;
         launch!(self.inner, "scale", len, [&mut mine, &scale_in, &n64]);
-        let mut slots = self.new_tensor(group.size, len);
+        let mut slots = self.new_tensor(group.size, len)?;
         {
             let comm = group.comm.lock().unwrap_or_else(|p| p.into_inner());
             let gathered = self.inner.timed("ncclAllGather", || {
                 comm.0.all_gather(&mine, &mut slots.data)
             });
             if let Err(e) = gathered {
-                device_failed("ncclAllGather", format!("{e:?}"));
+                return Err(device_error("ncclAllGather", format!("{e:?}")));
             }
         }
         drop(mine);
-        let sum = self.sum_rows_in_order(&slots, scale_out);
+        let sum = self.sum_rows_in_order(&slots, scale_out)?;
         let mut at = 0;
         for t in tensors.iter_mut() {
             let n = t.len();
@@ -177,21 +183,22 @@ impl CudaBackend {
                     .stream()
                     .memcpy_dtod(&sum.data.slice(at..at + n), &mut dst)
                 {
-                    device_failed("cuMemcpyDtoD (unpack gradients)", e);
+                    return Err(device_error("cuMemcpyDtoD (unpack gradients)", e));
                 }
             }
             at += n;
         }
+        Ok(())
     }
 
     /// `scale` times the sum of `x`'s rows, added in row order: element `c` of the one-row
     /// result is `scale * (((x[0][c] + x[1][c]) + x[2][c]) + ... + x[rows-1][c])`, the product
     /// after the adds (the `sum_slots` kernel), so with one row per rank it is the host
     /// communicators' sum, bit for bit. (`Backend::sum_rows` adds in another order.)
-    pub fn sum_rows_in_order(&self, x: &CudaTensor, scale: f32) -> CudaTensor {
-        let mut out = self.new_tensor(1, x.cols);
+    pub fn sum_rows_in_order(&self, x: &CudaTensor, scale: f32) -> DeviceResult<CudaTensor> {
+        let mut out = self.new_tensor(1, x.cols)?;
         if x.rows == 0 {
-            return out;
+            return Ok(out);
         }
         let n64 = x.cols as i64;
         let rows = i32::try_from(x.rows).expect("sum_rows_in_order: at most 2^31 rows");
@@ -201,6 +208,6 @@ impl CudaBackend {
             x.cols,
             [&x.data, &mut out.data, &scale, &n64, &rows]
         );
-        out
+        Ok(out)
     }
 }

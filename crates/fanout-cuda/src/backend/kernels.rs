@@ -156,8 +156,9 @@ pub(crate) fn grid(n: usize) -> LaunchConfig {
 
 /// Launches kernel `$name` of backend `$be` over `$n` work items (nothing when `$n` is 0) with
 /// the arguments `$arg` (each a reference to a value that lives past the launch: a
-/// `CudaSlice`, or a scalar bound beforehand). A failed launch stops the method with the
-/// driver's error (see `backend::device_failed`).
+/// `CudaSlice`, or a scalar bound beforehand). A failed launch returns from the calling
+/// function with the driver's error (`backend::device_error`, converted by `Into` to that
+/// function's error type).
 macro_rules! launch {
     ($be:expr, $name:literal, $n:expr, [$($arg:expr),* $(,)?]) => {{
         let n: usize = $n;
@@ -171,7 +172,7 @@ macro_rules! launch {
             // for these sizes (checked by the caller's shape asserts).
             let cfg = $crate::backend::kernels::grid(n);
             if let Err(e) = $be.timed($name, || unsafe { b.launch(cfg) }) {
-                $crate::backend::device_failed(concat!("launch ", $name), e);
+                return Err($crate::backend::device_error(concat!("launch ", $name), e).into());
             }
         }
     }};
@@ -190,7 +191,7 @@ macro_rules! launch_with {
         // SAFETY: as for `launch`; `$cfg` gives the kernel the block shape and shared memory
         // its comment in kernels.cu asks for.
         if let Err(e) = $be.timed($name, || unsafe { b.launch(cfg) }) {
-            $crate::backend::device_failed(concat!("launch ", $name), e);
+            return Err($crate::backend::device_error(concat!("launch ", $name), e).into());
         }
     }};
 }

@@ -14,9 +14,9 @@
 //! the rows would hold every multiprocessor's warp slots while it waits, leaving none to the
 //! kernels it should run beside.
 
-use super::{CudaBackend, CudaTensor};
+use super::{device_error, CudaBackend, CudaTensor};
 use cudarc::driver::{CudaContext, PinnedHostSlice, PushKernelArg};
-use fanout_compute::{ComputeError, MappedRows, Result};
+use fanout_compute::{ComputeError, DeviceResult, MappedRows, Result};
 use std::sync::Arc;
 
 /// Thread blocks of the zero-copy gather per multiprocessor, unless
@@ -101,7 +101,7 @@ impl CudaBackend {
         table: &MappedRows,
         idx: &[u32],
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         let (rows, cols) = table.shape();
         let mapped = table
             .table()
@@ -113,27 +113,27 @@ impl CudaBackend {
                 panic!("gather_mapped_rows: a {rows} x {cols} table this device did not map")
             });
         super::ops::check_ids(idx, rows, "gather_mapped_rows");
-        let side = self.side_stream();
+        let side = self.side_stream()?;
         let len = idx.len() * cols;
         // Allocated on the side stream (not zeroed: the kernel writes every element), so that
         // nothing here waits for the backend stream's queued work.
         // SAFETY: every element of `out` is written by the gather below before any kernel
         // reads it (the empty case allocates one element that nothing reads).
-        let data = unsafe { side.alloc::<f32>(len.max(1)) }
-            .unwrap_or_else(|e| super::device_failed("cuMemAlloc", e));
+        let data =
+            unsafe { side.alloc::<f32>(len.max(1)) }.map_err(|e| device_error("cuMemAlloc", e))?;
         let mut out = CudaTensor {
             rows: idx.len(),
             cols,
             data,
         };
         if len == 0 {
-            return out;
+            return Ok(out);
         }
         let uploaded;
         let ids = match self.resident_inputs(resident, idx) {
             Some(ids) => ids,
             None => {
-                uploaded = self.to_device_on(side, "side: copy to device", idx);
+                uploaded = self.to_device_on(side, "side: copy to device", idx)?;
                 &uploaded
             }
         };
@@ -161,8 +161,8 @@ impl CudaBackend {
                 b.launch(cfg)
             });
         if let Err(e) = launched {
-            super::device_failed("launch gather_rows_warp", e);
+            return Err(device_error("launch gather_rows_warp", e));
         }
-        out
+        Ok(out)
     }
 }

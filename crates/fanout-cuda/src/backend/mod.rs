@@ -8,11 +8,9 @@
 //! bus while the backend stream computes the step before; cudarc's per-buffer events order its
 //! output before the first kernel that reads it.
 //!
-//! The `Backend` trait's methods return values: a device error inside one (out of memory, a
-//! failed launch) goes through [`fanout_compute::device_failed`] with a message naming the call
-//! and the driver's error, which the run layer catches and returns as an error
-//! (`fanout_compute::catch_device_failure`); opening the backend and preparing blocks return
-//! errors.
+//! A device error inside a `Backend` method (out of memory, a failed launch) is returned as a
+//! [`fanout_compute::DeviceFailure`] whose message names the CUDA call and the driver's error
+//! ([`device_error`]); opening the backend and preparing blocks return errors too.
 
 mod block;
 mod deferred;
@@ -29,7 +27,7 @@ pub use group::{nccl_present, nccl_unique_id};
 use crate::{CudaDevice, Error};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
-use fanout_compute::Tensor;
+use fanout_compute::{DeviceFailure, DeviceResult, Tensor};
 use kernels::Kernels;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -201,13 +199,13 @@ impl CudaBackend {
     }
 
     /// Blocks until all queued work has finished, on the backend stream and its side stream
-    /// (for timing).
-    pub fn synchronize(&self) {
+    /// (for timing). `Err` when the device failed.
+    pub fn synchronize(&self) -> DeviceResult<()> {
         for s in std::iter::once(&self.inner.stream).chain(self.inner.side.get()) {
-            if let Err(e) = s.synchronize() {
-                device_failed("cuStreamSynchronize", e);
-            }
+            s.synchronize()
+                .map_err(|e| device_error("cuStreamSynchronize", e))?;
         }
+        Ok(())
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -219,13 +217,17 @@ impl CudaBackend {
     /// backend stream because cudarc records an event at each write and makes the reading
     /// stream wait for it (its event tracking, on by default, and active once a context has a
     /// second stream, which this one then has).
-    pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
-        self.inner.side.get_or_init(|| {
-            self.stream()
-                .context()
-                .new_stream()
-                .unwrap_or_else(|e| device_failed("cuStreamCreate", e))
-        })
+    pub(crate) fn side_stream(&self) -> DeviceResult<&Arc<CudaStream>> {
+        if let Some(s) = self.inner.side.get() {
+            return Ok(s);
+        }
+        let s = self
+            .stream()
+            .context()
+            .new_stream()
+            .map_err(|e| device_error("cuStreamCreate", e))?;
+        // Another thread may have made one meanwhile: the first one made is kept.
+        Ok(self.inner.side.get_or_init(|| s))
     }
 
     pub(crate) fn kernels(&self) -> &Kernels {
@@ -234,17 +236,23 @@ impl CudaBackend {
 
     /// `len` zeroed device elements (at least one is allocated: the driver refuses empty
     /// allocations).
-    pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> CudaSlice<T> {
+    pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> DeviceResult<CudaSlice<T>> {
         self.stream()
             .alloc_zeros(len.max(1))
-            .unwrap_or_else(|e| device_failed("cuMemAlloc", e))
+            .map_err(|e| device_error("cuMemAlloc", e))
     }
 
     /// A device copy of `host` (one element more than nothing when empty). Uploads of
     /// `staging::STAGED_MIN` bytes and more pass through page-locked memory, so the call does
     /// not wait for the stream and the bytes cross at the bus's page-locked rate (see the
     /// `staging` module).
-    pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(&self, host: &[T]) -> CudaSlice<T> {
+    pub(crate) fn to_device<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        host: &[T],
+    ) -> DeviceResult<CudaSlice<T>> {
         self.to_device_on(self.stream(), "copy to device", host)
     }
 
@@ -255,22 +263,22 @@ impl CudaBackend {
         stream: &Arc<CudaStream>,
         name: &'static str,
         host: &[T],
-    ) -> CudaSlice<T> {
+    ) -> DeviceResult<CudaSlice<T>> {
         if host.is_empty() {
             return stream
                 .alloc_zeros(1)
-                .unwrap_or_else(|e| device_failed("cuMemAlloc", e));
+                .map_err(|e| device_error("cuMemAlloc", e));
         }
         let size = std::mem::size_of_val(host);
         if size >= staging::STAGED_MIN {
-            if let Some(dev) = self.staged_upload(stream, name, host) {
-                return dev;
+            if let Some(dev) = self.staged_upload(stream, name, host)? {
+                return Ok(dev);
             }
         }
         let bytes = profile::Work::Bytes(size as f64);
         self.inner
             .timed_on(stream, name, bytes, || stream.clone_htod(host))
-            .unwrap_or_else(|e| device_failed("cuMemcpyHtoD", e))
+            .map_err(|e| device_error("cuMemcpyHtoD", e))
     }
 
     /// The first `len` elements of `dev`, copied to the host (waits for queued work).
@@ -278,16 +286,16 @@ impl CudaBackend {
         &self,
         dev: &CudaSlice<T>,
         len: usize,
-    ) -> Vec<T> {
+    ) -> DeviceResult<Vec<T>> {
         if len == 0 {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let bytes = profile::Work::Bytes((len * std::mem::size_of::<T>()) as f64);
         self.inner
             .timed_work("copy to host", bytes, || {
                 self.stream().clone_dtoh(&dev.slice(0..len))
             })
-            .unwrap_or_else(|e| device_failed("cuMemcpyDtoH", e))
+            .map_err(|e| device_error("cuMemcpyDtoH", e))
     }
 
     /// The device address of `s` (for optional kernel arguments, passed as `u64`; 0 = null).
@@ -324,27 +332,12 @@ fn keep_freed_memory(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<(), Error
 /// A row-major `f32` matrix in device memory.
 ///
 /// Guarantees: the buffer holds at least `rows * cols` elements (at least one: empty tensors
-/// keep a one-element buffer); element `(r, c)` is at `r * cols + c`. Cloning copies on the
-/// device (a device that fails stops the clone with `fanout_compute::device_failed`).
+/// keep a one-element buffer); element `(r, c)` is at `r * cols + c`. Not `Clone`: a copy
+/// is made on the device by `Backend::copy`, which can fail.
 pub struct CudaTensor {
     rows: usize,
     cols: usize,
     data: CudaSlice<f32>,
-}
-
-impl Clone for CudaTensor {
-    fn clone(&self) -> Self {
-        // cudarc's own `Clone` unwraps the copy's result: a full device would panic.
-        let data = self
-            .data
-            .try_clone()
-            .unwrap_or_else(|e| device_failed("cuMemcpyDtoD (clone)", e));
-        CudaTensor {
-            rows: self.rows,
-            cols: self.cols,
-            data,
-        }
-    }
 }
 
 impl CudaTensor {
@@ -371,32 +364,31 @@ impl fmt::Debug for CudaTensor {
 }
 
 impl CudaBackend {
-    pub(crate) fn new_tensor(&self, rows: usize, cols: usize) -> CudaTensor {
-        CudaTensor {
+    pub(crate) fn new_tensor(&self, rows: usize, cols: usize) -> DeviceResult<CudaTensor> {
+        Ok(CudaTensor {
             rows,
             cols,
-            data: self.alloc(rows * cols),
-        }
+            data: self.alloc(rows * cols)?,
+        })
     }
 
-    pub(crate) fn tensor_from_host(&self, host: &Tensor) -> CudaTensor {
-        CudaTensor {
+    pub(crate) fn tensor_from_host(&self, host: &Tensor) -> DeviceResult<CudaTensor> {
+        Ok(CudaTensor {
             rows: host.rows(),
             cols: host.cols(),
-            data: self.to_device(host.data()),
-        }
+            data: self.to_device(host.data())?,
+        })
     }
 
-    pub(crate) fn tensor_to_host(&self, t: &CudaTensor) -> Tensor {
-        Tensor::new(t.rows, t.cols, self.to_host(&t.data, t.len()))
+    pub(crate) fn tensor_to_host(&self, t: &CudaTensor) -> DeviceResult<Tensor> {
+        Ok(Tensor::new(t.rows, t.cols, self.to_host(&t.data, t.len())?))
     }
 }
 
-/// Stops the backend method with [`fanout_compute::device_failed`]: a message naming the CUDA
-/// call that failed and the driver's error, and for an exhausted device what needs less of its
-/// memory (see the module documentation).
-#[track_caller]
-pub(crate) fn device_failed(call: &str, e: impl fmt::Display) -> ! {
+/// The failure of a backend method: a message naming the CUDA call that failed and the
+/// driver's error, and for an exhausted device what needs less of its memory (see the module
+/// documentation).
+pub(crate) fn device_error(call: &str, e: impl fmt::Display) -> DeviceFailure {
     let e = e.to_string();
     let hint = if e.contains("OUT_OF_MEMORY") || e.contains("ALLOC_FAILED") {
         "; the GPU ran out of memory: a smaller batch size, fanouts, hidden size or feature \
@@ -404,5 +396,5 @@ pub(crate) fn device_failed(call: &str, e: impl fmt::Display) -> ! {
     } else {
         ""
     };
-    fanout_compute::device_failed(format!("CUDA {call} failed: {e}{hint}"))
+    DeviceFailure::new(format!("CUDA {call} failed: {e}{hint}"))
 }

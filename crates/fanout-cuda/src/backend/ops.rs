@@ -2,12 +2,13 @@
 
 use super::block::CudaBlock;
 use super::kernels::{launch, launch_with, THREADS};
-use super::{device_failed, CudaBackend, CudaTensor, GraphKernels};
+use super::{device_error, CudaBackend, CudaTensor, GraphKernels};
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use fanout_compute::{
     check_labels, dropout_threshold, AdamUpdate, Aggregation, Backend, BlockDims, BlockRef,
-    CrossEntropy, DropoutSpec, MappedRows, PendingRead, Result, SgdUpdate, StepFigures, Tensor,
+    CrossEntropy, DeviceResult, DropoutSpec, MappedRows, PendingRead, Result, SgdUpdate,
+    StepFigures, Tensor,
 };
 
 /// Rows summed per thread and pass by the column-sum kernel.
@@ -77,9 +78,9 @@ impl CudaBackend {
         heads: usize,
         x: &CudaTensor,
         out: &mut CudaTensor,
-    ) {
+    ) -> DeviceResult<()> {
         if out.rows == 0 || out.cols == 0 {
-            return;
+            return Ok(());
         }
         let (h32, rows, cols) = (heads as i32, out.rows as i64, out.cols as i32);
         let blocks = out.rows.div_ceil(MA_WARPS).clamp(1, 1 << 16) as u32;
@@ -114,20 +115,26 @@ impl CudaBackend {
         } else {
             launch_ma!("spmm_ma");
         }
+        Ok(())
     }
 
     /// `x`'s rows at the first `n` of the device ids `ids`, gathered on the device (a warp per
     /// row). Ids are not checked on the host: an id of `x`'s row count or more gives a row of
     /// zeros. Panics when `ids` holds fewer than `n` elements.
-    pub fn gather_rows_device(&self, x: &CudaTensor, ids: &CudaSlice<u32>, n: usize) -> CudaTensor {
+    pub fn gather_rows_device(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaSlice<u32>,
+        n: usize,
+    ) -> DeviceResult<CudaTensor> {
         assert!(
             ids.len() >= n,
             "gather_rows_device: {n} rows asked of {} ids",
             ids.len()
         );
-        let mut out = self.new_tensor(n, x.cols);
+        let mut out = self.new_tensor(n, x.cols)?;
         if n == 0 || x.cols == 0 {
-            return out;
+            return Ok(out);
         }
         let (x_rows, n64, cols) = (x.rows as i64, n as i64, x.cols as i32);
         launch!(
@@ -136,27 +143,35 @@ impl CudaBackend {
             n * 32,
             [&x.data, &x_rows, ids, &mut out.data, &n64, &cols]
         );
-        out
+        Ok(out)
     }
 
     /// A device copy of the ids `host` (for [`CudaBackend::gather_rows_device`]).
-    pub fn upload_ids(&self, host: &[u32]) -> CudaSlice<u32> {
+    pub fn upload_ids(&self, host: &[u32]) -> DeviceResult<CudaSlice<u32>> {
         self.to_device(host)
     }
 
     /// Each row's dropout seed, `mix_keys([key, id])` with `id` the row's vertex
     /// (`row_ids[r]`) or its index, computed on the device (the ids uploaded, 4 bytes a row).
-    fn dropout_seeds(&self, rows: usize, key: u64, row_ids: Option<&[u32]>) -> CudaSlice<u64> {
-        let ids = row_ids.map(|ids| {
-            assert!(
-                ids.len() >= rows,
-                "dropout: {} row ids for {rows} rows",
-                ids.len()
-            );
-            self.to_device(&ids[..rows])
-        });
+    fn dropout_seeds(
+        &self,
+        rows: usize,
+        key: u64,
+        row_ids: Option<&[u32]>,
+    ) -> DeviceResult<CudaSlice<u64>> {
+        let ids = match row_ids {
+            Some(ids) => {
+                assert!(
+                    ids.len() >= rows,
+                    "dropout: {} row ids for {rows} rows",
+                    ids.len()
+                );
+                Some(self.to_device(&ids[..rows])?)
+            }
+            None => None,
+        };
         let ids_addr = self.addr(ids.as_ref());
-        let mut seeds = self.alloc::<u64>(rows);
+        let mut seeds = self.alloc::<u64>(rows)?;
         let r64 = rows as i64;
         launch!(
             self.inner,
@@ -164,13 +179,13 @@ impl CudaBackend {
             rows,
             [&ids_addr, &key, &r64, &mut seeds]
         );
-        seeds
+        Ok(seeds)
     }
 
     /// The [`DOT_BLOCKS`] partial sums of `a . b` in f64 (`dot_partials`), on the device.
-    fn dot_partials(&self, a: &CudaTensor, b: &CudaTensor) -> CudaSlice<f64> {
+    fn dot_partials(&self, a: &CudaTensor, b: &CudaTensor) -> DeviceResult<CudaSlice<f64>> {
         same_shape("dot", a, b);
-        let mut partial = self.alloc::<f64>(DOT_BLOCKS);
+        let mut partial = self.alloc::<f64>(DOT_BLOCKS)?;
         let n = a.len() as i64;
         let cfg = LaunchConfig {
             grid_dim: (DOT_BLOCKS as u32, 1, 1),
@@ -186,14 +201,14 @@ impl CudaBackend {
             .inner
             .timed("dot_partials", || unsafe { l.launch(cfg) })
         {
-            device_failed("launch dot_partials", e);
+            return Err(device_error("launch dot_partials", e));
         }
-        partial
+        Ok(partial)
     }
 
     /// `labels` as the loss kernels read them, on the device: `i32`, anything outside `i32`
     /// as -1 (unlabelled; the loss checks its labels before).
-    pub(super) fn labels_to_device(&self, labels: &[i64]) -> CudaSlice<i32> {
+    pub(super) fn labels_to_device(&self, labels: &[i64]) -> DeviceResult<CudaSlice<i32>> {
         let lab: Vec<i32> = labels
             .iter()
             .map(|&l| i32::try_from(l).unwrap_or(-1))
@@ -209,8 +224,8 @@ impl CudaBackend {
         lab_d: &CudaSlice<i32>,
         count: usize,
         grad: &mut CudaTensor,
-    ) -> CudaSlice<f64> {
-        let mut row_loss = self.alloc::<f64>(logits.rows);
+    ) -> DeviceResult<CudaSlice<f64>> {
+        let mut row_loss = self.alloc::<f64>(logits.rows)?;
         let inv = 1.0 / count as f32;
         let (r64, c32) = (logits.rows as i64, logits.cols as i32);
         launch!(
@@ -227,7 +242,7 @@ impl CudaBackend {
                 &c32
             ]
         );
-        row_loss
+        Ok(row_loss)
     }
 
     /// The labelled count, the mean loss's gradient, and each row's loss and hit on the device
@@ -241,19 +256,23 @@ impl CudaBackend {
     ) -> Result<(usize, CudaTensor, Option<(CudaSlice<f64>, CudaSlice<i32>)>)> {
         let (rows, classes) = logits.shape();
         let count = check_labels(rows, classes, labels)?;
-        let mut grad = self.new_tensor(rows, classes);
+        let mut grad = self.new_tensor(rows, classes)?;
         if count == 0 {
             return Ok((count, grad, None));
         }
-        let lab_d = self.labels_to_device(labels);
-        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
-        let hit = self.hits(logits, &lab_d);
+        let lab_d = self.labels_to_device(labels)?;
+        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad)?;
+        let hit = self.hits(logits, &lab_d)?;
         Ok((count, grad, Some((row_loss, hit))))
     }
 
     /// `argmax_hits`: 1 for each row whose first arg-max is its label, else 0, on the device.
-    pub(super) fn hits(&self, logits: &CudaTensor, lab_d: &CudaSlice<i32>) -> CudaSlice<i32> {
-        let mut hit = self.alloc::<i32>(logits.rows);
+    pub(super) fn hits(
+        &self,
+        logits: &CudaTensor,
+        lab_d: &CudaSlice<i32>,
+    ) -> DeviceResult<CudaSlice<i32>> {
+        let mut hit = self.alloc::<i32>(logits.rows)?;
         let (r64, c32) = (logits.rows as i64, logits.cols as i32);
         launch!(
             self.inner,
@@ -261,17 +280,17 @@ impl CudaBackend {
             logits.rows,
             [&logits.data, lab_d, &mut hit, &r64, &c32]
         );
-        hit
+        Ok(hit)
     }
 
     /// Column sums (`1 x cols`) by passes of [`COL_SUM_CHUNK`] rows.
-    fn col_sums(&self, x: &CudaTensor) -> CudaTensor {
+    fn col_sums(&self, x: &CudaTensor) -> DeviceResult<CudaTensor> {
         let (mut rows, cols) = x.shape();
         let mut cur: Option<CudaTensor> = None;
         loop {
             let src = cur.as_ref().unwrap_or(x);
             let chunks = rows.div_ceil(COL_SUM_CHUNK).max(1);
-            let mut o = self.new_tensor(chunks, cols);
+            let mut o = self.new_tensor(chunks, cols)?;
             let (r64, c32, ch) = (rows as i64, cols as i32, COL_SUM_CHUNK as i32);
             launch!(
                 self.inner,
@@ -282,7 +301,7 @@ impl CudaBackend {
             rows = chunks;
             cur = Some(o);
             if rows == 1 {
-                return cur.expect("set above");
+                return Ok(cur.expect("set above"));
             }
         }
     }
@@ -305,32 +324,33 @@ impl Backend for CudaBackend {
 
     // ----- memory -----
 
-    fn upload(&self, host: &Tensor) -> CudaTensor {
+    fn upload(&self, host: &Tensor) -> DeviceResult<CudaTensor> {
         self.tensor_from_host(host)
     }
-    fn download(&self, t: &CudaTensor) -> Tensor {
+    fn download(&self, t: &CudaTensor) -> DeviceResult<Tensor> {
         self.tensor_to_host(t)
     }
-    fn zeros(&self, rows: usize, cols: usize) -> CudaTensor {
+    fn zeros(&self, rows: usize, cols: usize) -> DeviceResult<CudaTensor> {
         self.new_tensor(rows, cols)
     }
     fn shape(&self, t: &CudaTensor) -> (usize, usize) {
         t.shape()
     }
-    fn fill_zero(&self, t: &mut CudaTensor) {
+    fn fill_zero(&self, t: &mut CudaTensor) -> DeviceResult<()> {
         if let Err(e) = self.stream().memset_zeros(&mut t.data) {
-            device_failed("cuMemsetD8", e);
+            return Err(device_error("cuMemsetD8", e));
         }
+        Ok(())
     }
     fn prepare_block(&self, block: &BlockRef<'_>) -> Result<CudaBlock> {
         block.validate()?;
-        Ok(self.upload_block(block))
+        Ok(self.upload_block(block)?)
     }
     fn adopt_blocks(
         &self,
         resident: &(dyn std::any::Any + Send + Sync),
         blocks: &[BlockRef<'_>],
-    ) -> Option<Vec<CudaBlock>> {
+    ) -> DeviceResult<Option<Vec<CudaBlock>>> {
         CudaBackend::adopt_blocks(self, resident, blocks)
     }
     fn block_dims(&self, block: &CudaBlock) -> BlockDims {
@@ -348,7 +368,7 @@ impl Backend for CudaBackend {
         trans_b: bool,
         beta: f32,
         c: &mut CudaTensor,
-    ) {
+    ) -> DeviceResult<()> {
         let (m, k) = if trans_a {
             (a.cols, a.rows)
         } else {
@@ -368,15 +388,15 @@ impl Backend for CudaBackend {
             (m, n)
         );
         if m == 0 || n == 0 {
-            return;
+            return Ok(());
         }
         if k == 0 {
             if beta == 0.0 {
-                self.fill_zero(c);
+                self.fill_zero(c)?;
             } else {
-                self.scale(c, beta);
+                self.scale(c, beta)?;
             }
-            return;
+            return Ok(());
         }
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets B's
         // buffer first (leading dimension = B's row length) and A's second.
@@ -404,10 +424,11 @@ impl Backend for CudaBackend {
         let product = || unsafe { self.inner.blas.gemm(cfg, &b.data, &a.data, &mut c.data) };
         let flops = super::profile::Work::Flops(2.0 * (m * n * k) as f64);
         if let Err(e) = self.inner.timed_work("cublasSgemm", flops, product) {
-            device_failed("cublasSgemm", e);
+            return Err(device_error("cublasSgemm", e));
         }
+        Ok(())
     }
-    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) {
+    fn add_bias(&self, x: &mut CudaTensor, bias: &CudaTensor) -> DeviceResult<()> {
         assert_eq!(bias.shape(), (1, x.cols), "add_bias: bias shape");
         let (n, cols) = (x.len() as i64, x.cols as i32);
         launch!(
@@ -416,14 +437,15 @@ impl Backend for CudaBackend {
             x.len(),
             [&mut x.data, &bias.data, &n, &cols]
         );
+        Ok(())
     }
-    fn sum_rows(&self, x: &CudaTensor) -> CudaTensor {
+    fn sum_rows(&self, x: &CudaTensor) -> DeviceResult<CudaTensor> {
         if x.rows == 0 {
             return self.new_tensor(1, x.cols);
         }
         self.col_sums(x)
     }
-    fn axpy(&self, alpha: f32, x: &CudaTensor, y: &mut CudaTensor) {
+    fn axpy(&self, alpha: f32, x: &CudaTensor, y: &mut CudaTensor) -> DeviceResult<()> {
         same_shape("axpy", x, y);
         let n = x.len() as i64;
         launch!(
@@ -432,8 +454,15 @@ impl Backend for CudaBackend {
             x.len(),
             [&alpha, &x.data, &mut y.data, &n]
         );
+        Ok(())
     }
-    fn axpy_prefix(&self, alpha: f32, x: &CudaTensor, y: &mut CudaTensor, rows: usize) {
+    fn axpy_prefix(
+        &self,
+        alpha: f32,
+        x: &CudaTensor,
+        y: &mut CudaTensor,
+        rows: usize,
+    ) -> DeviceResult<()> {
         assert_eq!(x.cols, y.cols, "axpy_prefix: column counts differ");
         assert!(
             x.rows >= rows && y.rows >= rows,
@@ -444,27 +473,41 @@ impl Backend for CudaBackend {
         let n = rows * x.cols;
         let n64 = n as i64;
         launch!(self.inner, "axpy", n, [&alpha, &x.data, &mut y.data, &n64]);
+        Ok(())
     }
-    fn prefix_rows(&self, x: &CudaTensor, rows: usize) -> CudaTensor {
+    /// A device-to-device copy of the whole buffer (not zeroed first).
+    fn copy(&self, x: &CudaTensor) -> DeviceResult<CudaTensor> {
+        let data = x
+            .data
+            .try_clone()
+            .map_err(|e| device_error("cuMemcpyDtoD (copy)", e))?;
+        Ok(CudaTensor {
+            rows: x.rows,
+            cols: x.cols,
+            data,
+        })
+    }
+    fn prefix_rows(&self, x: &CudaTensor, rows: usize) -> DeviceResult<CudaTensor> {
         assert!(rows <= x.rows, "prefix_rows: {rows} of {} rows", x.rows);
-        let mut out = self.new_tensor(rows, x.cols);
+        let mut out = self.new_tensor(rows, x.cols)?;
         let n = rows * x.cols;
         if n > 0 {
             let src = x.data.slice(0..n);
             let mut dst = out.data.slice_mut(0..n);
             if let Err(e) = self.stream().memcpy_dtod(&src, &mut dst) {
-                device_failed("cuMemcpyDtoD", e);
+                return Err(device_error("cuMemcpyDtoD", e));
             }
         }
-        out
+        Ok(out)
     }
-    fn scale(&self, x: &mut CudaTensor, alpha: f32) {
+    fn scale(&self, x: &mut CudaTensor, alpha: f32) -> DeviceResult<()> {
         let n = x.len() as i64;
         launch!(self.inner, "scale", x.len(), [&mut x.data, &alpha, &n]);
+        Ok(())
     }
-    fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> CudaTensor {
+    fn mul(&self, a: &CudaTensor, b: &CudaTensor) -> DeviceResult<CudaTensor> {
         same_shape("mul", a, b);
-        let mut out = self.new_tensor(a.rows, a.cols);
+        let mut out = self.new_tensor(a.rows, a.cols)?;
         let n = a.len() as i64;
         launch!(
             self.inner,
@@ -472,26 +515,31 @@ impl Backend for CudaBackend {
             a.len(),
             [&a.data, &b.data, &mut out.data, &n]
         );
-        out
+        Ok(out)
     }
-    fn mul_sum_rows(&self, a: &CudaTensor, b: &CudaTensor) -> (CudaTensor, CudaTensor) {
-        let p = self.mul(a, b);
-        let s = self.sum_rows(&p);
-        (p, s)
+    fn mul_sum_rows(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+    ) -> DeviceResult<(CudaTensor, CudaTensor)> {
+        let p = self.mul(a, b)?;
+        let s = self.sum_rows(&p)?;
+        Ok((p, s))
     }
-    fn dot(&self, a: &CudaTensor, b: &CudaTensor) -> f64 {
-        self.to_host(&self.dot_partials(a, b), DOT_BLOCKS)
+    fn dot(&self, a: &CudaTensor, b: &CudaTensor) -> DeviceResult<f64> {
+        Ok(self
+            .to_host(&self.dot_partials(a, b)?, DOT_BLOCKS)?
             .iter()
-            .sum()
+            .sum())
     }
-    fn add_dot(&self, a: &CudaTensor, b: &CudaTensor, y: &mut CudaTensor) {
+    fn add_dot(&self, a: &CudaTensor, b: &CudaTensor, y: &mut CudaTensor) -> DeviceResult<()> {
         assert_eq!(
             y.shape(),
             (1, 1),
             "add_dot: y is {:?}, not 1 x 1",
             y.shape()
         );
-        let partial = self.dot_partials(a, b);
+        let partial = self.dot_partials(a, b)?;
         let blocks = DOT_BLOCKS as i32;
         launch!(
             self.inner,
@@ -499,6 +547,7 @@ impl Backend for CudaBackend {
             1,
             [&partial, &blocks, &mut y.data]
         );
+        Ok(())
     }
     fn axpy_prefix_one_plus(
         &self,
@@ -506,7 +555,7 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         y: &mut CudaTensor,
         rows: usize,
-    ) {
+    ) -> DeviceResult<()> {
         assert_eq!(
             s.shape(),
             (1, 1),
@@ -528,16 +577,17 @@ impl Backend for CudaBackend {
             n,
             [&s.data, &x.data, &mut y.data, &n64]
         );
+        Ok(())
     }
-    fn relu(&self, x: &CudaTensor) -> CudaTensor {
-        let mut out = self.new_tensor(x.rows, x.cols);
+    fn relu(&self, x: &CudaTensor) -> DeviceResult<CudaTensor> {
+        let mut out = self.new_tensor(x.rows, x.cols)?;
         let n = x.len() as i64;
         launch!(self.inner, "relu", x.len(), [&x.data, &mut out.data, &n]);
-        out
+        Ok(out)
     }
-    fn relu_backward(&self, grad: &CudaTensor, out: &CudaTensor) -> CudaTensor {
+    fn relu_backward(&self, grad: &CudaTensor, out: &CudaTensor) -> DeviceResult<CudaTensor> {
         same_shape("relu_backward", grad, out);
-        let mut o = self.new_tensor(grad.rows, grad.cols);
+        let mut o = self.new_tensor(grad.rows, grad.cols)?;
         let n = grad.len() as i64;
         launch!(
             self.inner,
@@ -545,10 +595,10 @@ impl Backend for CudaBackend {
             grad.len(),
             [&grad.data, &out.data, &mut o.data, &n]
         );
-        o
+        Ok(o)
     }
-    fn leaky_relu(&self, x: &CudaTensor, slope: f32) -> CudaTensor {
-        let mut o = self.new_tensor(x.rows, x.cols);
+    fn leaky_relu(&self, x: &CudaTensor, slope: f32) -> DeviceResult<CudaTensor> {
+        let mut o = self.new_tensor(x.rows, x.cols)?;
         let n = x.len() as i64;
         launch!(
             self.inner,
@@ -556,11 +606,16 @@ impl Backend for CudaBackend {
             x.len(),
             [&x.data, &mut o.data, &slope, &n]
         );
-        o
+        Ok(o)
     }
-    fn leaky_relu_backward(&self, grad: &CudaTensor, x: &CudaTensor, slope: f32) -> CudaTensor {
+    fn leaky_relu_backward(
+        &self,
+        grad: &CudaTensor,
+        x: &CudaTensor,
+        slope: f32,
+    ) -> DeviceResult<CudaTensor> {
         same_shape("leaky_relu_backward", grad, x);
-        let mut o = self.new_tensor(x.rows, x.cols);
+        let mut o = self.new_tensor(x.rows, x.cols)?;
         let n = x.len() as i64;
         launch!(
             self.inner,
@@ -568,7 +623,7 @@ impl Backend for CudaBackend {
             x.len(),
             [&grad.data, &x.data, &mut o.data, &slope, &n]
         );
-        o
+        Ok(o)
     }
     fn dropout(
         &self,
@@ -576,11 +631,11 @@ impl Backend for CudaBackend {
         p: f32,
         key: u64,
         row_ids: Option<&[u32]>,
-    ) -> (CudaTensor, CudaTensor) {
+    ) -> DeviceResult<(CudaTensor, CudaTensor)> {
         let (thr, keep) = dropout_threshold(p);
-        let seeds = self.dropout_seeds(x.rows, key, row_ids);
-        let mut out = self.new_tensor(x.rows, x.cols);
-        let mut mask = self.new_tensor(x.rows, x.cols);
+        let seeds = self.dropout_seeds(x.rows, key, row_ids)?;
+        let mut out = self.new_tensor(x.rows, x.cols)?;
+        let mut mask = self.new_tensor(x.rows, x.cols)?;
         let (n, cols) = (x.len() as i64, x.cols as i32);
         launch!(
             self.inner,
@@ -597,7 +652,7 @@ impl Backend for CudaBackend {
                 &cols
             ]
         );
-        (out, mask)
+        Ok((out, mask))
     }
     fn epilogue(
         &self,
@@ -606,14 +661,20 @@ impl Backend for CudaBackend {
         relu: bool,
         dropout: Option<DropoutSpec<'_>>,
         keep: bool,
-    ) -> Option<CudaTensor> {
+    ) -> DeviceResult<Option<CudaTensor>> {
         if let Some(b) = bias {
             assert_eq!(b.shape(), (1, x.cols), "epilogue: bias shape");
         }
         let (thr, scale) = dropout.map_or((0, 1.0), |d| dropout_threshold(d.p));
-        let seeds = dropout.map(|d| self.dropout_seeds(x.rows, d.key, d.row_ids));
-        let mut factor =
-            (keep && (relu || dropout.is_some())).then(|| self.new_tensor(x.rows, x.cols));
+        let seeds = match dropout {
+            Some(d) => Some(self.dropout_seeds(x.rows, d.key, d.row_ids)?),
+            None => None,
+        };
+        let mut factor = if keep && (relu || dropout.is_some()) {
+            Some(self.new_tensor(x.rows, x.cols)?)
+        } else {
+            None
+        };
         let bias_addr = self.addr(bias.map(|b| &b.data));
         let seeds_addr = self.addr(seeds.as_ref());
         let factor_addr = self.addr(factor.as_mut().map(|f| &f.data));
@@ -635,11 +696,11 @@ impl Backend for CudaBackend {
                 &cols
             ]
         );
-        factor
+        Ok(factor)
     }
-    fn l2_normalize_rows(&self, x: &CudaTensor) -> (CudaTensor, CudaTensor) {
-        let mut norms = self.new_tensor(x.rows, 1);
-        let mut y = self.new_tensor(x.rows, x.cols);
+    fn l2_normalize_rows(&self, x: &CudaTensor) -> DeviceResult<(CudaTensor, CudaTensor)> {
+        let mut norms = self.new_tensor(x.rows, 1)?;
+        let mut y = self.new_tensor(x.rows, x.cols)?;
         let (rows, cols, n) = (x.rows as i64, x.cols as i32, x.len() as i64);
         launch!(
             self.inner,
@@ -653,21 +714,21 @@ impl Backend for CudaBackend {
             x.len(),
             [&x.data, &norms.data, &mut y.data, &n, &cols]
         );
-        (y, norms)
+        Ok((y, norms))
     }
     fn l2_normalize_rows_backward(
         &self,
         grad: &CudaTensor,
         y: &CudaTensor,
         norms: &CudaTensor,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         same_shape("l2_normalize_rows_backward", grad, y);
         assert_eq!(
             norms.shape(),
             (y.rows, 1),
             "l2_normalize_rows_backward: norms"
         );
-        let mut out = self.new_tensor(y.rows, y.cols);
+        let mut out = self.new_tensor(y.rows, y.cols)?;
         let (rows, cols) = (y.rows as i64, y.cols as i32);
         launch!(
             self.inner,
@@ -682,9 +743,9 @@ impl Backend for CudaBackend {
                 &cols
             ]
         );
-        out
+        Ok(out)
     }
-    fn head_dot(&self, x: &CudaTensor, a: &CudaTensor) -> CudaTensor {
+    fn head_dot(&self, x: &CudaTensor, a: &CudaTensor) -> DeviceResult<CudaTensor> {
         let (heads, f) = a.shape();
         assert_eq!(
             x.cols,
@@ -692,7 +753,7 @@ impl Backend for CudaBackend {
             "head_dot: x has {} columns, a is {heads} x {f}",
             x.cols
         );
-        let mut out = self.new_tensor(x.rows, heads);
+        let mut out = self.new_tensor(x.rows, heads)?;
         let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
         let vec = self.vec4(f, &[&x.data, &a.data]);
         launch!(
@@ -701,17 +762,17 @@ impl Backend for CudaBackend {
             x.rows * heads,
             [&x.data, &a.data, &mut out.data, &rows, &h32, &f32_, &vec]
         );
-        out
+        Ok(out)
     }
     fn head_dot_backward(
         &self,
         grad: &CudaTensor,
         x: &CudaTensor,
         a: &CudaTensor,
-    ) -> (CudaTensor, CudaTensor) {
-        let mut dx = self.new_tensor(x.rows, x.cols);
-        let da = self.head_dot_backward_acc(grad, x, a, &mut dx);
-        (dx, da)
+    ) -> DeviceResult<(CudaTensor, CudaTensor)> {
+        let mut dx = self.new_tensor(x.rows, x.cols)?;
+        let da = self.head_dot_backward_acc(grad, x, a, &mut dx)?;
+        Ok((dx, da))
     }
     fn head_dot_backward_acc(
         &self,
@@ -719,7 +780,7 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         a: &CudaTensor,
         acc: &mut CudaTensor,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         let (heads, f) = a.shape();
         assert_eq!(x.cols, heads * f, "head_dot_backward: x columns");
         assert_eq!(
@@ -753,7 +814,7 @@ impl Backend for CudaBackend {
             ]
         );
         // d a = column sums of g[n, j / F] * x[n, j].
-        let mut prod = self.new_tensor(x.rows, x.cols);
+        let mut prod = self.new_tensor(x.rows, x.cols)?;
         let (stride, zero) = (x.cols as i64, 0i32);
         launch!(
             self.inner,
@@ -770,14 +831,14 @@ impl Backend for CudaBackend {
                 &zero
             ]
         );
-        let mut da = self.sum_rows(&prod);
+        let mut da = self.sum_rows(&prod)?;
         da.rows = heads;
         da.cols = f;
-        da
+        Ok(da)
     }
-    fn head_mean(&self, x: &CudaTensor, heads: usize) -> CudaTensor {
+    fn head_mean(&self, x: &CudaTensor, heads: usize) -> DeviceResult<CudaTensor> {
         let f = heads_split(x.cols, heads, "head_mean");
-        let mut out = self.new_tensor(x.rows, f);
+        let mut out = self.new_tensor(x.rows, f)?;
         let inv = 1.0 / heads as f32;
         let (rows, h32, f32_) = (x.rows as i64, heads as i32, f as i32);
         launch!(
@@ -786,12 +847,12 @@ impl Backend for CudaBackend {
             x.rows * f,
             [&x.data, &mut out.data, &rows, &h32, &f32_, &inv]
         );
-        out
+        Ok(out)
     }
-    fn head_mean_backward(&self, grad: &CudaTensor, heads: usize) -> CudaTensor {
+    fn head_mean_backward(&self, grad: &CudaTensor, heads: usize) -> DeviceResult<CudaTensor> {
         assert!(heads > 0, "head_mean_backward: zero heads");
         let f = grad.cols;
-        let mut out = self.new_tensor(grad.rows, heads * f);
+        let mut out = self.new_tensor(grad.rows, heads * f)?;
         let inv = 1.0 / heads as f32;
         let (rows, h32, f32_) = (grad.rows as i64, heads as i32, f as i32);
         launch!(
@@ -800,14 +861,18 @@ impl Backend for CudaBackend {
             grad.rows * heads * f,
             [&grad.data, &mut out.data, &rows, &h32, &f32_, &inv]
         );
-        out
+        Ok(out)
     }
 
     // ----- graph -----
 
-    fn edge_coefficients(&self, block: &CudaBlock, agg: Aggregation) -> Option<CudaTensor> {
+    fn edge_coefficients(
+        &self,
+        block: &CudaBlock,
+        agg: Aggregation,
+    ) -> DeviceResult<Option<CudaTensor>> {
         let kind: i32 = match agg {
-            Aggregation::Sum => return None,
+            Aggregation::Sum => return Ok(None),
             Aggregation::Mean => 0,
             Aggregation::Weighted => 1,
             Aggregation::WeightedMean => 2,
@@ -815,12 +880,12 @@ impl Backend for CudaBackend {
         };
         let b = &block.0;
         let outdeg = if kind == 3 {
-            self.addr(Some(self.out_degrees(block)))
+            self.addr(Some(self.out_degrees(block)?))
         } else {
             0
         };
         let w = self.addr(b.weights.as_ref());
-        let mut out = self.new_tensor(b.dims.num_edges, 1);
+        let mut out = self.new_tensor(b.dims.num_edges, 1)?;
         let dsts = b.dims.num_dst as i64;
         launch!(
             self.inner,
@@ -836,9 +901,14 @@ impl Backend for CudaBackend {
                 &dsts
             ]
         );
-        Some(out)
+        Ok(Some(out))
     }
-    fn spmm(&self, block: &CudaBlock, coeff: Option<&CudaTensor>, x: &CudaTensor) -> CudaTensor {
+    fn spmm(
+        &self,
+        block: &CudaBlock,
+        coeff: Option<&CudaTensor>,
+        x: &CudaTensor,
+    ) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         let heads = coeff.map_or(1, |c| c.cols);
         if let Some(c) = coeff {
@@ -846,11 +916,11 @@ impl Backend for CudaBackend {
         }
         heads_split(x.cols, heads, "spmm");
         assert_eq!(x.rows, b.dims.num_src, "spmm: x rows != num_src");
-        let mut out = self.new_tensor(b.dims.num_dst, x.cols);
+        let mut out = self.new_tensor(b.dims.num_dst, x.cols)?;
         let c = self.addr(coeff.map(|c| &c.data));
         if self.memory_aware(heads) {
-            self.spmm_ma(&b.indptr, &b.indices, 0, c, heads, x, &mut out);
-            return out;
+            self.spmm_ma(&b.indptr, &b.indices, 0, c, heads, x, &mut out)?;
+            return Ok(out);
         }
         let (h32, dsts, cols) = (heads as i32, b.dims.num_dst as i64, x.cols as i32);
         launch!(
@@ -868,14 +938,14 @@ impl Backend for CudaBackend {
                 &cols
             ]
         );
-        out
+        Ok(out)
     }
     fn spmm_backward_x(
         &self,
         block: &CudaBlock,
         coeff: Option<&CudaTensor>,
         grad: &CudaTensor,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         let dims = block.0.dims;
         let heads = coeff.map_or(1, |c| c.cols);
         if let Some(c) = coeff {
@@ -886,13 +956,13 @@ impl Backend for CudaBackend {
             grad.rows, dims.num_dst,
             "spmm_backward_x: grad rows != num_dst"
         );
-        let t = self.transposed(block);
-        let mut out = self.new_tensor(dims.num_src, grad.cols);
+        let t = self.transposed(block)?;
+        let mut out = self.new_tensor(dims.num_src, grad.cols)?;
         let c = self.addr(coeff.map(|c| &c.data));
         if self.memory_aware(heads) {
             let eid = self.addr(Some(&t.eid));
-            self.spmm_ma(&t.ptr, &t.dst, eid, c, heads, grad, &mut out);
-            return out;
+            self.spmm_ma(&t.ptr, &t.dst, eid, c, heads, grad, &mut out)?;
+            return Ok(out);
         }
         let (h32, srcs, cols) = (heads as i32, dims.num_src as i64, grad.cols as i32);
         launch!(
@@ -911,7 +981,7 @@ impl Backend for CudaBackend {
                 &cols
             ]
         );
-        out
+        Ok(out)
     }
     fn spmm_backward_coeff(
         &self,
@@ -919,7 +989,7 @@ impl Backend for CudaBackend {
         grad: &CudaTensor,
         x: &CudaTensor,
         heads: usize,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         let f = heads_split(x.cols, heads, "spmm_backward_coeff");
         assert_eq!(
@@ -928,7 +998,7 @@ impl Backend for CudaBackend {
             "spmm_backward_coeff: grad"
         );
         assert_eq!(x.rows, b.dims.num_src, "spmm_backward_coeff: x rows");
-        let mut out = self.new_tensor(b.dims.num_edges, heads);
+        let mut out = self.new_tensor(b.dims.num_edges, heads)?;
         let (edges, h32, f32_) = (b.dims.num_edges as i64, heads as i32, f as i32);
         let vec = self.vec4(f, &[&grad.data, &x.data]);
         launch!(
@@ -947,14 +1017,19 @@ impl Backend for CudaBackend {
                 &vec
             ]
         );
-        out
+        Ok(out)
     }
-    fn u_add_v(&self, block: &CudaBlock, el: &CudaTensor, er: &CudaTensor) -> CudaTensor {
+    fn u_add_v(
+        &self,
+        block: &CudaBlock,
+        el: &CudaTensor,
+        er: &CudaTensor,
+    ) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         let heads = el.cols;
         assert_eq!(el.rows, b.dims.num_src, "u_add_v: el rows");
         assert_eq!(er.shape(), (b.dims.num_dst, heads), "u_add_v: er shape");
-        let mut out = self.new_tensor(b.dims.num_edges, heads);
+        let mut out = self.new_tensor(b.dims.num_edges, heads)?;
         let (edges, h32) = (b.dims.num_edges as i64, heads as i32);
         launch!(
             self.inner,
@@ -970,13 +1045,13 @@ impl Backend for CudaBackend {
                 &h32
             ]
         );
-        out
+        Ok(out)
     }
-    fn edge_sum_to_src(&self, block: &CudaBlock, e: &CudaTensor) -> CudaTensor {
+    fn edge_sum_to_src(&self, block: &CudaBlock, e: &CudaTensor) -> DeviceResult<CudaTensor> {
         let dims = block.0.dims;
         assert_eq!(e.rows, dims.num_edges, "edge_sum_to_src: rows != edges");
-        let t = self.transposed(block);
-        let mut out = self.new_tensor(dims.num_src, e.cols);
+        let t = self.transposed(block)?;
+        let mut out = self.new_tensor(dims.num_src, e.cols)?;
         let (srcs, h32) = (dims.num_src as i64, e.cols as i32);
         launch!(
             self.inner,
@@ -984,12 +1059,12 @@ impl Backend for CudaBackend {
             dims.num_src * e.cols,
             [&t.ptr, &t.eid, &e.data, &mut out.data, &srcs, &h32]
         );
-        out
+        Ok(out)
     }
-    fn edge_sum_to_dst(&self, block: &CudaBlock, e: &CudaTensor) -> CudaTensor {
+    fn edge_sum_to_dst(&self, block: &CudaBlock, e: &CudaTensor) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         assert_eq!(e.rows, b.dims.num_edges, "edge_sum_to_dst: rows != edges");
-        let mut out = self.new_tensor(b.dims.num_dst, e.cols);
+        let mut out = self.new_tensor(b.dims.num_dst, e.cols)?;
         let (dsts, h32) = (b.dims.num_dst as i64, e.cols as i32);
         launch!(
             self.inner,
@@ -997,15 +1072,15 @@ impl Backend for CudaBackend {
             b.dims.num_dst * e.cols,
             [&b.indptr, &e.data, &mut out.data, &dsts, &h32]
         );
-        out
+        Ok(out)
     }
-    fn edge_softmax(&self, block: &CudaBlock, scores: &CudaTensor) -> CudaTensor {
+    fn edge_softmax(&self, block: &CudaBlock, scores: &CudaTensor) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         assert_eq!(
             scores.rows, b.dims.num_edges,
             "edge_softmax: rows != num_edges"
         );
-        let mut out = self.new_tensor(scores.rows, scores.cols);
+        let mut out = self.new_tensor(scores.rows, scores.cols)?;
         let (dsts, h32) = (b.dims.num_dst as i64, scores.cols as i32);
         launch!(
             self.inner,
@@ -1013,18 +1088,18 @@ impl Backend for CudaBackend {
             b.dims.num_dst * scores.cols,
             [&b.indptr, &scores.data, &mut out.data, &dsts, &h32]
         );
-        out
+        Ok(out)
     }
     fn edge_softmax_backward(
         &self,
         block: &CudaBlock,
         a: &CudaTensor,
         grad: &CudaTensor,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         let b = &block.0;
         assert_eq!(a.rows, b.dims.num_edges, "edge_softmax_backward: a rows");
         same_shape("edge_softmax_backward", a, grad);
-        let mut out = self.new_tensor(a.rows, a.cols);
+        let mut out = self.new_tensor(a.rows, a.cols)?;
         let (dsts, h32) = (b.dims.num_dst as i64, a.cols as i32);
         launch!(
             self.inner,
@@ -1032,7 +1107,7 @@ impl Backend for CudaBackend {
             b.dims.num_dst * a.cols,
             [&b.indptr, &a.data, &grad.data, &mut out.data, &dsts, &h32]
         );
-        out
+        Ok(out)
     }
     fn map_host_rows(
         &self,
@@ -1047,7 +1122,7 @@ impl Backend for CudaBackend {
         table: &MappedRows,
         idx: &[u32],
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> CudaTensor {
+    ) -> DeviceResult<CudaTensor> {
         self.gather_mapped(table, idx, resident)
     }
     fn gather_input_rows(
@@ -1055,22 +1130,22 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         idx: &[u32],
         resident: Option<&(dyn std::any::Any + Send + Sync)>,
-    ) -> CudaTensor {
-        match self.resident_inputs(resident, idx) {
+    ) -> DeviceResult<CudaTensor> {
+        Ok(match self.resident_inputs(resident, idx) {
             Some(ids) => {
                 check_ids(idx, x.rows, "gather_input_rows");
-                self.gather_rows_device(x, ids, idx.len())
+                self.gather_rows_device(x, ids, idx.len())?
             }
-            None => self.gather_rows(x, idx),
-        }
+            None => self.gather_rows(x, idx)?,
+        })
     }
-    fn gather_rows(&self, x: &CudaTensor, idx: &[u32]) -> CudaTensor {
+    fn gather_rows(&self, x: &CudaTensor, idx: &[u32]) -> DeviceResult<CudaTensor> {
         check_ids(idx, x.rows, "gather_rows");
-        let idx_d = self.to_device(idx);
+        let idx_d = self.to_device(idx)?;
         if self.graph_kernels() == GraphKernels::MemoryAware {
             return self.gather_rows_device(x, &idx_d, idx.len());
         }
-        let mut out = self.new_tensor(idx.len(), x.cols);
+        let mut out = self.new_tensor(idx.len(), x.cols)?;
         let (n, cols) = (idx.len() as i64, x.cols as i32);
         launch!(
             self.inner,
@@ -1078,9 +1153,14 @@ impl Backend for CudaBackend {
             idx.len() * x.cols,
             [&x.data, &idx_d, &mut out.data, &n, &cols]
         );
-        out
+        Ok(out)
     }
-    fn scatter_add_rows(&self, y: &mut CudaTensor, idx: &[u32], x: &CudaTensor) {
+    fn scatter_add_rows(
+        &self,
+        y: &mut CudaTensor,
+        idx: &[u32],
+        x: &CudaTensor,
+    ) -> DeviceResult<()> {
         assert_eq!(x.rows, idx.len(), "scatter_add_rows: x rows != indices");
         assert_eq!(x.cols, y.cols, "scatter_add_rows: column counts differ");
         if let Some(&bad) = idx.iter().find(|&&i| i as usize >= y.rows) {
@@ -1105,12 +1185,12 @@ impl Backend for CudaBackend {
         }
         gptr.push(order.len() as u32);
         if targets.is_empty() {
-            return;
+            return Ok(());
         }
         let (t_d, p_d, m_d) = (
-            self.to_device(&targets),
-            self.to_device(&gptr),
-            self.to_device(&order),
+            self.to_device(&targets)?,
+            self.to_device(&gptr)?,
+            self.to_device(&order)?,
         );
         let (groups, cols) = (targets.len() as i64, x.cols as i32);
         launch!(
@@ -1119,6 +1199,7 @@ impl Backend for CudaBackend {
             targets.len() * x.cols,
             [&t_d, &p_d, &m_d, &x.data, &mut y.data, &groups, &cols]
         );
+        Ok(())
     }
 
     // ----- loss and metrics -----
@@ -1130,7 +1211,7 @@ impl Backend for CudaBackend {
     ) -> Result<CrossEntropy<CudaTensor>> {
         let (rows, classes) = logits.shape();
         let count = check_labels(rows, classes, labels)?;
-        let mut grad = self.new_tensor(rows, classes);
+        let mut grad = self.new_tensor(rows, classes)?;
         if count == 0 {
             return Ok(CrossEntropy {
                 loss: 0.0,
@@ -1138,9 +1219,9 @@ impl Backend for CudaBackend {
                 grad,
             });
         }
-        let lab_d = self.labels_to_device(labels);
-        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad);
-        let total: f64 = self.to_host(&row_loss, rows).iter().sum();
+        let lab_d = self.labels_to_device(labels)?;
+        let row_loss = self.xent_rows(logits, &lab_d, count, &mut grad)?;
+        let total: f64 = self.to_host(&row_loss, rows)?.iter().sum();
         Ok(CrossEntropy {
             loss: (total / count as f64) as f32,
             count,
@@ -1162,7 +1243,7 @@ impl Backend for CudaBackend {
             };
             return Ok((ce, 0));
         };
-        let mut figures = self.alloc::<f64>(2);
+        let mut figures = self.alloc::<f64>(2)?;
         let r64 = logits.rows as i64;
         launch!(
             self.inner,
@@ -1171,7 +1252,7 @@ impl Backend for CudaBackend {
             [&row_loss, &hit, &r64, &mut figures]
         );
         // One read for both figures (the separate calls read back a value per row, twice).
-        let f = self.to_host(&figures, 2);
+        let f = self.to_host(&figures, 2)?;
         let ce = CrossEntropy {
             loss: (f[0] / count as f64) as f32,
             count,
@@ -1179,8 +1260,8 @@ impl Backend for CudaBackend {
         };
         Ok((ce, f[1] as usize))
     }
-    fn all_finite(&self, tensors: &[&CudaTensor]) -> bool {
-        let mut flag = self.alloc::<i32>(1);
+    fn all_finite(&self, tensors: &[&CudaTensor]) -> DeviceResult<bool> {
+        let mut flag = self.alloc::<i32>(1)?;
         for t in tensors {
             let n = t.len() as i64;
             launch!(
@@ -1190,18 +1271,18 @@ impl Backend for CudaBackend {
                 [&t.data, &n, &mut flag]
             );
         }
-        self.to_host(&flag, 1)[0] == 0
+        Ok(self.to_host(&flag, 1)?[0] == 0)
     }
-    fn accuracy(&self, logits: &CudaTensor, labels: &[i64]) -> (usize, usize) {
+    fn accuracy(&self, logits: &CudaTensor, labels: &[i64]) -> DeviceResult<(usize, usize)> {
         assert_eq!(labels.len(), logits.rows, "accuracy: label count != rows");
         let labelled = labels.iter().filter(|&&l| l >= 0).count();
-        let hit = self.hits(logits, &self.labels_to_device(labels));
+        let hit = self.hits(logits, &self.labels_to_device(labels)?)?;
         let correct = self
-            .to_host(&hit, logits.rows)
+            .to_host(&hit, logits.rows)?
             .iter()
             .filter(|&&h| h != 0)
             .count();
-        (correct, labelled)
+        Ok((correct, labelled))
     }
 
     // ----- optimiser updates -----
@@ -1213,8 +1294,9 @@ impl Backend for CudaBackend {
         m: &mut CudaTensor,
         v: &mut CudaTensor,
         hp: &AdamUpdate,
-    ) {
-        self.adam(value, grad, m, v, hp, self.open_gate());
+    ) -> DeviceResult<()> {
+        self.adam(value, grad, m, v, hp, self.open_gate()?)?;
+        Ok(())
     }
     fn adam_update_gated(
         &self,
@@ -1224,8 +1306,9 @@ impl Backend for CudaBackend {
         v: &mut CudaTensor,
         hp: &AdamUpdate,
         gate: &CudaTensor,
-    ) {
-        self.adam(value, grad, m, v, hp, gate_of(gate));
+    ) -> DeviceResult<()> {
+        self.adam(value, grad, m, v, hp, gate_of(gate))?;
+        Ok(())
     }
     fn sgd_update(
         &self,
@@ -1233,8 +1316,9 @@ impl Backend for CudaBackend {
         grad: &CudaTensor,
         buf: &mut CudaTensor,
         hp: &SgdUpdate,
-    ) {
-        self.sgd(value, grad, buf, hp, self.open_gate());
+    ) -> DeviceResult<()> {
+        self.sgd(value, grad, buf, hp, self.open_gate()?)?;
+        Ok(())
     }
     fn sgd_update_gated(
         &self,
@@ -1243,8 +1327,9 @@ impl Backend for CudaBackend {
         buf: &mut CudaTensor,
         hp: &SgdUpdate,
         gate: &CudaTensor,
-    ) {
-        self.sgd(value, grad, buf, hp, gate_of(gate));
+    ) -> DeviceResult<()> {
+        self.sgd(value, grad, buf, hp, gate_of(gate))?;
+        Ok(())
     }
 
     // ----- reads a step late (`deferred.rs`) -----
@@ -1255,8 +1340,14 @@ impl Backend for CudaBackend {
     fn device_group(&self) -> Option<(usize, usize)> {
         self.group_rank()
     }
-    fn sum_over_group(&self, tensors: &mut [&mut CudaTensor], scale_in: f32, scale_out: f32) {
-        self.group_sum(tensors, scale_in, scale_out);
+    fn sum_over_group(
+        &self,
+        tensors: &mut [&mut CudaTensor],
+        scale_in: f32,
+        scale_out: f32,
+    ) -> DeviceResult<()> {
+        self.group_sum(tensors, scale_in, scale_out)?;
+        Ok(())
     }
     fn loss_and_accuracy_on_device(
         &self,
@@ -1265,13 +1356,18 @@ impl Backend for CudaBackend {
     ) -> Result<StepFigures<CudaTensor>> {
         self.figures_on_device(logits, labels)
     }
-    fn mark_non_finite(&self, x: &CudaTensor, gate: &mut CudaTensor, slot: usize) {
+    fn mark_non_finite(
+        &self,
+        x: &CudaTensor,
+        gate: &mut CudaTensor,
+        slot: usize,
+    ) -> DeviceResult<()> {
         self.mark_gate(x, gate, slot)
     }
-    fn read_later(&self, t: &CudaTensor) -> PendingRead {
+    fn read_later(&self, t: &CudaTensor) -> DeviceResult<PendingRead> {
         self.start_read(t)
     }
-    fn finish_read(&self, read: PendingRead) -> Tensor {
+    fn finish_read(&self, read: PendingRead) -> DeviceResult<Tensor> {
         self.end_read(read)
     }
 }
@@ -1296,7 +1392,7 @@ impl CudaBackend {
         v: &mut CudaTensor,
         hp: &AdamUpdate,
         gate: &CudaSlice<f32>,
-    ) {
+    ) -> DeviceResult<()> {
         let shape = value.shape();
         assert!(
             grad.shape() == shape && m.shape() == shape && v.shape() == shape,
@@ -1323,6 +1419,7 @@ impl CudaBackend {
                 gate
             ]
         );
+        Ok(())
     }
 
     fn sgd(
@@ -1332,7 +1429,7 @@ impl CudaBackend {
         buf: &mut CudaTensor,
         hp: &SgdUpdate,
         gate: &CudaSlice<f32>,
-    ) {
+    ) -> DeviceResult<()> {
         same_shape("sgd_update", value, grad);
         let n = value.len() as i64;
         if hp.momentum == 0.0 {
@@ -1349,7 +1446,7 @@ impl CudaBackend {
                     gate
                 ]
             );
-            return;
+            return Ok(());
         }
         same_shape("sgd_update momentum buffer", value, buf);
         launch!(
@@ -1367,5 +1464,6 @@ impl CudaBackend {
                 gate
             ]
         );
+        Ok(())
     }
 }

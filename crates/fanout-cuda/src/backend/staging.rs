@@ -16,10 +16,11 @@
 //! or when page-locked memory cannot be had, take the plain path: staging only changes when
 //! the host waits and how fast the bytes cross, never what arrives.
 
-use super::{device_failed, CudaBackend};
+use super::{device_error, CudaBackend};
 use cudarc::driver::{
     result, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, PinnedHostSlice,
 };
+use fanout_compute::DeviceResult;
 use std::sync::{Arc, Mutex};
 
 /// Buffers in the ring: an upload (or a chunk of one) waits for the copy four chunks back.
@@ -87,17 +88,17 @@ impl CudaBackend {
     /// A device copy of `host` queued on `stream`, passed through the ring's page-locked
     /// buffers, one buffer when it fits in [`STAGED_MAX`] bytes, else in chunks (see the module
     /// documentation); `None` (nothing queued) when a buffer cannot be had or waited for, and
-    /// the caller then uploads `host` directly. Each chunk's copy is timed as `name` when the
-    /// backend is profiled.
+    /// the caller then uploads `host` directly; `Err` when the device fails. Each chunk's copy
+    /// is timed as `name` when the backend is profiled.
     pub(crate) fn staged_upload<T: DeviceRepr>(
         &self,
         stream: &Arc<CudaStream>,
         name: &'static str,
         host: &[T],
-    ) -> Option<CudaSlice<T>> {
+    ) -> DeviceResult<Option<CudaSlice<T>>> {
         let bytes = std::mem::size_of_val(host);
         if bytes == 0 {
-            return None;
+            return Ok(None);
         }
         // SAFETY: `T` is a plain device type (`DeviceRepr`): its bytes are its value.
         let src = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), bytes) };
@@ -113,12 +114,14 @@ impl CudaBackend {
         // failure leaves nothing half-copied.
         let used = bytes.div_ceil(chunk).min(STAGES);
         for k in 0..used {
-            stages[(*next + k) % STAGES].ready(self, chunk)?;
+            if stages[(*next + k) % STAGES].ready(self, chunk).is_none() {
+                return Ok(None);
+            }
         }
         // SAFETY: every element is written by the copies queued below, before any later work
         // on this stream reads it.
-        let mut dst = unsafe { stream.alloc::<T>(host.len()) }
-            .unwrap_or_else(|e| device_failed("cuMemAlloc", e));
+        let mut dst =
+            unsafe { stream.alloc::<T>(host.len()) }.map_err(|e| device_error("cuMemAlloc", e))?;
         let (base, record) = dst.device_ptr_mut(stream);
         for (k, part) in src.chunks(chunk).enumerate() {
             let stage = &mut stages[*next];
@@ -126,10 +129,10 @@ impl CudaBackend {
             // Ready already, or waited for now: a failed wait on a buffer this upload queued
             // means the device failed.
             let Some(staged) = stage.ready(self, chunk) else {
-                device_failed(
+                return Err(device_error(
                     "cuEventSynchronize",
                     "a staging buffer's copy did not finish",
-                )
+                ));
             };
             let staged = &mut staged[..part.len()];
             if part.len() > COPY_GRAIN {
@@ -151,15 +154,15 @@ impl CudaBackend {
                 // page-locked source is not written again until the event recorded below has
                 // completed.
                 unsafe { result::memcpy_htod_async(at, &*staged, stream.cu_stream()) }
-                    .unwrap_or_else(|e| device_failed("cuMemcpyHtoDAsync", e));
-            });
+                    .map_err(|e| device_error("cuMemcpyHtoDAsync", e))
+            })?;
             stage.done = Some(
                 stream
                     .record_event(None)
-                    .unwrap_or_else(|e| device_failed("cuEventRecord", e)),
+                    .map_err(|e| device_error("cuEventRecord", e))?,
             );
         }
         drop(record);
-        Some(dst)
+        Ok(Some(dst))
     }
 }

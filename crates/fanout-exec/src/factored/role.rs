@@ -321,7 +321,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
     let mut params = Vec::new();
     if rank == 0 {
         params = trainer
-            .parameters()
+            .parameters()?
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
@@ -685,7 +685,8 @@ impl SamplingJob<'_> {
             let flops = (gemm::nominal_flops(), gemm::skipped_flops());
             let o = on_pool(&self.pool, || trainer.compute_gradients(p, key))?;
             let mut gradient = Vec::new();
-            sb.trainer.gradients_into(o.labelled as f32, &mut gradient);
+            sb.trainer
+                .gradients_into(o.labelled as f32, &mut gradient)?;
             let g = RemoteGradient {
                 loss_sum: o.loss * o.labelled as f64,
                 correct: o.correct,

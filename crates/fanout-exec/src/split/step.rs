@@ -162,12 +162,12 @@ pub fn step<B: Backend>(
         if let Some(s) = &scales {
             scale_rows(&mut src, d, &s[h]);
         }
-        let x = be.upload_owned(Tensor::new(own_rows + hop.remote_rows(), d, src));
+        let x = be.upload_owned(Tensor::new(own_rows + hop.remote_rows(), d, src))?;
         let y = model.forward_layer(i, block, x, mode, Some(&batch.owned))?;
         if i + 1 == layers {
             logits = Some(y);
         } else {
-            own = be.download(&y);
+            own = be.download(&y)?;
         }
     }
     let logits = logits.expect("a model has at least one layer");
@@ -205,8 +205,8 @@ pub fn step<B: Backend>(
         } else {
             0.0
         },
-    );
-    model.zero_grad();
+    )?;
+    model.zero_grad()?;
     for i in (0..layers).rev() {
         let Some(dx) = model.backward_layer(i, g, i > 0)? else {
             break;
@@ -216,7 +216,7 @@ pub fn step<B: Backend>(
         let h = layers - 1 - i;
         let hop = &batch.hops[h];
         let own_rows = batch.reach[h + 1];
-        let mut dx = be.download(&dx);
+        let mut dx = be.download(&dx)?;
         let d = dx.cols();
         if let Some(s) = &scales {
             scale_rows(dx.data_mut(), d, &s[h]);
@@ -263,14 +263,14 @@ pub fn step<B: Backend>(
                 }
             }
         }
-        g = be.upload_owned(Tensor::new(own_rows, d, mine));
+        g = be.upload_owned(Tensor::new(own_rows, d, mine))?;
     }
     out.shuffle_s = comm_s;
     // One worker holds the whole gradient already: nothing to sum, nothing to time.
     if comm.size() > 1 {
         let t = Instant::now();
         let mut grads = Vec::new();
-        trainer.gradients_into(1.0, &mut grads);
+        trainer.gradients_into(1.0, &mut grads)?;
         comm.all_reduce_sum_f32(&mut grads)?;
         out.allreduce_bytes = 4 * grads.len() as u64;
         trainer.set_gradients(&grads, 1.0)?;

@@ -26,9 +26,9 @@ pub(crate) struct QueuedStep {
 
 impl<B: Backend> Trainer<B> {
     /// A gate for [`Trainer::queue_step`]: slot 0 for the loss, `1 + i` for parameter `i`.
-    pub(crate) fn new_gate(&self) -> B::Tensor {
+    pub(crate) fn new_gate(&self) -> Result<B::Tensor> {
         let slots = 1 + self.model.named_params().len();
-        self.model.backend().zeros(1, 1 + slots)
+        Ok(self.model.backend().zeros(1, 1 + slots)?)
     }
 
     /// Queues a whole training step of `p` (the work of [`Trainer::compute_gradients`] and
@@ -48,15 +48,18 @@ impl<B: Backend> Trainer<B> {
             Ok((f.grad, (f.figures, f.count)))
         })?;
         // No seed: no gradient, and the optimiser steps as the read path's does.
-        let figures = kept.unwrap_or_else(|| (be.upload_owned(Tensor::zeros(1, 2)), 0));
-        be.mark_non_finite(&figures.0, gate, 0);
+        let figures = match kept {
+            Some(kept) => kept,
+            None => (be.upload_owned(Tensor::zeros(1, 2))?, 0),
+        };
+        be.mark_non_finite(&figures.0, gate, 0)?;
         for (i, (_, param)) in self.model.named_params().into_iter().enumerate() {
-            be.mark_non_finite(&param.grad, gate, 1 + i);
+            be.mark_non_finite(&param.grad, gate, 1 + i)?;
         }
         self.opt.step_model_gated(&mut self.model, gate)?;
         Ok(QueuedStep {
-            figures: be.read_later(&figures.0),
-            gate: be.read_later(gate),
+            figures: be.read_later(&figures.0)?,
+            gate: be.read_later(gate)?,
             labelled: figures.1,
             at,
         })
@@ -67,8 +70,8 @@ impl<B: Backend> Trainer<B> {
     /// parameter (in [`fanout_compute::Model::named_params`] order) whose gradient was.
     pub(crate) fn finish_step(&self, q: QueuedStep) -> Result<BatchOutcome> {
         let be = self.model.backend();
-        let figures = be.finish_read(q.figures);
-        let gate = be.finish_read(q.gate);
+        let figures = be.finish_read(q.figures)?;
+        let gate = be.finish_read(q.gate)?;
         let (f, g) = (figures.data(), gate.data());
         let out = BatchOutcome {
             loss: f[0] as f64,
@@ -115,18 +118,18 @@ impl<B: Backend> Trainer<B> {
         let be = self.model.backend();
         let f = be.loss_and_accuracy_on_device(&logits, &labels)?;
         Ok(QueuedEval {
-            figures: be.read_later(&f.figures),
+            figures: be.read_later(&f.figures)?,
             labelled: f.count,
         })
     }
 
     /// `(correct, labelled)` of a batch [`Trainer::queue_eval`] queued (waits for its read):
     /// what [`Trainer::eval_batch`] gives for the same batch.
-    pub(crate) fn finish_eval(&self, q: QueuedEval) -> (usize, usize) {
-        let figures = self.model.backend().finish_read(q.figures);
+    pub(crate) fn finish_eval(&self, q: QueuedEval) -> Result<(usize, usize)> {
+        let figures = self.model.backend().finish_read(q.figures)?;
         // A float holds the count exactly below 2^24 rows a batch; the CUDA backend reads
         // larger batches' counts back at once instead.
-        (figures.data()[1] as usize, q.labelled)
+        Ok((figures.data()[1] as usize, q.labelled))
     }
 }
 
@@ -151,7 +154,7 @@ mod tests {
         let model = Model::new(CpuBackend, ModelConfig::new(ModelKind::Sage, 4, 8, 3, 2)).unwrap();
         let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
         let t = Trainer::new(model, Box::new(Adam::new(CpuBackend, 0.1)));
-        let gate = t.new_gate();
+        let gate = t.new_gate().unwrap();
         assert_eq!(t.model.backend().shape(&gate), (1, 2 + names.len()));
         let ok = t.finish_step(queued(vec![1.5, 4.0], vec![0.0; 2 + names.len()]));
         let ok = ok.unwrap();
