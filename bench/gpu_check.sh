@@ -13,6 +13,7 @@
 # .gpu/device_group (NCCL) and .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
 # (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two ranks
 # sharing the GPU (one process per GPU on a machine with several).
+# ONLY_TESTS=1 stops after the tests and two short runs of the embedded default (cuda, cpu).
 # Output: the log on stdout and in $OUT/gpu_check.log as it goes (a call cut off at its limit
 # still returns what ran), the metrics JSON of every run in $OUT/metrics.tgz.
 set -uo pipefail
@@ -30,6 +31,15 @@ step "2 backend tests"
 timeout -k 5 120 $G/backend_matches_cpu 2>&1 | tail -4
 [ -x $G/cuda_lib_tests ] && timeout -k 5 60 $G/cuda_lib_tests 2>&1 | tail -3
 [ -x $G/device_group ] && timeout -k 5 60 $G/device_group 2>&1 | tail -3
+if [ -n "${ONLY_TESTS:-}" ]; then
+  # The tests and one short run of the embedded default on the GPU against the CPU: a quick
+  # check of a new build (ONLY_TESTS=1) before the longer steps below.
+  step "2b embedded default, cuda and cpu, 2 epochs"
+  for dev in cuda cpu; do
+    timeout -k 5 120 $F train --device $dev --epochs 2 --metrics-out $R/default-$dev.json 2>&1 | tail -3
+  done
+  exit 0
+fi
 step "3 products dataset (2449029)"
 D=/tmp/products
 time timeout -k 5 150 $F --quiet dataset gen --preset products --nodes 2449029 $D > /dev/null
