@@ -55,29 +55,25 @@ const NAMED: Named = Named {
     group: None,
 };
 
+/// Counts `left` down (when given), failing the device with `message` on the last count.
+fn fail_on_last(left: Option<&AtomicUsize>, message: &str) -> DeviceResult<()> {
+    match left {
+        Some(left) if left.fetch_sub(1, Ordering::SeqCst) == 1 => Err(DeviceFailure::new(message)),
+        _ => Ok(()),
+    }
+}
+
 impl Named {
     /// Counts a matrix product down, failing the device on the last one.
     fn count_down(&self) -> DeviceResult<()> {
-        if let Some(left) = self.products_left {
-            if left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                return Err(DeviceFailure::new(
-                    "CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)",
-                ));
-            }
-        }
-        Ok(())
+        let oom = "CUDA cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (fake)";
+        fail_on_last(self.products_left, oom)
     }
 
     /// Counts a fallible call down, failing the device on the last one.
     fn count_call(&self) -> DeviceResult<()> {
-        if let Some(left) = self.calls_left {
-            if left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                return Err(DeviceFailure::new(
-                    "CUDA launch failed: CUDA_ERROR_LAUNCH_FAILED (fake)",
-                ));
-            }
-        }
-        Ok(())
+        let refused = "CUDA launch failed: CUDA_ERROR_LAUNCH_FAILED (fake)";
+        fail_on_last(self.calls_left, refused)
     }
 }
 

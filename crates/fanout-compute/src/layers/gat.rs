@@ -62,7 +62,7 @@ struct Cache<B: Backend> {
 impl<B: Backend> GatLayer<B> {
     /// A layer `in_dim -> heads x head_dim` (merged per `merge`), weights drawn from `rng`.
     /// Attention vectors are Glorot-uniform with the fans PyTorch computes for DGL's
-    /// `(1, H, F)` attention tensor (`H*F`, `F`).
+    /// `(1, H, F)` attention tensor (`H*F`, `F`). `Err` when the device fails.
     pub fn new(
         be: B,
         in_dim: usize,

@@ -41,7 +41,7 @@ struct Cache<B: Backend> {
 }
 
 impl<B: Backend> GcnLayer<B> {
-    /// A layer `in_dim -> out_dim` with weights drawn from `rng`.
+    /// A layer `in_dim -> out_dim` with weights drawn from `rng`; `Err` when the device fails.
     pub fn new(
         be: B,
         in_dim: usize,

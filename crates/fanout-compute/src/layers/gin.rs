@@ -43,7 +43,8 @@ struct Cache<B: Backend> {
 }
 
 impl<B: Backend> GinLayer<B> {
-    /// A layer `in_dim -> out_dim` whose MLP is `hidden` wide, weights drawn from `rng`.
+    /// A layer `in_dim -> out_dim` whose MLP is `hidden` wide, weights drawn from `rng`;
+    /// `Err` when the device fails.
     pub fn new(
         be: B,
         in_dim: usize,

@@ -50,7 +50,8 @@ struct Cache<B: Backend> {
 
 impl<B: Backend> PinSageLayer<B> {
     /// A layer `in_dim -> out_dim` whose neighbour projection is `hidden` wide; `normalize`
-    /// turns the row L2 normalisation on (hidden layers), weights drawn from `rng`.
+    /// turns the row L2 normalisation on (hidden layers), weights drawn from `rng`; `Err`
+    /// when the device fails.
     pub fn new(
         be: B,
         in_dim: usize,
