@@ -34,6 +34,15 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ModelKind; 5] = [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::Gat,
+        ModelKind::Gin,
+        ModelKind::PinSage,
+    ];
+
     /// Lower-case name (`"sage"`, `"gcn"`, `"gat"`, `"gin"`, `"pinsage"`), as in checkpoints.
     pub fn name(self) -> &'static str {
         match self {

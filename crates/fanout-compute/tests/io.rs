@@ -14,13 +14,7 @@ use safetensors::tensor::{Dtype, TensorView};
 
 const BE: CpuBackend = CpuBackend;
 
-const KINDS: [ModelKind; 5] = [
-    ModelKind::Sage,
-    ModelKind::Gcn,
-    ModelKind::Gat,
-    ModelKind::Gin,
-    ModelKind::PinSage,
-];
+const KINDS: [ModelKind; 5] = ModelKind::ALL;
 
 /// A 3-layer model of `kind` after one training step (so no parameter is at its init).
 fn trained_model(kind: ModelKind, rng: &mut Rng) -> (Model<CpuBackend>, Vec<OwnedBlock>) {

@@ -34,9 +34,6 @@ pub enum Error {
         /// The driver's error (e.g. `CUDA_ERROR_NO_DEVICE`) or what went wrong.
         detail: String,
     },
-    /// The device failed during work (out of memory, a refused launch or copy): the
-    /// message of the backend's `fanout_compute::DeviceFailure`.
-    Failed(String),
     /// An environment variable that tunes the backend holds a value it does not know.
     Setting {
         /// The variable.
@@ -73,7 +70,6 @@ impl fmt::Display for Error {
                      LD_LIBRARY_PATH"
                 )
             }
-            Error::Failed(e) => write!(f, "{e}"),
             Error::Setting {
                 variable,
                 value,
@@ -102,13 +98,6 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-#[cfg(feature = "cuda")]
-impl From<fanout_compute::DeviceFailure> for Error {
-    fn from(e: fanout_compute::DeviceFailure) -> Self {
-        Error::Failed(e.message)
-    }
-}
 
 #[cfg(test)]
 mod tests {

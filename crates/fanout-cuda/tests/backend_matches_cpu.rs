@@ -1209,13 +1209,7 @@ fn models_train_as_on_the_cpu() {
     let b1 = Owned { num_src: n, ..b1 };
     let x = rand(n, in_dim, &mut rng);
     let labels: Vec<i64> = (0..seeds).map(|_| rng.below(classes) as i64).collect();
-    for kind in [
-        ModelKind::Sage,
-        ModelKind::Gcn,
-        ModelKind::Gat,
-        ModelKind::Gin,
-        ModelKind::PinSage,
-    ] {
+    for kind in ModelKind::ALL {
         let mut cfg = ModelConfig::new(kind, in_dim, 32, classes as usize, 2);
         cfg.dropout = 0.2;
         cfg.heads = 4;

@@ -938,13 +938,7 @@ fn a_device_failing_at_any_call_of_a_step_returns_its_error() {
         calls_left: Some(&CALLS_LEFT),
         ..NAMED
     };
-    for kind in [
-        ModelKind::Sage,
-        ModelKind::Gcn,
-        ModelKind::Gat,
-        ModelKind::Gin,
-        ModelKind::PinSage,
-    ] {
+    for kind in ModelKind::ALL {
         // How many calls the step makes: a countdown that does not reach zero.
         let plenty = 1_000_000;
         CALLS_LEFT.store(plenty, Ordering::SeqCst);

@@ -174,13 +174,7 @@ fn a_split_step_equals_the_one_worker_step_on_the_same_batch() {
         .unwrap();
     let n = ds.num_nodes();
     let seeds: Vec<u32> = ds.train.iter().copied().take(120).collect();
-    for kind in [
-        ModelKind::Sage,
-        ModelKind::Gcn,
-        ModelKind::Gat,
-        ModelKind::Gin,
-        ModelKind::PinSage,
-    ] {
+    for kind in ModelKind::ALL {
         let (outcome, grads, batch) = one_worker(&ds, s.as_ref(), kind, &seeds);
         // Uneven ranges, and a worker that owns no seed at all (the last range holds none of
         // the first 120 training vertices only by chance, so one is made empty on purpose).
@@ -352,13 +346,7 @@ fn split_training_equals_one_worker_training() {
     let (_dir, ds) = saved_tiny(900);
     let n = ds.num_nodes();
     let run = |cfg: &TrainConfig| train(cfg, &RunEnv::default(), &mut ()).unwrap();
-    for model in [
-        ModelKind::Sage,
-        ModelKind::Gcn,
-        ModelKind::Gat,
-        ModelKind::Gin,
-        ModelKind::PinSage,
-    ] {
+    for model in ModelKind::ALL {
         let single = run(&config(&ds, 1, StrategyKind::Single, model));
         for offsets in [vec![0, n], vec![0, n / 3, n], vec![0, n / 4, n / 2, n]] {
             write_offsets(&ds, &offsets);

@@ -176,13 +176,7 @@ pub fn seeds(target: Target) -> Result<Vec<(String, Bundle)>, String> {
         }
         Target::Checkpoint => {
             let mut out = Vec::new();
-            for kind in [
-                ModelKind::Sage,
-                ModelKind::Gcn,
-                ModelKind::Gat,
-                ModelKind::Gin,
-                ModelKind::PinSage,
-            ] {
+            for kind in ModelKind::ALL {
                 let mut cfg = PaperSetting::for_kind(kind, 3, 4).model;
                 cfg.hidden = 8;
                 cfg.num_layers = 2;
