@@ -5,6 +5,7 @@
 //! same shapes (e.g. `torch.matmul` with `torch.set_num_threads`).
 use fanout_compute::cpu::gemm::{gemm, gemm_dense};
 use fanout_compute::cpu::sparse_grad::{density, gemm_tn_sparse};
+use fanout_compute::cpu::sparse_rows::gemm_nn_sparse;
 use fanout_compute::{Aggregation, Backend, BlockRef, CpuBackend, Tensor};
 use std::time::Instant;
 
@@ -126,6 +127,43 @@ fn main() {
             sparse * 1e3,
             dense / sparse,
             cd.max_abs_diff(&sd).max(ca.max_abs_diff(&sa))
+        );
+    }
+    // A layer's input gradient `G W^T` (rows x 256 . 256 x WIDTH, W stored WIDTH x 256) with
+    // G as sparse: the dense product against the kernel that skips G's zeros row by row.
+    let w = filled(width, 256);
+    for &pct in pcts {
+        let mut z = 0x9E37_79B9_7F4A_7C15u64;
+        let g = Tensor::from_fn(rows, 256, |i, j| {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            if z % 100 < pct {
+                ((i + j) % 7) as f32 - 3.0
+            } else {
+                0.0
+            }
+        });
+        let (mut cd, mut cs) = (Tensor::zeros(rows, width), Tensor::zeros(rows, width));
+        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            dense.push(median_s(|| {
+                gemm_dense(1.0, &g, false, &w, true, 0.0, &mut cd)
+            }));
+            sparse.push(median_s(|| {
+                gemm_nn_sparse(1.0, &g, &w, true, 0.0, &mut cs);
+            }));
+        }
+        dense.sort_by(f64::total_cmp);
+        sparse.sort_by(f64::total_cmp);
+        let (dense, sparse) = (dense[3], sparse[3]);
+        println!(
+            "G W^T, G {:2.0}% non-zero (rows x 256 . 256 x {width}): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
+            100.0 * density(&g, 1),
+            dense * 1e3,
+            sparse * 1e3,
+            dense / sparse,
+            cd.max_abs_diff(&cs)
         );
     }
     let x = filled(rows, 256);

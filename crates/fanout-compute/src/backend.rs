@@ -351,8 +351,9 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// `C <- alpha * op(A) * op(B) + beta * C`, `op(X)` = `X` or `X^T` per flag; `beta == 0`
     /// ignores C's old contents. Multi-threaded. A backend may skip the zeros of `B` in
-    /// `A^T B` (a weight gradient behind ReLU or dropout), so a NaN or infinity in `A` that
-    /// meets only zeros of `B` need not reach C.
+    /// `A^T B` (a weight gradient behind ReLU or dropout) and those of `A` in `A op(B)` (an
+    /// input gradient `G W^T`), so a NaN or infinity in one factor that meets only zeros of
+    /// the other need not reach C.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,

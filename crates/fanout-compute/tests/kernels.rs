@@ -4,7 +4,9 @@
 mod common;
 
 use common::{rand_tensor, OwnedBlock};
-use fanout_compute::cpu::gemm::{gemm_dense, gemm_dense_tiled, gemm_matrixmultiply, skips_zeros};
+use fanout_compute::cpu::gemm::{
+    gemm, gemm_dense, gemm_dense_tiled, gemm_matrixmultiply, matmul, skips_zeros, skips_zeros_of_a,
+};
 use fanout_compute::cpu::sparse_grad;
 use fanout_compute::{Aggregation, Backend, ComputeError, CpuBackend, DropoutSpec, Tensor};
 use fanout_rand::Rng;
@@ -726,6 +728,76 @@ fn row_major_and_column_major_a_and_transposed_b_give_the_product() {
                     }
                 }
             });
+        }
+    }
+}
+
+#[test]
+fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
+    // `G W^T` and `G W` with G about a quarter non-zero (a hidden layer's gradient behind ReLU
+    // and dropout) skip G's zeros where the CPU has the kernel; the skipped terms are exact
+    // zeros added to sums that start at +0, so on AVX-512 CPUs (where the dense product is
+    // the row-major tile for every width) the bits are the dense product's, with beta = 0 and
+    // beta != 0, on 1 and 3 threads. Elsewhere the naive product within rounding. A dense G,
+    // a narrow W and a thin G take the dense path.
+    let mut rng = Rng::new(41);
+    let g = rand_sparse(1500, 256, 0.25, &mut rng);
+    assert_eq!(skips_zeros_of_a(&g, 256), sparse_grad::available());
+    assert!(
+        !skips_zeros_of_a(&rand_tensor(1500, 256, &mut rng), 256),
+        "a dense G"
+    );
+    assert!(!skips_zeros_of_a(&g, 64), "a narrow product");
+    assert!(
+        !skips_zeros_of_a(&rand_sparse(100, 256, 0.25, &mut rng), 256),
+        "a thin G"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let same_bits = is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let same_bits = false;
+    let w = rand_tensor(200, 256, &mut rng);
+    let wt = Tensor::from_fn(256, 200, |p, j| w.get(j, p));
+    let c0 = rand_tensor(1500, 200, &mut rng);
+    let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let naive = naive_matmul(&g, false, &wt, false);
+    let mut first = None;
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let got = pool.install(|| {
+            let plain = matmul(&g, false, &wt, false);
+            let transposed = matmul(&g, false, &w, true);
+            assert_eq!(bits(&plain), bits(&transposed), "W against W^T");
+            let mut acc = c0.clone();
+            gemm(0.5, &g, false, &w, true, 1.5, &mut acc);
+            if same_bits {
+                let mut dense = Tensor::zeros(1500, 200);
+                gemm_dense(1.0, &g, false, &wt, false, 0.0, &mut dense);
+                assert_eq!(
+                    bits(&plain),
+                    bits(&dense),
+                    "{threads} threads: against the dense product"
+                );
+                let mut dense_acc = c0.clone();
+                gemm_dense(0.5, &g, false, &w, true, 1.5, &mut dense_acc);
+                assert_eq!(
+                    bits(&acc),
+                    bits(&dense_acc),
+                    "{threads} threads: accumulated"
+                );
+            }
+            assert!(
+                plain.max_abs_diff(&naive) < 1e-4 * 256.0,
+                "against the naive product"
+            );
+            (bits(&plain), bits(&acc))
+        });
+        match &first {
+            None => first = Some(got),
+            Some(one) => assert!(*one == got, "1 and 3 threads differ"),
         }
     }
 }

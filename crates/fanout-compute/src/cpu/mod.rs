@@ -21,6 +21,7 @@ pub mod rates;
 mod rowmajor;
 mod rows;
 pub mod sparse_grad;
+pub mod sparse_rows;
 
 use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec, SgdUpdate};
 use crate::block::{BlockDims, BlockRef};

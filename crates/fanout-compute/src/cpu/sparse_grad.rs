@@ -32,13 +32,13 @@ use crate::tensor::Tensor;
 /// block's strip of `A` (64 rows x [`STRIP`] floats, 32 KiB) stays in L1 while every column
 /// of `G` uses it.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const ROW_BLOCK: usize = 64;
+pub(super) const ROW_BLOCK: usize = 64;
 // A block's rows are the bits of one `u64` mask per column.
 const _: () = assert!(ROW_BLOCK <= 64);
 /// Columns of `A` (rows of `C`) per parallel task: one strip of `C^T`'s row held in
 /// registers across a column's non-zeros (eight 16-float AVX-512 vectors, or two passes of
 /// eight 8-float AVX2 vectors).
-const STRIP: usize = 128;
+pub(super) const STRIP: usize = 128;
 
 /// True when this CPU can run [`gemm_tn_sparse`] (x86-64 with AVX2 and FMA).
 pub fn available() -> bool {
@@ -72,7 +72,7 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
 /// each element, so they give the same bits (`avx2_and_avx512_give_the_same_bits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-enum Simd {
+pub(super) enum Simd {
     /// 8-float vectors (AVX2 + FMA).
     Avx2,
     /// 16-float vectors (AVX-512F), where the CPU has them.
@@ -80,7 +80,7 @@ enum Simd {
 }
 
 impl Simd {
-    fn best() -> Simd {
+    pub(super) fn best() -> Simd {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx512f") {
             return Simd::Avx512;
@@ -172,7 +172,7 @@ fn gemm_tn_sparse_with(
 /// `k` rounded up to whole 16-float vectors: the row length of a task's `C^T` strip and of
 /// its packed rows of `A`, so that every load and store is of whole vectors (the lanes past
 /// `k` are zeros in the packed `A` and are never copied into C).
-fn padded(k: usize) -> usize {
+pub(super) fn padded(k: usize) -> usize {
     k.div_ceil(16) * 16
 }
 
@@ -192,9 +192,9 @@ struct NonZeros {
 /// `gt[j * ROW_BLOCK..]` (block-local; zeros past the block's last row), and bit `r` of
 /// `masks[j]` is set when row `r` of that column is not zero (or is NaN).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct BlockNonZeros {
-    masks: Vec<u64>,
-    gt: Vec<f32>,
+pub(super) struct BlockNonZeros {
+    pub(super) masks: Vec<u64>,
+    pub(super) gt: Vec<f32>,
 }
 
 impl NonZeros {
@@ -388,7 +388,7 @@ pub(super) mod x86 {
     /// (`r * spw + spw <= pa.len()`); the block holds `n` masks and `n * ROW_BLOCK` values;
     /// `ct` is `n x spw`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn block_avx512(
+    pub(in crate::cpu) unsafe fn block_avx512(
         pa: &[f32],
         spw: usize,
         block: &BlockNonZeros,
@@ -403,7 +403,12 @@ pub(super) mod x86 {
     /// # Safety
     /// AVX2 and FMA; otherwise as [`block_avx512`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block_avx2(pa: &[f32], spw: usize, block: &BlockNonZeros, ct: &mut [f32]) {
+    pub(in crate::cpu) unsafe fn block_avx2(
+        pa: &[f32],
+        spw: usize,
+        block: &BlockNonZeros,
+        ct: &mut [f32],
+    ) {
         strips::<__m256>(pa, spw, block, ct)
     }
 

@@ -1,0 +1,341 @@
+//! Products `C <- alpha A B + beta C` that skip the zeros of a row-major `A`.
+//!
+//! A layer that passes its gradient on multiplies the gradient at its pre-activation, `G`, by
+//! its weights: `G W^T`. Behind ReLU and dropout `G` is about three-quarters zeros (the same
+//! zeros [`super::sparse_grad`] skips in the weight gradient `X^T G`), and a layer's input
+//! can be such an output too (GIN's inner ReLU, a hidden layer's rows). A dense product
+//! multiplies all of those zeros. This one computes each row of `C` as the sum, over the
+//! non-zeros `A[i, p]` of row `i`, of `A[i, p] * B[p, :]`, with the machinery of the weight
+//! gradients turned around: per task of [`ROWS_PER_TASK`] rows of `A`, each block of
+//! [`ROW_BLOCK`] of `A`'s columns is copied with a 64-bit mask per row marking its non-zeros
+//! (no transpose: a row's block of `A` is contiguous), and for each strip of up to
+//! [`STRIP`] columns of `C` the block's rows of `B` are copied into a contiguous buffer
+//! (32 KiB, in L1) and `sparse_grad`'s micro-kernel adds `A[i, p] * B[p, strip]` over the
+//! marked `p` into the row's strip held in registers. The task's strips of `C` (at most 256
+//! KiB) stay in L2 across the blocks.
+//!
+//! Each element of `C` is one chain of fused multiply-adds over its row's non-zeros in
+//! increasing `p` from zero, then scaled by `alpha` with `beta C` added fused, whatever the
+//! thread count (tasks split the rows of `C`, never the inner dimension), so results are
+//! bit-identical for any `RAYON_NUM_THREADS`. That is the chain of the dense row-major
+//! kernel ([`super::rowmajor`]) less its terms `0 * B[p, j]`, which add nothing to a sum
+//! that starts at `+0`: for a finite `B` the two give the same bits. No crate multiplies a dense-stored sparse matrix without first compressing it
+//! (which costs as much as the product here), hence this module.
+
+use rayon::prelude::*;
+
+use super::sparse_grad::{available, padded, BlockNonZeros, Simd, ROW_BLOCK, STRIP};
+use crate::tensor::Tensor;
+
+/// Rows of `A` and `C` per parallel task: the task's strip of `C` (`ROWS_PER_TASK x STRIP`
+/// floats, 256 KiB) stays in L2 while every block of `A`'s columns adds into it. A fixed
+/// number, so the split does not depend on the thread count.
+const ROWS_PER_TASK: usize = 512;
+
+/// `C <- alpha * A * op(B) + beta * C` for a row-major `A` (`m x k`), `op(B)` = `B` (`k x n`)
+/// or `B^T` (`B` is `n x k`) and `C` (`m x n`), visiting only the non-zero entries of `A`.
+/// With `beta == 0` the old contents of `C` are ignored. A NaN in `A` reaches its whole row
+/// of `C`, as in a dense product; a NaN or infinity in `B` that meets only zeros of `A`
+/// contributes nothing (a dense product would give NaN).
+///
+/// Returns the number of entries of `A` it used (its non-zeros and NaNs): `2 n` flops each,
+/// against `2 m k n` for the dense product.
+///
+/// Panics on mismatched shapes, or if [`available`] is false.
+pub fn gemm_nn_sparse(
+    alpha: f32,
+    a: &Tensor,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+) -> usize {
+    gemm_nn_sparse_with(Simd::best(), alpha, a, b, trans_b, beta, c)
+}
+
+/// [`gemm_nn_sparse`] with the given vector width.
+fn gemm_nn_sparse_with(
+    simd: Simd,
+    alpha: f32,
+    a: &Tensor,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut Tensor,
+) -> usize {
+    let (m, k) = a.shape();
+    let (kb, n) = if trans_b {
+        (b.cols(), b.rows())
+    } else {
+        b.shape()
+    };
+    assert_eq!(
+        k, kb,
+        "gemm_nn_sparse: A and op(B) differ in the inner dimension"
+    );
+    assert_eq!(c.shape(), (m, n), "gemm_nn_sparse: C has the wrong shape");
+    assert!(available(), "gemm_nn_sparse needs AVX2 and FMA");
+    if m == 0 || n == 0 {
+        return 0;
+    }
+    // The strips copy rows of op(B): a transposed B (a weight, `n x k`) is laid out as
+    // `k x n` once (its column-major copy), one pass over it against `m / ROWS_PER_TASK`
+    // reads.
+    let bt;
+    let b = if trans_b {
+        let mut scratch = Vec::new();
+        super::gemm::transposed_a_rows(b.data(), k, 0, n, &mut scratch);
+        bt = Tensor::new(k, n, scratch);
+        &bt
+    } else {
+        b
+    };
+    c.data_mut()
+        .par_chunks_mut(ROWS_PER_TASK * n)
+        .enumerate()
+        .map(|(t, c_rows)| rows_task(simd, alpha, a, t * ROWS_PER_TASK, b, beta, c_rows))
+        .sum()
+}
+
+/// One task: rows `r0..r0 + c_rows.len() / n` of `C`, written into `c_rows`. Returns the
+/// entries of those rows of `A` it used.
+fn rows_task(
+    simd: Simd,
+    alpha: f32,
+    a: &Tensor,
+    r0: usize,
+    b: &Tensor,
+    beta: f32,
+    c_rows: &mut [f32],
+) -> usize {
+    let (k, n) = b.shape();
+    let rows = c_rows.len() / n;
+    // Each block of A's columns, copied with its rows' non-zeros marked, once for every strip.
+    let blocks: Vec<BlockNonZeros> = (0..k.div_ceil(ROW_BLOCK))
+        .map(|blk| mark_rows(a, r0, rows, blk * ROW_BLOCK))
+        .collect();
+    let used = blocks
+        .iter()
+        .flat_map(|b| &b.masks)
+        .map(|m| m.count_ones() as usize)
+        .sum();
+    // The block's rows of B's strip, packed and 64-byte aligned; lanes past the strip's width
+    // stay zero.
+    let spw_max = padded(STRIP.min(n));
+    let mut buf = vec![0.0f32; ROW_BLOCK * spw_max + 15];
+    let at = buf.as_ptr().align_offset(64).min(15);
+    let mut ct = vec![0.0f32; rows * spw_max];
+    for kc in (0..n).step_by(STRIP) {
+        let sw = STRIP.min(n - kc);
+        let spw = padded(sw);
+        let pa = &mut buf[at..at + ROW_BLOCK * spw];
+        // Lanes past `sw` must be zero whatever the previous strip's layout left there.
+        pa.fill(0.0);
+        let ct = &mut ct[..rows * spw];
+        ct.fill(0.0);
+        for (blk, block) in blocks.iter().enumerate() {
+            let p0 = blk * ROW_BLOCK;
+            for p in 0..ROW_BLOCK.min(k - p0) {
+                pa[p * spw..][..sw].copy_from_slice(&b.row(p0 + p)[kc..][..sw]);
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2 + FMA), and
+            // `Simd::Avx512` is only chosen where the CPU has AVX-512F; `pa` is
+            // `ROW_BLOCK x spw` with every marked row (below `k - p0`) written, the block holds
+            // `rows` masks and `rows x ROW_BLOCK` values, and `ct` is `rows x spw`.
+            unsafe {
+                match simd {
+                    Simd::Avx512 => super::sparse_grad::x86::block_avx512(pa, spw, block, ct),
+                    Simd::Avx2 => super::sparse_grad::x86::block_avx2(pa, spw, block, ct),
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = (simd, block, &mut *ct);
+                unreachable!("gemm_nn_sparse asserts available(), which is false off x86-64")
+            }
+        }
+        for (row, sums) in c_rows.chunks_exact_mut(n).zip(ct.chunks_exact(spw)) {
+            for (o, &s) in row[kc..kc + sw].iter_mut().zip(sums) {
+                // `beta C` added fused, as the dense row-major tile does.
+                *o = if beta == 0.0 {
+                    alpha * s
+                } else {
+                    beta.mul_add(*o, alpha * s)
+                };
+            }
+        }
+    }
+    used
+}
+
+/// Columns `p0..p0 + ROW_BLOCK` (fewer at the end) of `A`'s rows `r0..r0 + rows`: row `i`'s
+/// values at `gt[i * ROW_BLOCK..]` (zeros past `A`'s last column), and bit `p` of `masks[i]`
+/// set when `A[r0 + i, p0 + p]` is not zero (or is NaN).
+fn mark_rows(a: &Tensor, r0: usize, rows: usize, p0: usize) -> BlockNonZeros {
+    let width = ROW_BLOCK.min(a.cols() - p0);
+    let mut block = BlockNonZeros {
+        masks: vec![0u64; rows],
+        gt: vec![0.0f32; rows * ROW_BLOCK],
+    };
+    for (i, (vals, mask)) in block
+        .gt
+        .chunks_exact_mut(ROW_BLOCK)
+        .zip(block.masks.iter_mut())
+        .enumerate()
+    {
+        let src = &a.row(r0 + i)[p0..p0 + width];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2); `vals` holds
+        // ROW_BLOCK >= width floats.
+        {
+            *mask = unsafe { x86::copy_and_mark(src, vals) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (src, vals, mask);
+            unreachable!("gemm_nn_sparse asserts available(), which is false off x86-64")
+        }
+    }
+    block
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Copies `src` (at most 64 floats) into `vals` and returns the mask whose bit `p` is set
+    /// when `src[p]` is not zero (or is NaN), eight floats a compare.
+    ///
+    /// # Safety
+    /// AVX2; `src.len() <= 64` and `vals.len() >= src.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_and_mark(src: &[f32], vals: &mut [f32]) -> u64 {
+        debug_assert!(src.len() <= 64 && vals.len() >= src.len());
+        let full = src.len() / 8 * 8;
+        let mut mask = 0u64;
+        for c in (0..full).step_by(8) {
+            // SAFETY: c + 8 <= full <= both lengths.
+            unsafe {
+                let v = _mm256_loadu_ps(src.as_ptr().add(c));
+                _mm256_storeu_ps(vals.as_mut_ptr().add(c), v);
+                // Unordered-or-not-equal: NaNs count as non-zero.
+                let ne = _mm256_cmp_ps::<_CMP_NEQ_UQ>(v, _mm256_setzero_ps());
+                mask |= u64::from(_mm256_movemask_ps(ne) as u8) << c;
+            }
+        }
+        for c in full..src.len() {
+            vals[c] = src[c];
+            mask |= u64::from(src[c] != 0.0) << c;
+        }
+        mask
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use fanout_rand::Rng;
+
+    /// The kernel's arithmetic, one element at a time: each element of `C` chains fused
+    /// multiply-adds over its row of `A`'s non-zeros (NaNs included) in increasing column
+    /// order, from zero.
+    fn scalar_model(alpha: f32, a: &Tensor, b: &Tensor, beta: f32, c: &Tensor) -> Tensor {
+        Tensor::from_fn(a.rows(), b.cols(), |i, j| {
+            let mut s = 0.0f32;
+            for p in 0..a.cols() {
+                let v = a.get(i, p);
+                if v != 0.0 {
+                    s = v.mul_add(b.get(p, j), s);
+                }
+            }
+            if beta == 0.0 {
+                alpha * s
+            } else {
+                beta.mul_add(c.get(i, j), alpha * s)
+            }
+        })
+    }
+
+    #[test]
+    fn both_widths_and_any_thread_count_give_the_bits_of_one_chain_per_element() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return;
+        }
+        let mut widths = vec![Simd::Avx2];
+        if Simd::best() == Simd::Avx512 {
+            widths.push(Simd::Avx512);
+        } else {
+            eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
+        }
+        let pools = [1, 3].map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .expect("a thread pool")
+        });
+        let mut rng = Rng::new(9);
+        let mut rand = |r: usize, c: usize, density: f64| {
+            Tensor::from_fn(r, c, |_, _| {
+                if rng.bernoulli(density) {
+                    rng.next_f32() * 2.0 - 1.0
+                } else {
+                    0.0
+                }
+            })
+        };
+        // (rows of A, inner dimension, columns of C): one element; several tasks with a
+        // partial last one; inner dimensions not a multiple of the 64-column blocks; C's
+        // width past one strip by one float and with tails of 1, 9 and 17 floats.
+        let shapes = [
+            (1, 1, 1),
+            (1100, 70, 129),
+            (513, 64, 9),
+            (40, 200, 256),
+            (7, 130, 17),
+            (600, 256, 145),
+        ];
+        for &(m, k, n) in &shapes {
+            for density in [0.0, 0.25, 1.0] {
+                let mut a = rand(m, k, density);
+                if density == 0.25 {
+                    // A NaN in the middle, and one in the last column.
+                    a.data_mut()[(m / 2) * k + k / 2] = f32::NAN;
+                    a.data_mut()[k - 1] = f32::NAN;
+                }
+                let used = a.data().iter().filter(|&&v| v != 0.0).count();
+                let b = rand(k, n, 1.0);
+                let bt = Tensor::from_fn(n, k, |j, p| b.get(p, j));
+                for (alpha, beta) in [(1.0, 0.0), (-0.75, 1.0), (1.5, 0.3)] {
+                    let c0 = rand(m, n, 1.0);
+                    let want = scalar_model(alpha, &a, &b, beta, &c0);
+                    for &simd in &widths {
+                        for pool in &pools {
+                            for (op_b, trans_b) in [(&b, false), (&bt, true)] {
+                                let mut got = c0.clone();
+                                let listed = pool.install(|| {
+                                    gemm_nn_sparse_with(
+                                        simd, alpha, &a, op_b, trans_b, beta, &mut got,
+                                    )
+                                });
+                                let threads = pool.current_num_threads();
+                                let what = format!(
+                                    "{simd:?}, {threads} threads, {m}x{k}x{n}, density {density}, \
+                                     alpha {alpha}, beta {beta}, B^T {trans_b}"
+                                );
+                                assert_eq!(listed, used, "entries of A used: {what}");
+                                let same = got
+                                    .data()
+                                    .iter()
+                                    .zip(want.data())
+                                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                                assert!(same, "{what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
