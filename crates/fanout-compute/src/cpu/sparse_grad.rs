@@ -190,7 +190,9 @@ struct NonZeros {
 
 /// One row block of G, transposed, and where its non-zeros are: column `j`'s rows are
 /// `gt[j * ROW_BLOCK..]` (block-local; zeros past the block's last row), and bit `r` of
-/// `masks[j]` is set when row `r` of that column is not zero (or is NaN).
+/// `masks[j]` is set when row `r` of that column is not zero (or is NaN). The products of
+/// [`super::sparse_rows`] fill it with a block of `A`'s columns instead, row `j` of `A` in
+/// place of column `j` of G, as they lie.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct BlockNonZeros {
     pub(super) masks: Vec<u64>,

@@ -18,9 +18,10 @@
 //! increasing `p` from zero, then scaled by `alpha` with `beta C` added fused, whatever the
 //! thread count (tasks split the rows of `C`, never the inner dimension), so results are
 //! bit-identical for any `RAYON_NUM_THREADS`. That is the chain of the dense row-major
-//! kernel ([`super::rowmajor`]) less its terms `0 * B[p, j]`, which add nothing to a sum
-//! that starts at `+0`: for a finite `B` the two give the same bits. No crate multiplies a dense-stored sparse matrix without first compressing it
-//! (which costs as much as the product here), hence this module.
+//! kernel (`super::rowmajor`) less its terms `0 * B[p, j]`, which add nothing to a sum that
+//! starts at `+0`: for a finite `B` the two give the same bits. No crate multiplies a
+//! dense-stored sparse matrix without first compressing it (which costs as much as the
+//! product here), hence this module.
 
 use rayon::prelude::*;
 
