@@ -396,7 +396,7 @@ pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
     inner >= K_SPLIT_MIN
         && k.saturating_mul(n).saturating_mul(inner) >= PARALLEL_MIN_MACS
         && sparse_grad::available()
-        && sparse_grad::density(g, 16) <= SPARSE_MAX_DENSITY
+        && !sparse_grad::density_exceeds(g, 16, SPARSE_MAX_DENSITY)
 }
 
 /// [`gemm`] multiplies a row-major `a` by skipping its zeros ([`sparse_rows::gemm_nn_sparse`])
@@ -422,7 +422,7 @@ pub fn skips_zeros_of_a(a: &Tensor, n: usize) -> bool {
         && k >= 64
         && n >= SPARSE_ROWS_MIN_N
         && sparse_grad::available()
-        && sparse_grad::density(a, 16) <= SPARSE_ROWS_MAX_DENSITY
+        && !sparse_grad::density_exceeds(a, 16, SPARSE_ROWS_MAX_DENSITY)
 }
 
 /// `(m, n)` of `op(A) * op(B)`; panics if the inner dimensions differ.

@@ -68,6 +68,27 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
     }
 }
 
+/// True when [`density`]`(g, step)` would exceed `max`, found without reading the rest of the
+/// sample once the non-zeros seen so far already exceed `max` of all the sampled entries: a
+/// dense matrix (a layer's input features, checked before every product) is rejected after
+/// reading about `max` of its sample. The same answer as comparing [`density`] with `max`.
+pub fn density_exceeds(g: &Tensor, step: usize, max: f64) -> bool {
+    let step = step.max(1);
+    let total = g.rows().div_ceil(step) * g.cols();
+    if total == 0 {
+        return 0.0 > max;
+    }
+    let mut nz = 0usize;
+    for r in (0..g.rows()).step_by(step) {
+        nz += g.row(r).iter().filter(|&&v| v != 0.0).count();
+        // `nz` only grows, so once this holds the whole sample's density exceeds `max` too.
+        if nz as f64 / total as f64 > max {
+            return true;
+        }
+    }
+    false
+}
+
 /// The vector width the multiply-adds use. Both add the same products in the same order into
 /// each element, so they give the same bits (`avx2_and_avx512_give_the_same_bits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -559,6 +580,26 @@ mod tests {
                 alpha * s + beta * c.get(kk, j)
             }
         })
+    }
+
+    #[test]
+    fn density_exceeds_answers_as_the_density_does() {
+        let mut rng = Rng::new(3);
+        for &(rows, cols) in &[(0, 5), (5, 0), (1, 1), (100, 7), (33, 64), (1000, 3)] {
+            for p in [0.0, 0.2, 0.35, 0.5, 0.9, 1.0] {
+                let g =
+                    Tensor::from_fn(rows, cols, |_, _| if rng.bernoulli(p) { 1.0 } else { 0.0 });
+                for step in [1, 3, 16] {
+                    for max in [0.0, 0.2, 0.35, 0.5, 1.0] {
+                        assert_eq!(
+                            density_exceeds(&g, step, max),
+                            density(&g, step) > max,
+                            "{rows}x{cols}, non-zero with probability {p}, step {step}, max {max}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
