@@ -27,6 +27,21 @@ fn filled(r: usize, c: usize) -> Tensor {
     })
 }
 
+/// A `rows x 256` gradient about `pct`% non-zero, its zeros placed by a xorshift from `seed`.
+fn sparse_g(rows: usize, pct: u64, seed: u64) -> Tensor {
+    let mut z = seed;
+    Tensor::from_fn(rows, 256, |i, j| {
+        z ^= z << 13;
+        z ^= z >> 7;
+        z ^= z << 17;
+        if z % 100 < pct {
+            ((i + j) % 7) as f32 - 3.0
+        } else {
+            0.0
+        }
+    })
+}
+
 fn main() {
     let rows: usize = match std::env::args().nth(1).map(|s| s.parse()) {
         None => 5000,
@@ -94,17 +109,7 @@ fn main() {
         &[]
     };
     for &pct in pcts {
-        let mut z = 0x2545_F491_4F6C_DD1Du64;
-        let g = Tensor::from_fn(rows, 256, |i, j| {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            if z % 100 < pct {
-                ((i + j) % 7) as f32 - 3.0
-            } else {
-                0.0
-            }
-        });
+        let g = sparse_g(rows, pct, 0x2545_F491_4F6C_DD1D);
         let (mut cd, mut ca) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
         let (mut sd, mut sa) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
         let (mut dense, mut sparse) = (Vec::new(), Vec::new());
@@ -133,17 +138,7 @@ fn main() {
     // G as sparse: the dense product against the kernel that skips G's zeros row by row.
     let w = filled(width, 256);
     for &pct in pcts {
-        let mut z = 0x9E37_79B9_7F4A_7C15u64;
-        let g = Tensor::from_fn(rows, 256, |i, j| {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            if z % 100 < pct {
-                ((i + j) % 7) as f32 - 3.0
-            } else {
-                0.0
-            }
-        });
+        let g = sparse_g(rows, pct, 0x9E37_79B9_7F4A_7C15);
         let (mut cd, mut cs) = (Tensor::zeros(rows, width), Tensor::zeros(rows, width));
         let (mut dense, mut sparse) = (Vec::new(), Vec::new());
         for _ in 0..7 {

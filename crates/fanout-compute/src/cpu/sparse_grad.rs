@@ -558,6 +558,50 @@ pub(super) mod x86 {
     }
 }
 
+/// What the zero-skipping kernels' tests share (here and in [`super::sparse_rows`]).
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) mod testing {
+    use super::{available, Simd};
+    use crate::tensor::Tensor;
+    use fanout_rand::Rng;
+
+    /// The vector widths this CPU runs (none without AVX2 + FMA), saying what is left out.
+    pub(in crate::cpu) fn widths_here() -> Vec<Simd> {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return Vec::new();
+        }
+        if Simd::best() == Simd::Avx512 {
+            vec![Simd::Avx2, Simd::Avx512]
+        } else {
+            eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
+            vec![Simd::Avx2]
+        }
+    }
+
+    /// Pools of 1 and 3 threads.
+    pub(in crate::cpu) fn pools() -> [rayon::ThreadPool; 2] {
+        [1, 3].map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .expect("a thread pool")
+        })
+    }
+
+    /// An `r x c` tensor whose entries are, with probability `density`, uniform in `[-1, 1)`,
+    /// and otherwise zero.
+    pub(in crate::cpu) fn random(rng: &mut Rng, r: usize, c: usize, density: f64) -> Tensor {
+        Tensor::from_fn(r, c, |_, _| {
+            if rng.bernoulli(density) {
+                rng.next_f32() * 2.0 - 1.0
+            } else {
+                0.0
+            }
+        })
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
@@ -604,32 +648,10 @@ mod tests {
 
     #[test]
     fn avx2_and_avx512_give_the_same_bits() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX2 + FMA");
-            return;
-        }
-        let mut widths = vec![Simd::Avx2];
-        if Simd::best() == Simd::Avx512 {
-            widths.push(Simd::Avx512);
-        } else {
-            eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
-        }
-        let pools = [1, 3].map(|t| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .expect("a thread pool")
-        });
+        let widths = testing::widths_here();
+        let pools = testing::pools();
         let mut rng = Rng::new(5);
-        let mut rand = |r: usize, c: usize, density: f64| {
-            Tensor::from_fn(r, c, |_, _| {
-                if rng.bernoulli(density) {
-                    rng.next_f32() * 2.0 - 1.0
-                } else {
-                    0.0
-                }
-            })
-        };
+        let mut rand = |r: usize, c: usize, density: f64| testing::random(&mut rng, r, c, density);
         // (rows of G, columns of A, columns of G): one element; a strip past 128 columns by
         // one float; tails of 1, 9, 15 and 16 floats after full strips (every AVX-512 vector
         // count, and AVX2 second passes); rows not a multiple of 8 or of the 64-row blocks.

@@ -235,6 +235,7 @@ mod x86 {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
+    use super::super::sparse_grad::testing;
     use super::*;
     use fanout_rand::Rng;
 
@@ -260,32 +261,10 @@ mod tests {
 
     #[test]
     fn both_widths_and_any_thread_count_give_the_bits_of_one_chain_per_element() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX2 + FMA");
-            return;
-        }
-        let mut widths = vec![Simd::Avx2];
-        if Simd::best() == Simd::Avx512 {
-            widths.push(Simd::Avx512);
-        } else {
-            eprintln!("this CPU has no AVX-512F: only the AVX2 path is checked");
-        }
-        let pools = [1, 3].map(|t| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .expect("a thread pool")
-        });
+        let widths = testing::widths_here();
+        let pools = testing::pools();
         let mut rng = Rng::new(9);
-        let mut rand = |r: usize, c: usize, density: f64| {
-            Tensor::from_fn(r, c, |_, _| {
-                if rng.bernoulli(density) {
-                    rng.next_f32() * 2.0 - 1.0
-                } else {
-                    0.0
-                }
-            })
-        };
+        let mut rand = |r: usize, c: usize, density: f64| testing::random(&mut rng, r, c, density);
         // (rows of A, inner dimension, columns of C): one element; several tasks with a
         // partial last one; inner dimensions not a multiple of the 64-column blocks; C's
         // width past one strip by one float and with tails of 1, 9 and 17 floats.
