@@ -211,13 +211,11 @@ struct NonZeros {
 
 /// One row block of G, transposed, and where its non-zeros are: column `j`'s rows are
 /// `gt[j * ROW_BLOCK..]` (block-local; zeros past the block's last row), and bit `r` of
-/// `masks[j]` is set when row `r` of that column is not zero (or is NaN). The products of
-/// [`super::sparse_rows`] fill it with a block of `A`'s columns instead, row `j` of `A` in
-/// place of column `j` of G, as they lie.
+/// `masks[j]` is set when row `r` of that column is not zero (or is NaN).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) struct BlockNonZeros {
-    pub(super) masks: Vec<u64>,
-    pub(super) gt: Vec<f32>,
+struct BlockNonZeros {
+    masks: Vec<u64>,
+    gt: Vec<f32>,
 }
 
 impl NonZeros {
@@ -284,12 +282,18 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller asserted `available()` (AVX2 + FMA), and `Simd::Avx512` is only
         // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw`, every marked row is
-        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values, and `ct` is
-        // `n x spw`.
+        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values (so column
+        // `j`'s marked rows are inside `gt`), and `ct` is `n x spw`.
         unsafe {
+            let marked = x86::Marked {
+                masks: &block.masks,
+                vals: block.gt.as_ptr(),
+                stride: ROW_BLOCK,
+            };
+            let ct = ct.as_mut_ptr();
             match simd {
-                Simd::Avx512 => x86::block_avx512(pa, spw, block, ct),
-                Simd::Avx2 => x86::block_avx2(pa, spw, block, ct),
+                Simd::Avx512 => x86::block_avx512(pa, spw, marked, ct, spw),
+                Simd::Avx2 => x86::block_avx2(pa, spw, marked, ct, spw),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -304,7 +308,7 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BlockNonZeros, ROW_BLOCK};
+    use super::ROW_BLOCK;
 
     /// Copies G's rows `i0..i0 + ib` (all `n` columns) into `gt` transposed (column `j` at
     /// `gt[j * ROW_BLOCK..][..ib]`) and sets bit `r` of `masks[j]` for every non-zero (or NaN)
@@ -401,23 +405,35 @@ pub(super) mod x86 {
         ]
     }
 
-    /// [`super::accumulate`]'s multiply-adds for one row block with 16-float vectors: for
-    /// every column `j` with non-zeros, `ct[j * spw..][..spw] += G[r, j] * pa[r * spw..][..spw]`
-    /// over the rows `r` marked in the block's `masks[j]`, in increasing order, the strip held
-    /// in registers.
+    /// A block's non-zeros as the multiply-adds read them: bit `r` of `masks[j]` marks a row
+    /// `r` whose value is `vals[j * stride + r]`. For the weight gradients, the block's
+    /// transposed copy of G (`stride` = [`ROW_BLOCK`]); for [`crate::cpu::sparse_rows`], a
+    /// block of `A`'s columns where it lies (`stride` = `A`'s row length).
+    #[derive(Clone, Copy)]
+    pub(in crate::cpu) struct Marked<'a> {
+        pub(in crate::cpu) masks: &'a [u64],
+        pub(in crate::cpu) vals: *const f32,
+        pub(in crate::cpu) stride: usize,
+    }
+
+    /// One row block's multiply-adds with 16-float vectors: for every `j` with non-zeros,
+    /// `ct[j * ldc..][..spw] += vals[j * stride + r] * pa[r * spw..][..spw]` over the rows `r`
+    /// marked in `masks[j]`, in increasing order, the strip held in registers.
     ///
     /// # Safety
     /// AVX-512F; `spw` a multiple of 16 in `16..=128`; `pa` holds the block's marked rows
-    /// (`r * spw + spw <= pa.len()`); the block holds `n` masks and `n * ROW_BLOCK` values;
-    /// `ct` is `n x spw`.
+    /// (`r * spw + spw <= pa.len()`); `vals + j * stride + r` is readable for every marked
+    /// `r` of every `masks[j]`; `ct + j * ldc` has `spw` floats readable and writable for
+    /// every `j < masks.len()`, and no other reference touches them during the call.
     #[target_feature(enable = "avx512f")]
     pub(in crate::cpu) unsafe fn block_avx512(
         pa: &[f32],
         spw: usize,
-        block: &BlockNonZeros,
-        ct: &mut [f32],
+        marked: Marked<'_>,
+        ct: *mut f32,
+        ldc: usize,
     ) {
-        strips::<__m512>(pa, spw, block, ct)
+        strips::<__m512>(pa, spw, marked, ct, ldc)
     }
 
     /// [`block_avx512`] with 8-float vectors: the strip's first 64 floats, then the rest (two
@@ -429,10 +445,11 @@ pub(super) mod x86 {
     pub(in crate::cpu) unsafe fn block_avx2(
         pa: &[f32],
         spw: usize,
-        block: &BlockNonZeros,
-        ct: &mut [f32],
+        marked: Marked<'_>,
+        ct: *mut f32,
+        ldc: usize,
     ) {
-        strips::<__m256>(pa, spw, block, ct)
+        strips::<__m256>(pa, spw, marked, ct, ldc)
     }
 
     /// A vector of `LANES` floats: what a strip needs of it. Implemented for the AVX2 and
@@ -501,28 +518,34 @@ pub(super) mod x86 {
     /// # Safety
     /// As [`block_avx512`], with the CPU features of `V` and `spw` a multiple of `V::LANES`.
     #[inline(always)]
-    unsafe fn strips<V: Lanes>(pa: &[f32], spw: usize, block: &BlockNonZeros, ct: &mut [f32]) {
+    unsafe fn strips<V: Lanes>(
+        pa: &[f32],
+        spw: usize,
+        marked: Marked<'_>,
+        ct: *mut f32,
+        ldc: usize,
+    ) {
         let vectors = spw / V::LANES;
         let mut done = 0;
         while done < vectors {
             let off = done * V::LANES;
             match (vectors - done).min(8) {
-                1 => strip::<V, 1>(pa, spw, off, block, ct),
-                2 => strip::<V, 2>(pa, spw, off, block, ct),
-                3 => strip::<V, 3>(pa, spw, off, block, ct),
-                4 => strip::<V, 4>(pa, spw, off, block, ct),
-                5 => strip::<V, 5>(pa, spw, off, block, ct),
-                6 => strip::<V, 6>(pa, spw, off, block, ct),
-                7 => strip::<V, 7>(pa, spw, off, block, ct),
-                _ => strip::<V, 8>(pa, spw, off, block, ct),
+                1 => strip::<V, 1>(pa, spw, off, marked, ct, ldc),
+                2 => strip::<V, 2>(pa, spw, off, marked, ct, ldc),
+                3 => strip::<V, 3>(pa, spw, off, marked, ct, ldc),
+                4 => strip::<V, 4>(pa, spw, off, marked, ct, ldc),
+                5 => strip::<V, 5>(pa, spw, off, marked, ct, ldc),
+                6 => strip::<V, 6>(pa, spw, off, marked, ct, ldc),
+                7 => strip::<V, 7>(pa, spw, off, marked, ct, ldc),
+                _ => strip::<V, 8>(pa, spw, off, marked, ct, ldc),
             }
             done += 8;
         }
     }
 
-    /// `ct[j * spw + off..][..NV * LANES] += G[r, j] * pa[r * spw + off..][..NV * LANES]` for
-    /// every column's marked rows `r`, in increasing order, the accumulators held in `NV`
-    /// registers.
+    /// `ct[j * ldc + off..][..NV * LANES] += vals[j * stride + r] * pa[r * spw + off..][..NV *
+    /// LANES]` for every `j`'s marked rows `r`, in increasing order, the accumulators held in
+    /// `NV` registers.
     ///
     /// # Safety
     /// The CPU features of `V`; `off + NV * V::LANES <= spw`; as [`block_avx512`].
@@ -531,22 +554,24 @@ pub(super) mod x86 {
         pa: &[f32],
         spw: usize,
         off: usize,
-        block: &BlockNonZeros,
-        ct: &mut [f32],
+        marked: Marked<'_>,
+        ct: *mut f32,
+        ldc: usize,
     ) {
-        let (pa, gt) = (pa.as_ptr().add(off), block.gt.as_ptr());
-        for (j, &mask) in block.masks.iter().enumerate() {
+        let (pa, vals) = (pa.as_ptr().add(off), marked.vals);
+        for (j, &mask) in marked.masks.iter().enumerate() {
             if mask == 0 {
                 continue;
             }
-            let out = ct.as_mut_ptr().add(j * spw + off);
+            let out = ct.add(j * ldc + off);
+            let vals = vals.add(j * marked.stride);
             let mut acc: [V; NV] = std::array::from_fn(|q| V::load(out.add(V::LANES * q)));
             let mut bits = mask;
             while bits != 0 {
                 let r = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 let x = pa.add(r * spw);
-                let b = V::splat(*gt.add(j * ROW_BLOCK + r));
+                let b = V::splat(*vals.add(r));
                 for (q, v) in acc.iter_mut().enumerate() {
                     *v = V::fma(b, V::load(x.add(V::LANES * q)), *v);
                 }

@@ -7,12 +7,13 @@
 //! multiplies all of those zeros. This one computes each row of `C` as the sum, over the
 //! non-zeros `A[i, p]` of row `i`, of `A[i, p] * B[p, :]`, with the machinery of the weight
 //! gradients turned around: per task of [`ROWS_PER_TASK`] rows of `A`, each block of
-//! [`ROW_BLOCK`] of `A`'s columns is copied with a 64-bit mask per row marking its non-zeros
-//! (no transpose: a row's block of `A` is contiguous), and for each strip of up to
-//! [`STRIP`] columns of `C` the block's rows of `B` are copied into a contiguous buffer
-//! (32 KiB, in L1) and `sparse_grad`'s micro-kernel adds `A[i, p] * B[p, strip]` over the
-//! marked `p` into the row's strip held in registers. The task's strips of `C` (at most 256
-//! KiB) stay in L2 across the blocks.
+//! [`ROW_BLOCK`] of `A`'s columns gets a 64-bit mask per row marking its non-zeros (no copy
+//! and no transpose: a row's block of `A` is contiguous, and the kernel reads the values
+//! where they lie), and for each strip of up to [`STRIP`] columns of `C` the block's rows of
+//! `B` are copied into a contiguous buffer (32 KiB, in L1) and `sparse_grad`'s micro-kernel
+//! adds `A[i, p] * B[p, strip]` over the marked `p` into the row's strip held in registers.
+//! The task's strips of `C` (at most 256 KiB) stay in L2 across the blocks; they are `C`
+//! itself when nothing scales the sums and `C`'s width is whole vectors.
 //!
 //! Each element of `C` is one chain of fused multiply-adds over its row's non-zeros in
 //! increasing `p` from zero, then scaled by `alpha` with `beta C` added fused, whatever the
@@ -25,7 +26,7 @@
 
 use rayon::prelude::*;
 
-use super::sparse_grad::{available, padded, BlockNonZeros, Simd, ROW_BLOCK, STRIP};
+use super::sparse_grad::{available, padded, Simd, ROW_BLOCK, STRIP};
 use crate::tensor::Tensor;
 
 /// Rows of `A` and `C` per parallel task: the task's strip of `C` (`ROWS_PER_TASK x STRIP`
@@ -111,123 +112,138 @@ fn rows_task(
 ) -> usize {
     let (k, n) = b.shape();
     let rows = c_rows.len() / n;
-    // Each block of A's columns, copied with its rows' non-zeros marked, once for every strip.
-    let blocks: Vec<BlockNonZeros> = (0..k.div_ceil(ROW_BLOCK))
+    // Each block of A's columns with its rows' non-zeros marked, once for every strip; the
+    // kernel reads the values from A where they lie.
+    let blocks: Vec<Vec<u64>> = (0..k.div_ceil(ROW_BLOCK))
         .map(|blk| mark_rows(a, r0, rows, blk * ROW_BLOCK))
         .collect();
     let used = blocks
         .iter()
-        .flat_map(|b| &b.masks)
+        .flatten()
         .map(|m| m.count_ones() as usize)
         .sum();
+    // Sums go straight into C when nothing scales them and every strip is whole vectors;
+    // otherwise into a strip of sums (rows padded to whole vectors) copied out after.
+    let direct = alpha == 1.0 && beta == 0.0 && n % 16 == 0;
+    let spw_max = padded(STRIP.min(n));
+    let mut sums = if direct {
+        c_rows.fill(0.0);
+        Vec::new()
+    } else {
+        vec![0.0f32; rows * spw_max]
+    };
     // The block's rows of B's strip, packed and 64-byte aligned; lanes past the strip's width
     // stay zero.
-    let spw_max = padded(STRIP.min(n));
     let mut buf = vec![0.0f32; ROW_BLOCK * spw_max + 15];
     let at = buf.as_ptr().align_offset(64).min(15);
-    let mut ct = vec![0.0f32; rows * spw_max];
     for kc in (0..n).step_by(STRIP) {
         let sw = STRIP.min(n - kc);
         let spw = padded(sw);
         let pa = &mut buf[at..at + ROW_BLOCK * spw];
         // Lanes past `sw` must be zero whatever the previous strip's layout left there.
         pa.fill(0.0);
-        let ct = &mut ct[..rows * spw];
-        ct.fill(0.0);
-        for (blk, block) in blocks.iter().enumerate() {
+        let (out, ldc) = if direct {
+            // `spw == sw` here (n is a multiple of 16), so row `i`'s strip is columns
+            // `kc..kc + sw` of C.
+            (c_rows[kc..].as_mut_ptr(), n)
+        } else {
+            sums[..rows * spw].fill(0.0);
+            (sums.as_mut_ptr(), spw)
+        };
+        for (blk, masks) in blocks.iter().enumerate() {
             let p0 = blk * ROW_BLOCK;
             for p in 0..ROW_BLOCK.min(k - p0) {
                 pa[p * spw..][..sw].copy_from_slice(&b.row(p0 + p)[kc..][..sw]);
             }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2 + FMA), and
-            // `Simd::Avx512` is only chosen where the CPU has AVX-512F; `pa` is
-            // `ROW_BLOCK x spw` with every marked row (below `k - p0`) written, the block holds
-            // `rows` masks and `rows x ROW_BLOCK` values, and `ct` is `rows x spw`.
+            // `Simd::Avx512` is only chosen where the CPU has AVX-512F. `pa` is `ROW_BLOCK x
+            // spw` with every marked row (below `k - p0`) written. A marked bit `p` of row
+            // `i` reads `A[r0 + i, p0 + p]`, inside A (`p0 + p < k`, `r0 + i < m`). Row `i`'s
+            // `spw` floats at `out + i * ldc` are inside `c_rows` (direct: columns `kc..kc +
+            // sw` of its row) or `sums` (`rows x spw`), which nothing else touches meanwhile.
             unsafe {
+                let marked = super::sparse_grad::x86::Marked {
+                    masks,
+                    vals: a.data().as_ptr().add(r0 * k + p0),
+                    stride: k,
+                };
                 match simd {
-                    Simd::Avx512 => super::sparse_grad::x86::block_avx512(pa, spw, block, ct),
-                    Simd::Avx2 => super::sparse_grad::x86::block_avx2(pa, spw, block, ct),
+                    Simd::Avx512 => {
+                        super::sparse_grad::x86::block_avx512(pa, spw, marked, out, ldc)
+                    }
+                    Simd::Avx2 => super::sparse_grad::x86::block_avx2(pa, spw, marked, out, ldc),
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
-                let _ = (simd, block, &mut *ct);
+                let _ = (simd, masks, out, ldc);
                 unreachable!("gemm_nn_sparse asserts available(), which is false off x86-64")
             }
         }
-        for (row, sums) in c_rows.chunks_exact_mut(n).zip(ct.chunks_exact(spw)) {
-            for (o, &s) in row[kc..kc + sw].iter_mut().zip(sums) {
-                // `beta C` added fused, as the dense row-major tile does.
-                *o = if beta == 0.0 {
-                    alpha * s
-                } else {
-                    beta.mul_add(*o, alpha * s)
-                };
+        if !direct {
+            for (row, sums) in c_rows.chunks_exact_mut(n).zip(sums.chunks_exact(spw)) {
+                for (o, &s) in row[kc..kc + sw].iter_mut().zip(sums) {
+                    // `beta C` added fused, as the dense row-major tile does.
+                    *o = if beta == 0.0 {
+                        alpha * s
+                    } else {
+                        beta.mul_add(*o, alpha * s)
+                    };
+                }
             }
         }
     }
     used
 }
 
-/// Columns `p0..p0 + ROW_BLOCK` (fewer at the end) of `A`'s rows `r0..r0 + rows`: row `i`'s
-/// values at `gt[i * ROW_BLOCK..]` (zeros past `A`'s last column), and bit `p` of `masks[i]`
-/// set when `A[r0 + i, p0 + p]` is not zero (or is NaN).
-fn mark_rows(a: &Tensor, r0: usize, rows: usize, p0: usize) -> BlockNonZeros {
+/// The masks of columns `p0..p0 + ROW_BLOCK` (fewer at the end) of `A`'s rows `r0..r0 +
+/// rows`: bit `p` of row `i`'s mask is set when `A[r0 + i, p0 + p]` is not zero (or is NaN).
+fn mark_rows(a: &Tensor, r0: usize, rows: usize, p0: usize) -> Vec<u64> {
     let width = ROW_BLOCK.min(a.cols() - p0);
-    let mut block = BlockNonZeros {
-        masks: vec![0u64; rows],
-        gt: vec![0.0f32; rows * ROW_BLOCK],
-    };
-    for (i, (vals, mask)) in block
-        .gt
-        .chunks_exact_mut(ROW_BLOCK)
-        .zip(block.masks.iter_mut())
-        .enumerate()
-    {
-        let src = &a.row(r0 + i)[p0..p0 + width];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2); `vals` holds
-        // ROW_BLOCK >= width floats.
-        {
-            *mask = unsafe { x86::copy_and_mark(src, vals) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (src, vals, mask);
-            unreachable!("gemm_nn_sparse asserts available(), which is false off x86-64")
-        }
-    }
-    block
+    (r0..r0 + rows)
+        .map(|r| {
+            let src = &a.row(r)[p0..p0 + width];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2); `src` holds at
+            // most ROW_BLOCK = 64 floats.
+            unsafe {
+                x86::mark(src)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                let _ = src;
+                unreachable!("gemm_nn_sparse asserts available(), which is false off x86-64")
+            }
+        })
+        .collect()
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Copies `src` (at most 64 floats) into `vals` and returns the mask whose bit `p` is set
-    /// when `src[p]` is not zero (or is NaN), eight floats a compare.
+    /// The mask whose bit `p` is set when `src[p]` is not zero (or is NaN), eight floats a
+    /// compare.
     ///
     /// # Safety
-    /// AVX2; `src.len() <= 64` and `vals.len() >= src.len()`.
+    /// AVX2; `src.len() <= 64`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn copy_and_mark(src: &[f32], vals: &mut [f32]) -> u64 {
-        debug_assert!(src.len() <= 64 && vals.len() >= src.len());
+    pub(super) unsafe fn mark(src: &[f32]) -> u64 {
+        debug_assert!(src.len() <= 64);
         let full = src.len() / 8 * 8;
         let mut mask = 0u64;
         for c in (0..full).step_by(8) {
-            // SAFETY: c + 8 <= full <= both lengths.
+            // SAFETY: c + 8 <= full <= src.len().
             unsafe {
                 let v = _mm256_loadu_ps(src.as_ptr().add(c));
-                _mm256_storeu_ps(vals.as_mut_ptr().add(c), v);
                 // Unordered-or-not-equal: NaNs count as non-zero.
                 let ne = _mm256_cmp_ps::<_CMP_NEQ_UQ>(v, _mm256_setzero_ps());
                 mask |= u64::from(_mm256_movemask_ps(ne) as u8) << c;
             }
         }
-        for c in full..src.len() {
-            vals[c] = src[c];
-            mask |= u64::from(src[c] != 0.0) << c;
+        for (c, &v) in src.iter().enumerate().skip(full) {
+            mask |= u64::from(v != 0.0) << c;
         }
         mask
     }
@@ -267,10 +283,12 @@ mod tests {
         let mut rand = |r: usize, c: usize, density: f64| testing::random(&mut rng, r, c, density);
         // (rows of A, inner dimension, columns of C): one element; several tasks with a
         // partial last one; inner dimensions not a multiple of the 64-column blocks; C's
-        // width past one strip by one float and with tails of 1, 9 and 17 floats.
+        // width past one strip by one float and with tails of 1, 9 and 17 floats; widths of
+        // whole vectors (144, 256), which alpha = 1, beta = 0 sums straight into C.
         let shapes = [
             (1, 1, 1),
             (1100, 70, 129),
+            (700, 100, 144),
             (513, 64, 9),
             (40, 200, 256),
             (7, 130, 17),
