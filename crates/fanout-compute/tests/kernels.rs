@@ -747,7 +747,15 @@ fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
         !skips_zeros_of_a(&rand_tensor(1500, 256, &mut rng), 256),
         "a dense G"
     );
-    assert!(!skips_zeros_of_a(&g, 64), "a narrow product");
+    assert!(!skips_zeros_of_a(&g, 32), "a narrow product");
+    assert!(
+        skips_zeros_of_a(&g, 64) == sparse_grad::available(),
+        "64 wide"
+    );
+    assert!(
+        !skips_zeros_of_a(&rand_sparse(1500, 256, 0.4, &mut rng), 64),
+        "64 wide, 40% non-zero"
+    );
     assert!(
         !skips_zeros_of_a(&rand_sparse(100, 256, 0.25, &mut rng), 256),
         "a thin G"

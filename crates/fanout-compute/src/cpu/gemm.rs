@@ -399,30 +399,35 @@ pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
         && !sparse_grad::density_exceeds(g, 16, SPARSE_MAX_DENSITY)
 }
 
-/// [`gemm`] multiplies a row-major `a` by skipping its zeros ([`sparse_rows::gemm_nn_sparse`])
-/// when it is sampled every 16th row at most this dense. Measured with `kernel_speed ROWS
-/// WIDTH` (`G W^T`, `G` of 256 columns, two threads, Sapphire Rapids VM), against the dense
-/// product: at 26% non-zero 1.46-1.53x faster for `W^T` 256 wide (3,640 and 20,000 rows),
-/// 1.31x for 128; at 34% 1.32x at 256; at 43% 1.07-1.19x, and slower from about 50%.
-const SPARSE_ROWS_MAX_DENSITY: f64 = 0.35;
-
-/// Narrowest `op(b)` for which [`gemm`] skips the zeros of `a`: with fewer columns the
-/// kernel's per-row work outweighs the products it skips (at 64 columns it was 1.03x the dense
-/// product at 26% non-zero, at 16 columns 0.66x).
-const SPARSE_ROWS_MIN_N: usize = 128;
+/// The densest row-major `a` (sampled every 16th row) whose zeros [`gemm`] skips
+/// ([`sparse_rows::gemm_nn_sparse`]) in a product with `n` columns, or `None` for a product
+/// too narrow to gain. Measured with `kernel_speed ROWS WIDTH` (`G W^T`, `G` of 256 columns,
+/// `W^T` WIDTH wide, two threads, Sapphire Rapids VM) against the dense product: 256 wide
+/// over 3,640 and 20,000 rows, 1.68-1.81x faster at 26% non-zero, 1.26-1.31x at 43%,
+/// 1.11-1.13x at 51%, level at 60%; 128 wide, 1.52x at 26%, 1.22x at 43%; 64 wide, 1.35x at
+/// 26%, 1.06x at 34%, level at 43%. The bounds leave a margin for the sampled estimate.
+fn sparse_rows_max_density(n: usize) -> Option<f64> {
+    if n >= 128 {
+        Some(0.45)
+    } else if n >= 64 {
+        Some(0.3)
+    } else {
+        None
+    }
+}
 
 /// True when [`gemm`] and [`matmul`] compute `a * op(b)` (`op(b)` of `n` columns, `a` not
-/// transposed) by skipping `a`'s zeros: at least 512 rows and 64 columns in `a`, `n` at least
-/// [`SPARSE_ROWS_MIN_N`], a CPU with the kernel, and `a`, sampled every 16th row, at most
-/// [`SPARSE_ROWS_MAX_DENSITY`] non-zero. That is the input gradient `G W^T` of a hidden
-/// layer behind ReLU and dropout, or such a layer's output multiplied by the next layer.
+/// transposed) by skipping `a`'s zeros: at least 512 rows and 64 columns in `a`, a CPU with
+/// the kernel, and `a`, sampled every 16th row, at most as dense as
+/// [`sparse_rows_max_density`] allows for `n` (45% from 128 columns, 30% from 64). That is the
+/// input gradient `G W^T` of a hidden layer behind ReLU and dropout, or such a layer's
+/// output multiplied by the next layer.
 pub fn skips_zeros_of_a(a: &Tensor, n: usize) -> bool {
     let (m, k) = a.shape();
-    m >= 512
-        && k >= 64
-        && n >= SPARSE_ROWS_MIN_N
-        && sparse_grad::available()
-        && !sparse_grad::density_exceeds(a, 16, SPARSE_ROWS_MAX_DENSITY)
+    let Some(max) = sparse_rows_max_density(n) else {
+        return false;
+    };
+    m >= 512 && k >= 64 && sparse_grad::available() && !sparse_grad::density_exceeds(a, 16, max)
 }
 
 /// `(m, n)` of `op(A) * op(B)`; panics if the inner dimensions differ.
