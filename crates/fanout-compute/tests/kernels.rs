@@ -738,8 +738,10 @@ fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
     // and dropout) skip G's zeros where the CPU has the kernel; the skipped terms are exact
     // zeros added to sums that start at +0, so on AVX-512 CPUs (where the dense product is
     // the row-major tile for every width) the bits are the dense product's, with beta = 0 and
-    // beta != 0, on 1 and 3 threads. Elsewhere the naive product within rounding. A dense G,
-    // a narrow W and a thin G take the dense path.
+    // beta != 0, on 1 and 3 threads. Elsewhere the naive product within rounding. W is 208
+    // wide (whole vectors), so `matmul` sums straight into its fresh, unzeroed C and the
+    // accumulating `gemm` through a buffer. A dense G, a narrow W and a thin G take the dense
+    // path.
     let mut rng = Rng::new(41);
     let g = rand_sparse(1500, 256, 0.25, &mut rng);
     assert_eq!(skips_zeros_of_a(&g, 256), sparse_grad::available());
@@ -764,9 +766,9 @@ fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
     let same_bits = is_x86_feature_detected!("avx512f");
     #[cfg(not(target_arch = "x86_64"))]
     let same_bits = false;
-    let w = rand_tensor(200, 256, &mut rng);
-    let wt = Tensor::from_fn(256, 200, |p, j| w.get(j, p));
-    let c0 = rand_tensor(1500, 200, &mut rng);
+    let w = rand_tensor(208, 256, &mut rng);
+    let wt = Tensor::from_fn(256, 208, |p, j| w.get(j, p));
+    let c0 = rand_tensor(1500, 208, &mut rng);
     let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let naive = naive_matmul(&g, false, &wt, false);
     let mut first = None;
@@ -782,7 +784,7 @@ fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
             let mut acc = c0.clone();
             gemm(0.5, &g, false, &w, true, 1.5, &mut acc);
             if same_bits {
-                let mut dense = Tensor::zeros(1500, 200);
+                let mut dense = Tensor::zeros(1500, 208);
                 gemm_dense(1.0, &g, false, &wt, false, 0.0, &mut dense);
                 assert_eq!(
                     bits(&plain),

@@ -329,30 +329,23 @@ fn gemm_dense_with(
 }
 
 /// `op(A) * op(B)` as a new tensor (see [`gemm`]; a mostly-zero `A` skips its zeros, as
-/// there). The dense products write into fresh memory without zeroing it first (a GEMM
-/// with `beta == 0` writes every element of C).
+/// there), written into fresh memory without zeroing it first (with `beta == 0` either kernel
+/// writes every element of C).
 pub fn matmul(a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> Tensor {
     let (m, n) = product_shape(a, trans_a, b, trans_b);
-    if !trans_a && skips_zeros_of_a(a, n) {
-        let mut c = Tensor::zeros(m, n);
-        gemm(1.0, a, trans_a, b, trans_b, 0.0, &mut c);
-        return c;
-    }
     count(a, trans_a, b, trans_b);
     let mut data: Vec<f32> = Vec::with_capacity(m * n);
-    // SAFETY: with beta == 0, `gemm_into` writes every one of the m * n elements and reads
-    // none (its contract), so all `m * n` elements are initialised before `set_len`.
+    let c = &mut data.spare_capacity_mut()[..m * n];
+    // SAFETY: with beta == 0, `gemm_nn_sparse_into` and `gemm_into` write every one of the
+    // m * n elements and read none (their contracts), so all `m * n` elements are
+    // initialised before `set_len`.
     unsafe {
-        gemm_into(
-            1.0,
-            a,
-            trans_a,
-            b,
-            trans_b,
-            0.0,
-            &mut data.spare_capacity_mut()[..m * n],
-            Kernels::Any,
-        );
+        if !trans_a && skips_zeros_of_a(a, n) {
+            let used = sparse_rows::gemm_nn_sparse_into(None, 1.0, a, b, trans_b, 0.0, c);
+            count_skipped(n, a, used);
+        } else {
+            gemm_into(1.0, a, trans_a, b, trans_b, 0.0, c, Kernels::Any);
+        }
         data.set_len(m * n);
     }
     Tensor::new(m, n, data)

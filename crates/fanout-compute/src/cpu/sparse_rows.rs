@@ -25,6 +25,7 @@
 //! product here), hence this module.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::sparse_grad::{available, padded, Simd, ROW_BLOCK, STRIP};
 use crate::tensor::Tensor;
@@ -52,12 +53,12 @@ pub fn gemm_nn_sparse(
     beta: f32,
     c: &mut Tensor,
 ) -> usize {
-    gemm_nn_sparse_with(Simd::best(), alpha, a, b, trans_b, beta, c)
+    gemm_nn_sparse_with(None, alpha, a, b, trans_b, beta, c)
 }
 
 /// [`gemm_nn_sparse`] with the given vector width.
 fn gemm_nn_sparse_with(
-    simd: Simd,
+    simd: Option<Simd>,
     alpha: f32,
     a: &Tensor,
     b: &Tensor,
@@ -65,6 +66,39 @@ fn gemm_nn_sparse_with(
     beta: f32,
     c: &mut Tensor,
 ) -> usize {
+    let n = if trans_b { b.rows() } else { b.cols() };
+    assert_eq!(
+        c.shape(),
+        (a.rows(), n),
+        "gemm_nn_sparse: C has the wrong shape"
+    );
+    let cd = c.data_mut();
+    // SAFETY: `cd` is initialised, so it may be read whatever beta is; viewing it as
+    // MaybeUninit only lets the kernel write floats into it.
+    unsafe {
+        let len = cd.len();
+        let cu = std::slice::from_raw_parts_mut(cd.as_mut_ptr().cast::<MaybeUninit<f32>>(), len);
+        gemm_nn_sparse_into(simd, alpha, a, b, trans_b, beta, cu)
+    }
+}
+
+/// [`gemm_nn_sparse`] into a `C` given as `m x n` row-major, possibly uninitialised memory
+/// (what [`super::gemm::matmul`] hands it: no zero-fill first), with the vector width
+/// `simd` (the best one the CPU runs for `None`).
+///
+/// # Safety
+/// When `beta != 0`, every element of `c` must be initialised (it is read). When
+/// `beta == 0`, `c` is only written, and on return every element of it has been written.
+pub(super) unsafe fn gemm_nn_sparse_into(
+    simd: Option<Simd>,
+    alpha: f32,
+    a: &Tensor,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    c: &mut [MaybeUninit<f32>],
+) -> usize {
+    let simd = simd.unwrap_or_else(Simd::best);
     let (m, k) = a.shape();
     let (kb, n) = if trans_b {
         (b.cols(), b.rows())
@@ -75,7 +109,7 @@ fn gemm_nn_sparse_with(
         k, kb,
         "gemm_nn_sparse: A and op(B) differ in the inner dimension"
     );
-    assert_eq!(c.shape(), (m, n), "gemm_nn_sparse: C has the wrong shape");
+    assert_eq!(c.len(), m * n, "gemm_nn_sparse: C has the wrong length");
     assert!(available(), "gemm_nn_sparse needs AVX2 and FMA");
     if m == 0 || n == 0 {
         return 0;
@@ -92,15 +126,15 @@ fn gemm_nn_sparse_with(
     } else {
         b
     };
-    c.data_mut()
-        .par_chunks_mut(ROWS_PER_TASK * n)
+    c.par_chunks_mut(ROWS_PER_TASK * n)
         .enumerate()
         .map(|(t, c_rows)| rows_task(simd, alpha, a, t * ROWS_PER_TASK, b, beta, c_rows))
         .sum()
 }
 
-/// One task: rows `r0..r0 + c_rows.len() / n` of `C`, written into `c_rows`. Returns the
-/// entries of those rows of `A` it used.
+/// One task: rows `r0..r0 + c_rows.len() / n` of `C`, written into `c_rows` (read only when
+/// `beta != 0`, then initialised: [`gemm_nn_sparse_into`]'s contract). Returns the entries of
+/// those rows of `A` it used.
 fn rows_task(
     simd: Simd,
     alpha: f32,
@@ -108,7 +142,7 @@ fn rows_task(
     r0: usize,
     b: &Tensor,
     beta: f32,
-    c_rows: &mut [f32],
+    c_rows: &mut [MaybeUninit<f32>],
 ) -> usize {
     let (k, n) = b.shape();
     let rows = c_rows.len() / n;
@@ -127,7 +161,7 @@ fn rows_task(
     let direct = alpha == 1.0 && beta == 0.0 && n % 16 == 0;
     let spw_max = padded(STRIP.min(n));
     let mut sums = if direct {
-        c_rows.fill(0.0);
+        c_rows.fill(MaybeUninit::new(0.0));
         Vec::new()
     } else {
         vec![0.0f32; rows * spw_max]
@@ -145,7 +179,7 @@ fn rows_task(
         let (out, ldc) = if direct {
             // `spw == sw` here (n is a multiple of 16), so row `i`'s strip is columns
             // `kc..kc + sw` of C.
-            (c_rows[kc..].as_mut_ptr(), n)
+            (c_rows[kc..].as_mut_ptr().cast::<f32>(), n)
         } else {
             sums[..rows * spw].fill(0.0);
             (sums.as_mut_ptr(), spw)
@@ -156,7 +190,7 @@ fn rows_task(
                 pa[p * spw..][..sw].copy_from_slice(&b.row(p0 + p)[kc..][..sw]);
             }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2 + FMA), and
+            // SAFETY: `gemm_nn_sparse_into` asserted `available()` (AVX2 + FMA), and
             // `Simd::Avx512` is only chosen where the CPU has AVX-512F. `pa` is `ROW_BLOCK x
             // spw` with every marked row (below `k - p0`) written. A marked bit `p` of row
             // `i` reads `A[r0 + i, p0 + p]`, inside A (`p0 + p < k`, `r0 + i < m`). Row `i`'s
@@ -185,11 +219,12 @@ fn rows_task(
             for (row, sums) in c_rows.chunks_exact_mut(n).zip(sums.chunks_exact(spw)) {
                 for (o, &s) in row[kc..kc + sw].iter_mut().zip(sums) {
                     // `beta C` added fused, as the dense row-major tile does.
-                    *o = if beta == 0.0 {
+                    o.write(if beta == 0.0 {
                         alpha * s
                     } else {
-                        beta.mul_add(*o, alpha * s)
-                    };
+                        // SAFETY: beta != 0 only with an initialised C (the contract).
+                        beta.mul_add(unsafe { o.assume_init() }, alpha * s)
+                    });
                 }
             }
         }
@@ -205,7 +240,7 @@ fn mark_rows(a: &Tensor, r0: usize, rows: usize, p0: usize) -> Vec<u64> {
         .map(|r| {
             let src = &a.row(r)[p0..p0 + width];
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `gemm_nn_sparse_with` asserted `available()` (AVX2); `src` holds at
+            // SAFETY: `gemm_nn_sparse_into` asserted `available()` (AVX2); `src` holds at
             // most ROW_BLOCK = 64 floats.
             unsafe {
                 x86::mark(src)
@@ -314,7 +349,13 @@ mod tests {
                                 let mut got = c0.clone();
                                 let listed = pool.install(|| {
                                     gemm_nn_sparse_with(
-                                        simd, alpha, &a, op_b, trans_b, beta, &mut got,
+                                        Some(simd),
+                                        alpha,
+                                        &a,
+                                        op_b,
+                                        trans_b,
+                                        beta,
+                                        &mut got,
                                     )
                                 });
                                 let threads = pool.current_num_threads();
