@@ -379,6 +379,24 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         }
         Ok(())
     }
+    /// Weight and bias gradients through an epilogue that kept `factor`, when nothing else
+    /// needs the gradient at its input `g = grad * factor` (elementwise): `bias <- bias +
+    /// column sums of g` and `c_i <- c_i + a_i^T g` for every pair. The same values as
+    /// [`Backend::mul_sum_rows`], [`Backend::axpy`] of the sums into `bias` and
+    /// [`Backend::acc_at_b_shared`] (the default does exactly that, and the CPU backend gives
+    /// the same bits); a backend may make `g` where it marks its non-zeros instead of
+    /// writing it out. Panics if the shapes differ.
+    fn acc_at_b_shared_product(
+        &self,
+        grad: &Self::Tensor,
+        factor: &Self::Tensor,
+        pairs: &mut [(&Self::Tensor, &mut Self::Tensor)],
+        bias: &mut Self::Tensor,
+    ) -> DeviceResult<()> {
+        let (g, sums) = self.mul_sum_rows(grad, factor)?;
+        self.axpy(1.0, &sums, bias)?;
+        self.acc_at_b_shared(&g, pairs)
+    }
     /// `op(A) * op(B)` as a new tensor.
     fn matmul(
         &self,

@@ -62,12 +62,36 @@ fn every_product_path_adds_exactly_its_nominal_flops() {
         &mut || gemm::gemm(1.0, &x, true, &g, false, 0.0, &mut c2),
         flops,
     );
+    // The product of `g` and a factor of twos has `g`'s zeros, and the dense one none.
+    let twos = Tensor::new(rows, n, vec![2.0; rows * n]);
+    check(
+        "acc_at_b_shared_product, two pairs, sparse",
+        &mut || {
+            drop(gemm::acc_at_b_shared_product(
+                &g,
+                &twos,
+                &mut [(&x, &mut c1), (&x, &mut c2)],
+            ))
+        },
+        2 * flops,
+    );
+    check(
+        "acc_at_b_shared_product, one pair, dense",
+        &mut || {
+            drop(gemm::acc_at_b_shared_product(
+                &dense,
+                &twos,
+                &mut [(&x, &mut c1)],
+            ))
+        },
+        flops,
+    );
     assert!(expected > 0);
-    // Only the two sparse products skipped anything: three pairs in all, each `2 k` flops for
+    // Only the four sparse products skipped anything: five pairs in all, each `2 k` flops for
     // every zero of `g` (nine in ten of its entries).
     let zeros = (rows * n - (rows * n).div_ceil(10)) as u64;
     let want = if sparse_grad::available() {
-        3 * 2 * k as u64 * zeros
+        5 * 2 * k as u64 * zeros
     } else {
         0
     };

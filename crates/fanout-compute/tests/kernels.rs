@@ -733,6 +733,47 @@ fn row_major_and_column_major_a_and_transposed_b_give_the_product() {
 }
 
 #[test]
+fn weight_gradients_of_a_kept_factors_product_match_the_written_out_product() {
+    // `acc_at_b_shared_product` against what the layers did before it: `mul_sum_rows`, the
+    // bias `axpy` and `acc_at_b_shared` on the product written out. The same bits on the
+    // zero-skipping path (a ReLU-and-dropout factor, a quarter non-zero), the dense one (a
+    // factor of twos) and a gradient too short for the kernel.
+    let be = CpuBackend;
+    let mut rng = Rng::new(43);
+    for (rows, p) in [(3000, 0.25), (3000, 1.0), (100, 0.25)] {
+        let grad = rand_tensor(rows, 64, &mut rng);
+        let factor = Tensor::from_fn(rows, 64, |_, _| if rng.bernoulli(p) { 2.0 } else { 0.0 });
+        let (x1, x2) = (
+            rand_tensor(rows, 100, &mut rng),
+            rand_tensor(rows, 37, &mut rng),
+        );
+        let (c1, c2, bias) = (
+            rand_tensor(100, 64, &mut rng),
+            rand_tensor(37, 64, &mut rng),
+            rand_tensor(1, 64, &mut rng),
+        );
+        let (mut w1, mut w2, mut b) = (c1.clone(), c2.clone(), bias.clone());
+        let (g, sums) = be.mul_sum_rows(&grad, &factor).unwrap();
+        be.axpy(1.0, &sums, &mut b).unwrap();
+        be.acc_at_b_shared(&g, &mut [(&x1, &mut w1), (&x2, &mut w2)])
+            .unwrap();
+        let (mut v1, mut v2, mut v) = (c1, c2, bias);
+        be.acc_at_b_shared_product(
+            &grad,
+            &factor,
+            &mut [(&x1, &mut v1), (&x2, &mut v2)],
+            &mut v,
+        )
+        .unwrap();
+        let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let what = format!("{rows} rows, factor non-zero with probability {p}");
+        assert_eq!(bits(&v1), bits(&w1), "first weight gradient, {what}");
+        assert_eq!(bits(&v2), bits(&w2), "second weight gradient, {what}");
+        assert_eq!(bits(&v), bits(&b), "bias gradient, {what}");
+    }
+}
+
+#[test]
 fn a_mostly_zero_left_factor_gives_the_dense_products_bits() {
     // `G W^T` and `G W` with G about a quarter non-zero (a hidden layer's gradient behind ReLU
     // and dropout) skip G's zeros where the CPU has the kernel; the skipped terms are exact

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{rowmajor, sparse_grad, sparse_rows};
+use super::{dense, rowmajor, sparse_grad, sparse_rows};
 use crate::tensor::Tensor;
 
 /// Products with fewer multiply-adds than this run on the calling thread.
@@ -371,6 +371,42 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
     }
 }
 
+/// [`acc_at_b_shared`] of `g = grad * factor` (elementwise: the gradient through an epilogue
+/// that kept `factor`), returning `g`'s column sums as [`dense::mul_sum_rows`] gives them
+/// (`1 x n`, the same bits). Where the zeros of `g` are skipped (the test of
+/// [`skips_zeros`], on the product), `g` is made inside the marking pass of
+/// [`sparse_grad::gemm_tn_sparse_product`] and never written out; otherwise it is
+/// `mul_sum_rows`' product, multiplied densely. Panics on mismatched shapes.
+pub fn acc_at_b_shared_product(
+    grad: &Tensor,
+    factor: &Tensor,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+) -> Tensor {
+    assert_eq!(
+        grad.shape(),
+        factor.shape(),
+        "G's factor has the wrong shape"
+    );
+    let widest = pairs.iter().map(|(a, _)| a.cols()).max().unwrap_or(0);
+    let sums = if pairs.iter().all(|(a, _)| a.rows() == grad.rows())
+        && sparse_shape(grad, widest)
+        && !sparse_grad::product_density_exceeds(grad, factor, 16, SPARSE_MAX_DENSITY)
+    {
+        for (a, _) in pairs.iter() {
+            count(a, true, grad, false);
+        }
+        let cols = pairs.iter().map(|(a, _)| a.cols()).sum();
+        let (used, sums) = sparse_grad::gemm_tn_sparse_product(1.0, pairs, grad, factor, 1.0);
+        count_skipped(cols, grad, used);
+        Tensor::new(1, grad.cols(), sums.into_iter().map(|v| v as f32).collect())
+    } else {
+        let (g, sums) = dense::mul_sum_rows(grad, factor);
+        acc_at_b_shared(&g, pairs);
+        sums
+    };
+    sums
+}
+
 /// Largest fraction of non-zeros in `g` at which `a^T g` goes through
 /// [`sparse_grad::gemm_tn_sparse`]. Measured with `kernel_speed 6000 WIDTH` (two
 /// `WIDTH x 6,000 x 256` gradients, two threads, AVX-512), WIDTH 100, 256 and 1,024: at 51%
@@ -385,11 +421,15 @@ const SPARSE_MAX_DENSITY: f64 = 0.5;
 /// for `k` = 256 over 3,640 rows, 1.75x for `k` = 100 over 6,000 (`kernel_speed ROWS WIDTH`,
 /// two threads).
 pub fn skips_zeros(g: &Tensor, k: usize) -> bool {
+    sparse_shape(g, k) && !sparse_grad::density_exceeds(g, 16, SPARSE_MAX_DENSITY)
+}
+
+/// [`skips_zeros`] but for the density: the shape and the CPU.
+fn sparse_shape(g: &Tensor, k: usize) -> bool {
     let (inner, n) = g.shape();
     inner >= K_SPLIT_MIN
         && k.saturating_mul(n).saturating_mul(inner) >= PARALLEL_MIN_MACS
         && sparse_grad::available()
-        && !sparse_grad::density_exceeds(g, 16, SPARSE_MAX_DENSITY)
 }
 
 /// The densest row-major `a` (sampled every 16th row) whose zeros [`gemm`] skips

@@ -96,6 +96,17 @@ impl Backend for CpuBackend {
         gemm::acc_at_b_shared(g, pairs);
         Ok(())
     }
+    fn acc_at_b_shared_product(
+        &self,
+        grad: &Tensor,
+        factor: &Tensor,
+        pairs: &mut [(&Tensor, &mut Tensor)],
+        bias: &mut Tensor,
+    ) -> DeviceResult<()> {
+        let sums = gemm::acc_at_b_shared_product(grad, factor, pairs);
+        dense::axpy(1.0, &sums, bias);
+        Ok(())
+    }
     fn matmul(&self, a: &Tensor, trans_a: bool, b: &Tensor, trans_b: bool) -> DeviceResult<Tensor> {
         Ok(gemm::matmul(a, trans_a, b, trans_b))
     }

@@ -26,6 +26,7 @@
 
 use rayon::prelude::*;
 
+use super::par::{sum_partials, REDUCE_ROWS};
 use crate::tensor::Tensor;
 
 /// Rows of `G` whose non-zeros are marked together, and rows of `A` packed together: a
@@ -35,6 +36,8 @@ use crate::tensor::Tensor;
 pub(super) const ROW_BLOCK: usize = 64;
 // A block's rows are the bits of one `u64` mask per column.
 const _: () = assert!(ROW_BLOCK <= 64);
+// `NonZeros::of_product`'s column sums are taken over whole row blocks.
+const _: () = assert!(REDUCE_ROWS.is_multiple_of(ROW_BLOCK));
 /// Columns of `A` (rows of `C`) per parallel task: one strip of `C^T`'s row held in
 /// registers across a column's non-zeros (eight 16-float AVX-512 vectors, or two passes of
 /// eight 8-float AVX2 vectors).
@@ -73,14 +76,42 @@ pub fn density(g: &Tensor, step: usize) -> f64 {
 /// dense matrix (a layer's input features, checked before every product) is rejected after
 /// reading about `max` of its sample. The same answer as comparing [`density`] with `max`.
 pub fn density_exceeds(g: &Tensor, step: usize, max: f64) -> bool {
+    sample_exceeds(g.rows(), g.cols(), step, max, |r| {
+        g.row(r).iter().filter(|&&v| v != 0.0).count()
+    })
+}
+
+/// [`density_exceeds`] of the elementwise product `grad * factor` (each entry one f32
+/// multiply), without making it. Panics if the shapes differ.
+pub fn product_density_exceeds(grad: &Tensor, factor: &Tensor, step: usize, max: f64) -> bool {
+    assert_eq!(
+        grad.shape(),
+        factor.shape(),
+        "G's factor has the wrong shape"
+    );
+    sample_exceeds(grad.rows(), grad.cols(), step, max, |r| {
+        let (g, f) = (grad.row(r), factor.row(r));
+        g.iter().zip(f).filter(|&(&x, &y)| x * y != 0.0).count()
+    })
+}
+
+/// True when the non-zeros of every `step`-th of `rows` rows of `cols` entries (`row_nz(r)`
+/// of row `r`) are more than `max` of those rows' entries, stopping once they are.
+fn sample_exceeds(
+    rows: usize,
+    cols: usize,
+    step: usize,
+    max: f64,
+    mut row_nz: impl FnMut(usize) -> usize,
+) -> bool {
     let step = step.max(1);
-    let total = g.rows().div_ceil(step) * g.cols();
+    let total = rows.div_ceil(step) * cols;
     if total == 0 {
         return 0.0 > max;
     }
     let mut nz = 0usize;
-    for r in (0..g.rows()).step_by(step) {
-        nz += g.row(r).iter().filter(|&&v| v != 0.0).count();
+    for r in (0..rows).step_by(step) {
+        nz += row_nz(r);
         // `nz` only grows, so once this holds the whole sample's density exceeds `max` too.
         if nz as f64 / total as f64 > max {
             return true;
@@ -148,6 +179,51 @@ fn gemm_tn_sparse_with(
     g: &Tensor,
     beta: f32,
 ) -> usize {
+    check_pairs(pairs, g);
+    if g.cols() == 0 {
+        return 0;
+    }
+    let nz = NonZeros::of(g);
+    multiply(simd, alpha, pairs, &nz, beta);
+    nz.count()
+}
+
+/// [`gemm_tn_sparse`] of `G = grad * factor` (elementwise, each entry one f32 multiply: the
+/// gradient through an epilogue that kept `factor`), which is made as its non-zeros are
+/// marked and never written out whole. Returns the entries used, and `G`'s column sums as
+/// [`super::dense::mul_sum_rows`] gives them (f64, the same bits), so that one pass over
+/// `grad` and `factor` does what `mul_sum_rows` and [`gemm_tn_sparse`] did in three.
+///
+/// Panics on mismatched shapes, or if [`available`] is false.
+pub fn gemm_tn_sparse_product(
+    alpha: f32,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+    grad: &Tensor,
+    factor: &Tensor,
+    beta: f32,
+) -> (usize, Vec<f64>) {
+    gemm_tn_sparse_product_with(Simd::best(), alpha, pairs, grad, factor, beta)
+}
+
+/// [`gemm_tn_sparse_product`] with the given vector width.
+fn gemm_tn_sparse_product_with(
+    simd: Simd,
+    alpha: f32,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+    grad: &Tensor,
+    factor: &Tensor,
+    beta: f32,
+) -> (usize, Vec<f64>) {
+    check_pairs(pairs, grad);
+    let (nz, sums) = NonZeros::of_product(grad, factor);
+    if grad.cols() > 0 {
+        multiply(simd, alpha, pairs, &nz, beta);
+    }
+    (nz.count(), sums)
+}
+
+/// Asserts the shapes [`gemm_tn_sparse`] takes, and that the CPU runs it.
+fn check_pairs(pairs: &[(&Tensor, &mut Tensor)], g: &Tensor) {
     let (m, n) = g.shape();
     for (a, c) in pairs.iter() {
         assert_eq!(a.rows(), m, "gemm_tn_sparse: A and G differ in rows");
@@ -158,11 +234,18 @@ fn gemm_tn_sparse_with(
         );
     }
     assert!(available(), "gemm_tn_sparse needs AVX2 and FMA");
-    if n == 0 {
-        return 0;
-    }
-    let nz = NonZeros::of(g);
-    let listed = nz.count();
+}
+
+/// `C_i <- beta * C_i + alpha * A_i^T G` for every pair, over the non-zeros `nz` of `G`
+/// (which has at least one column), in parallel over strips of each `C_i`'s rows.
+fn multiply(
+    simd: Simd,
+    alpha: f32,
+    pairs: &mut [(&Tensor, &mut Tensor)],
+    nz: &NonZeros,
+    beta: f32,
+) {
+    let n = nz.n;
     let mut tasks: Vec<(&Tensor, usize, &mut [f32])> = Vec::new();
     for (a, c) in pairs.iter_mut() {
         let a: &Tensor = a;
@@ -175,7 +258,7 @@ fn gemm_tn_sparse_with(
         let spw = padded(sw);
         // C^T's rows kc..kc + sw, each padded to whole 16-float vectors.
         let mut ct = vec![0.0f32; n * spw];
-        accumulate(simd, a, &nz, kc, sw, &mut ct);
+        accumulate(simd, a, nz, kc, sw, &mut ct);
         for (kk, row) in out.chunks_exact_mut(n).enumerate() {
             for (j, o) in row.iter_mut().enumerate() {
                 let s = ct[j * spw + kk];
@@ -187,7 +270,6 @@ fn gemm_tn_sparse_with(
             }
         }
     });
-    listed
 }
 
 /// `k` rounded up to whole 16-float vectors: the row length of a task's `C^T` strip and of
@@ -203,17 +285,16 @@ pub(super) fn padded(k: usize) -> usize {
 /// 256 columns, fall into the same few L1 sets as the strip of `A`; a list of `(row, value)`
 /// pairs per column took longer to build than the masks and the copy together
 /// (docs/performance.md).
+///
+/// Block `b`'s masks are `masks[b * n..][..n]`: bit `r` of column `j`'s is set when row `r`
+/// of the block, in that column, is not zero (or is NaN). Its copy is `gt[b * n * ROW_BLOCK..]`,
+/// column `j`'s rows at `[j * ROW_BLOCK..][..ROW_BLOCK]`. Only the marked entries of the copy
+/// are meaningful: the others (a zero of G, a row past G's last) may hold anything, since no
+/// kernel reads an unmarked entry. That lets the copy's memory come from [`spare_copy`]
+/// without being cleared.
 struct NonZeros {
     /// G's columns.
     n: usize,
-    blocks: Vec<BlockNonZeros>,
-}
-
-/// One row block of G, transposed, and where its non-zeros are: column `j`'s rows are
-/// `gt[j * ROW_BLOCK..]` (block-local; zeros past the block's last row), and bit `r` of
-/// `masks[j]` is set when row `r` of that column is not zero (or is NaN).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct BlockNonZeros {
     masks: Vec<u64>,
     gt: Vec<f32>,
 }
@@ -222,42 +303,141 @@ impl NonZeros {
     /// Transposes and marks `g`'s row blocks in parallel.
     fn of(g: &Tensor) -> NonZeros {
         let (m, n) = g.shape();
-        let blocks = (0..m.div_ceil(ROW_BLOCK))
-            .into_par_iter()
-            .map(|b| {
-                let i0 = b * ROW_BLOCK;
-                let mut block = BlockNonZeros {
-                    masks: vec![0u64; n],
-                    gt: vec![0.0f32; n * ROW_BLOCK],
-                };
-                mark_block(g, i0, ROW_BLOCK.min(m - i0), &mut block);
-                block
-            })
-            .collect();
-        NonZeros { n, blocks }
+        let blocks = m.div_ceil(ROW_BLOCK);
+        let mut masks = vec![0u64; blocks * n];
+        let mut gt = spare_copy(blocks * n * ROW_BLOCK);
+        if n > 0 {
+            masks
+                .par_chunks_mut(n)
+                .zip(gt.par_chunks_mut(n * ROW_BLOCK))
+                .enumerate()
+                .for_each(|(b, (masks, gt))| {
+                    let i0 = b * ROW_BLOCK;
+                    mark_block(g, None, i0, ROW_BLOCK.min(m - i0), gt, masks, None);
+                });
+        }
+        NonZeros { n, masks, gt }
+    }
+
+    /// [`NonZeros::of`] the product `grad * factor` (elementwise, each entry one f32 multiply),
+    /// which is made block by block and never written out, and its column sums as
+    /// [`super::dense::mul_sum_rows`] adds them: f64 partial sums over chunks of [`REDUCE_ROWS`] rows
+    /// in row order, added in chunk order. Panics if the shapes differ.
+    fn of_product(grad: &Tensor, factor: &Tensor) -> (NonZeros, Vec<f64>) {
+        assert_eq!(
+            grad.shape(),
+            factor.shape(),
+            "G's factor has the wrong shape"
+        );
+        let (m, n) = grad.shape();
+        let blocks = m.div_ceil(ROW_BLOCK);
+        let mut masks = vec![0u64; blocks * n];
+        let mut gt = spare_copy(blocks * n * ROW_BLOCK);
+        let mut partials = Vec::new();
+        if n > 0 {
+            const PER_CHUNK: usize = REDUCE_ROWS / ROW_BLOCK;
+            partials = masks
+                .par_chunks_mut(PER_CHUNK * n)
+                .zip(gt.par_chunks_mut(PER_CHUNK * n * ROW_BLOCK))
+                .enumerate()
+                .map(|(c, (masks, gt))| {
+                    let mut sums = vec![0.0f64; n];
+                    let blocks = masks.chunks_mut(n).zip(gt.chunks_mut(n * ROW_BLOCK));
+                    for (b, (masks, gt)) in blocks.enumerate() {
+                        let i0 = (c * PER_CHUNK + b) * ROW_BLOCK;
+                        let ib = ROW_BLOCK.min(m - i0);
+                        mark_block(grad, Some(factor), i0, ib, gt, masks, Some(&mut sums));
+                    }
+                    sums
+                })
+                .collect();
+        }
+        let sums = sum_partials(partials, n);
+        (NonZeros { n, masks, gt }, sums)
+    }
+
+    /// Block `b`'s masks, and where its transposed copy starts.
+    fn block(&self, b: usize) -> (&[u64], *const f32) {
+        let masks = &self.masks[b * self.n..][..self.n];
+        (masks, self.gt[b * self.n * ROW_BLOCK..].as_ptr())
+    }
+
+    /// The number of row blocks.
+    fn blocks(&self) -> usize {
+        self.masks.len().checked_div(self.n).unwrap_or(0)
     }
 
     /// The number of entries marked: non-zeros and NaNs.
     fn count(&self) -> usize {
-        self.blocks
-            .iter()
-            .flat_map(|b| &b.masks)
-            .map(|m| m.count_ones() as usize)
-            .sum()
+        self.masks.iter().map(|m| m.count_ones() as usize).sum()
     }
 }
 
-/// `x86::mark_block` over G's rows `i0..i0 + ib` (the caller asserted [`available`]).
-fn mark_block(g: &Tensor, i0: usize, ib: usize, block: &mut BlockNonZeros) {
+impl Drop for NonZeros {
+    fn drop(&mut self) {
+        keep_spare(std::mem::take(&mut self.gt));
+    }
+}
+
+/// Transposed copies of earlier products, kept for the next ones. A layer's `G` is the same
+/// size step after step, and a fresh copy of it (80 MB in the first layer of a three-layer
+/// GCN on 100,000 vertices) was zeroed by the allocator and faulted in page by page: 6% of
+/// such an epoch's CPU, more than marking it. At most [`SPARE_KEPT`] copies are held, for
+/// the life of the process.
+static SPARE: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
+/// Copies [`SPARE`] holds at most: one per product that runs at a time (one per worker).
+const SPARE_KEPT: usize = 2;
+
+/// A buffer of at least `len` floats whose contents are unspecified (a spare copy's old
+/// values, or zeros where it had to grow).
+fn spare_copy(len: usize) -> Vec<f32> {
+    let spare = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let mut buf = spare.unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    buf
+}
+
+/// Hands `buf` to [`SPARE`] for a later [`spare_copy`], unless it holds enough already.
+fn keep_spare(buf: Vec<f32>) {
+    let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    if buf.capacity() > 0 && spare.len() < SPARE_KEPT {
+        spare.push(buf);
+    }
+}
+
+/// `x86::mark_block` over G's rows `i0..i0 + ib` into one block's copy and masks, G being
+/// `g * factor` when a factor is given, adding its entries into `sums` when given (the caller
+/// asserted [`available`]).
+fn mark_block(
+    g: &Tensor,
+    factor: Option<&Tensor>,
+    i0: usize,
+    ib: usize,
+    gt: &mut [f32],
+    masks: &mut [u64],
+    sums: Option<&mut [f64]>,
+) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `gemm_tn_sparse_with` asserted `available()`; `ib <= ROW_BLOCK`, the rows are
-    // inside G, and the block holds `n` masks and `n * ROW_BLOCK` floats.
+    // inside G, the factor has G's shape (asserted by the callers), the block holds `n` masks
+    // and `n * ROW_BLOCK` floats, and `sums` holds `n`.
     unsafe {
-        x86::mark_block(g.data(), g.cols(), i0, ib, &mut block.gt, &mut block.masks)
+        x86::mark_block(
+            g.data(),
+            factor.map(Tensor::data),
+            g.cols(),
+            i0,
+            ib,
+            gt,
+            masks,
+            sums,
+        )
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (g, i0, ib, block);
+        let _ = (g, factor, i0, ib, gt, masks, sums);
         unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
     }
 }
@@ -268,13 +448,14 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
     let (m, k) = a.shape();
     let spw = padded(sw);
     assert!(kc + sw <= k && sw > 0 && ct.len() == nz.n * spw);
-    assert_eq!(nz.blocks.len(), m.div_ceil(ROW_BLOCK));
+    assert_eq!(nz.blocks(), m.div_ceil(ROW_BLOCK));
     // The block's rows of A's strip, packed and 64-byte aligned (so that no vector load
     // straddles two cache lines); the lanes past `sw` stay zero.
     let mut buf = vec![0.0f32; ROW_BLOCK * spw + 15];
     let at = buf.as_ptr().align_offset(64).min(15);
     let pa = &mut buf[at..at + ROW_BLOCK * spw];
-    for (b, block) in nz.blocks.iter().enumerate() {
+    for b in 0..nz.blocks() {
+        let (masks, vals) = nz.block(b);
         let i0 = b * ROW_BLOCK;
         for r in 0..ROW_BLOCK.min(m - i0) {
             pa[r * spw..][..sw].copy_from_slice(&a.row(i0 + r)[kc..][..sw]);
@@ -286,8 +467,8 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
         // `j`'s marked rows are inside `gt`), and `ct` is `n x spw`.
         unsafe {
             let marked = x86::Marked {
-                masks: &block.masks,
-                vals: block.gt.as_ptr(),
+                masks,
+                vals,
                 stride: ROW_BLOCK,
             };
             let ct = ct.as_mut_ptr();
@@ -298,7 +479,7 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (simd, block, &mut *ct);
+            let _ = (simd, masks, vals, &mut *ct);
             unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
         }
     }
@@ -312,34 +493,60 @@ pub(super) mod x86 {
 
     /// Copies G's rows `i0..i0 + ib` (all `n` columns) into `gt` transposed (column `j` at
     /// `gt[j * ROW_BLOCK..][..ib]`) and sets bit `r` of `masks[j]` for every non-zero (or NaN)
-    /// `G[i0 + r, j]`. `masks` must be zero on entry.
+    /// `G[i0 + r, j]`. `masks` must be zero on entry. With `factor`, G is the elementwise
+    /// product `gd * factor` (each entry one f32 multiply), made here and written nowhere
+    /// else. With `sums`, each of G's entries is also added, as an f64, into `sums[j]` of its
+    /// column, in increasing row order.
     ///
     /// Full 8 x 8 tiles are transposed in registers, sixteen columns (one cache line of a
     /// row) at a time down the block, so that each line of G is read once and each column's
     /// rows are written together.
     ///
     /// # Safety
-    /// AVX2; `ib <= ROW_BLOCK`, `i0 + ib <= G's rows`, `gt.len() == n * ROW_BLOCK`,
-    /// `masks.len() == n`.
+    /// AVX2; `ib <= ROW_BLOCK`, `i0 + ib <= G's rows`, `factor` (when given) as long as `gd`,
+    /// `gt.len() == n * ROW_BLOCK`, `masks.len() == n`, `sums` (when given) of length `n`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn mark_block(
         gd: &[f32],
+        factor: Option<&[f32]>,
         n: usize,
         i0: usize,
         ib: usize,
         gt: &mut [f32],
         masks: &mut [u64],
+        mut sums: Option<&mut [f64]>,
     ) {
         debug_assert!(ib <= ROW_BLOCK && gt.len() == n * ROW_BLOCK && masks.len() == n);
         debug_assert!((i0 + ib) * n <= gd.len());
+        debug_assert!(factor.is_none_or(|f| f.len() == gd.len()));
+        debug_assert!(sums.as_deref().is_none_or(|s| s.len() == n));
         let (full_r, full_c) = (ib / 8 * 8, n / 8 * 8);
         let (src, dst) = (gd.as_ptr().add(i0 * n), gt.as_mut_ptr());
+        let fsrc = factor.map(|f| f.as_ptr().add(i0 * n));
         for c16 in (0..full_c).step_by(16) {
             for r8 in (0..full_r).step_by(8) {
                 for c8 in (c16..full_c.min(c16 + 16)).step_by(8) {
-                    let p = src.add(r8 * n + c8);
-                    let cols = transpose8(std::array::from_fn(|t| _mm256_loadu_ps(p.add(t * n))));
-                    for (c, v) in cols.into_iter().enumerate() {
+                    let at = r8 * n + c8;
+                    let rows: [__m256; 8] = std::array::from_fn(|t| {
+                        let v = _mm256_loadu_ps(src.add(at + t * n));
+                        match fsrc {
+                            Some(f) => _mm256_mul_ps(v, _mm256_loadu_ps(f.add(at + t * n))),
+                            None => v,
+                        }
+                    });
+                    if let Some(sums) = sums.as_deref_mut() {
+                        // Rows in order into the f64 sums of these eight columns.
+                        let sp = sums.as_mut_ptr().add(c8);
+                        let (mut lo, mut hi) = (_mm256_loadu_pd(sp), _mm256_loadu_pd(sp.add(4)));
+                        for r in rows {
+                            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(r)));
+                            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r)));
+                        }
+                        _mm256_storeu_pd(sp, lo);
+                        _mm256_storeu_pd(sp.add(4), hi);
+                    }
+                    for (c, v) in transpose8(rows).into_iter().enumerate() {
                         let j = c8 + c;
                         _mm256_storeu_ps(dst.add(j * ROW_BLOCK + r8), v);
                         // Unordered-or-not-equal: NaNs count as non-zero, as in a dense
@@ -350,12 +557,21 @@ pub(super) mod x86 {
                 }
             }
         }
-        // The rows and columns outside full tiles, one element at a time.
+        // The rows and columns outside full tiles, one element at a time (each column's rows
+        // still in increasing order: the tiles held only rows below `full_r` of columns below
+        // `full_c`).
         let mut one = |r: usize, j: usize| {
-            let v = gd[(i0 + r) * n + j];
+            let e = (i0 + r) * n + j;
+            let v = match factor {
+                Some(f) => gd[e] * f[e],
+                None => gd[e],
+            };
             gt[j * ROW_BLOCK + r] = v;
             if v != 0.0 {
                 masks[j] |= 1 << r;
+            }
+            if let Some(sums) = sums.as_deref_mut() {
+                sums[j] += v as f64;
             }
         };
         for r in 0..full_r {
@@ -722,6 +938,112 @@ mod tests {
                             assert!(same, "{what}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The product made inside the marking pass gives what `mul_sum_rows` and the kernel give
+    /// on the written-out product: the same entries used, `C`'s bits, and the column sums'
+    /// f64 bits in the chunked row order `mul_sum_rows` documents. The gradient's magnitudes
+    /// span 2^-40 to 2^40, so that f64 sums taken in another order would differ; the copy's
+    /// spare memory starts as NaNs, which an unmarked entry read by mistake would spread.
+    #[test]
+    fn product_marked_in_place_gives_the_written_out_products_bits() {
+        let widths = testing::widths_here();
+        let pools = testing::pools();
+        let mut rng = Rng::new(11);
+        // (rows, columns of A, columns of G): chunks of 256 rows and blocks of 64 cut inside
+        // and at their ends; columns outside full 8-wide tiles.
+        let shapes = [
+            (1, 3, 1),
+            (64, 20, 8),
+            (300, 40, 13),
+            (513, 17, 33),
+            (1000, 130, 16),
+        ];
+        for &(m, k, n) in &shapes {
+            for density in [0.0, 0.3, 1.0] {
+                let grad = Tensor::from_fn(m, n, |_, _| {
+                    let scale = (rng.below(81) as i32 - 40) as f32;
+                    (rng.next_f32() * 2.0 - 1.0) * scale.exp2()
+                });
+                // A ReLU-and-dropout factor: 0 or 2, non-zero with probability `density`.
+                let mut factor =
+                    Tensor::from_fn(m, n, |_, _| if rng.bernoulli(density) { 2.0 } else { 0.0 });
+                if m * n > 20 {
+                    // NaN in the gradient where the factor is zero and where it is not.
+                    factor.data_mut()[m * n / 3] = 0.0;
+                    let mut g = grad.clone();
+                    g.data_mut()[m * n / 3] = f32::NAN;
+                    g.data_mut()[m * n - 1] = f32::NAN;
+                    check_product(&widths, &pools, &mut rng, k, &g, &factor);
+                }
+                check_product(&widths, &pools, &mut rng, k, &grad, &factor);
+            }
+        }
+    }
+
+    fn check_product(
+        widths: &[Simd],
+        pools: &[rayon::ThreadPool],
+        rng: &mut Rng,
+        k: usize,
+        grad: &Tensor,
+        factor: &Tensor,
+    ) {
+        let (m, n) = grad.shape();
+        let (g, sums32) = super::super::dense::mul_sum_rows(grad, factor);
+        // The documented order: f64 sums over chunks of REDUCE_ROWS rows, chunks added in order.
+        let mut want_sums = vec![0.0f64; n];
+        for r0 in (0..m).step_by(REDUCE_ROWS) {
+            let mut part = vec![0.0f64; n];
+            for r in r0..(r0 + REDUCE_ROWS).min(m) {
+                for (p, &v) in part.iter_mut().zip(g.row(r)) {
+                    *p += v as f64;
+                }
+            }
+            for (t, p) in want_sums.iter_mut().zip(part) {
+                *t += p;
+            }
+        }
+        let used = g.data().iter().filter(|&&v| v != 0.0).count();
+        let (a1, a2) = (
+            testing::random(rng, m, k, 1.0),
+            testing::random(rng, m, k + 5, 0.5),
+        );
+        let (alpha, beta) = (0.75, 1.0);
+        let (c1, c2) = (
+            testing::random(rng, k, n, 1.0),
+            testing::random(rng, k + 5, n, 1.0),
+        );
+        let want = [
+            scalar_model(alpha, &a1, &g, beta, &c1),
+            scalar_model(alpha, &a2, &g, beta, &c2),
+        ];
+        for &simd in widths {
+            for pool in pools {
+                keep_spare(vec![f32::NAN; (m.div_ceil(ROW_BLOCK) + 1) * n * ROW_BLOCK]);
+                let (mut got1, mut got2) = (c1.clone(), c2.clone());
+                let (listed, sums) = pool.install(|| {
+                    let mut pairs = [(&a1, &mut got1), (&a2, &mut got2)];
+                    gemm_tn_sparse_product_with(simd, alpha, &mut pairs, grad, factor, beta)
+                });
+                let threads = pool.current_num_threads();
+                let what = format!("{simd:?}, {threads} threads, {m}x{k}x{n}");
+                assert_eq!(listed, used, "entries used: {what}");
+                let bits64 = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits64(&sums), bits64(&want_sums), "f64 column sums: {what}");
+                let cast: Vec<u32> = sums.iter().map(|&v| (v as f32).to_bits()).collect();
+                let theirs: Vec<u32> = sums32.data().iter().map(|v| v.to_bits()).collect();
+                assert_eq!(cast, theirs, "mul_sum_rows' sums: {what}");
+                for (got, want) in [got1, got2].iter().zip(&want) {
+                    let same = got
+                        .data()
+                        .iter()
+                        .zip(want.data())
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "C: {what}");
                 }
             }
         }

@@ -188,6 +188,20 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("sage"))?;
         let be = &self.be;
         check_grad(be, "sage", grad_out, c.out_shape)?;
+        if let (false, false, Some(kept)) = (c.project_first, need, c.kept.as_ref()) {
+            // Only the weights and the bias need the gradient through the epilogue (a first
+            // layer): the backend may make it as it marks its non-zeros, never writing it out.
+            be.acc_at_b_shared_product(
+                grad_out,
+                kept,
+                &mut [
+                    (&c.h_dst, &mut self.w_self.grad),
+                    (&c.neigh_in, &mut self.w_neigh.grad),
+                ],
+                &mut self.bias.grad,
+            )?;
+            return Ok(None);
+        }
         let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias)?;
         let g = g.as_ref();
         let mut dx = if c.project_first {
