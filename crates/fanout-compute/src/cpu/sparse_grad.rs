@@ -830,6 +830,15 @@ pub(super) mod testing {
         })
     }
 
+    /// True when `a` and `b` hold the same floats, bit for bit (NaNs included).
+    pub(in crate::cpu) fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+        a.shape() == b.shape()
+            && a.data()
+                .iter()
+                .zip(b.data())
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// An `r x c` tensor whose entries are, with probability `density`, uniform in `[-1, 1)`,
     /// and otherwise zero.
     pub(in crate::cpu) fn random(rng: &mut Rng, r: usize, c: usize, density: f64) -> Tensor {
@@ -930,12 +939,7 @@ mod tests {
                             let threads = pool.current_num_threads();
                             let what = format!("{simd:?}, {threads} threads, {m}x{k}x{n}, density {density}, alpha {alpha}, beta {beta}");
                             assert_eq!(listed, used, "entries of G used: {what}");
-                            let same = got
-                                .data()
-                                .iter()
-                                .zip(want.data())
-                                .all(|(x, y)| x.to_bits() == y.to_bits());
-                            assert!(same, "{what}");
+                            assert!(testing::same_bits(&got, &want), "{what}");
                         }
                     }
                 }
@@ -1038,12 +1042,7 @@ mod tests {
                 let theirs: Vec<u32> = sums32.data().iter().map(|v| v.to_bits()).collect();
                 assert_eq!(cast, theirs, "mul_sum_rows' sums: {what}");
                 for (got, want) in [got1, got2].iter().zip(&want) {
-                    let same = got
-                        .data()
-                        .iter()
-                        .zip(want.data())
-                        .all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "C: {what}");
+                    assert!(testing::same_bits(got, want), "C: {what}");
                 }
             }
         }

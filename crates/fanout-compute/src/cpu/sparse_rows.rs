@@ -364,12 +364,7 @@ mod tests {
                                      alpha {alpha}, beta {beta}, B^T {trans_b}"
                                 );
                                 assert_eq!(listed, used, "entries of A used: {what}");
-                                let same = got
-                                    .data()
-                                    .iter()
-                                    .zip(want.data())
-                                    .all(|(x, y)| x.to_bits() == y.to_bits());
-                                assert!(same, "{what}");
+                                assert!(testing::same_bits(&got, &want), "{what}");
                             }
                         }
                     }
