@@ -524,8 +524,29 @@ pub(super) mod x86 {
         let (full_r, full_c) = (ib / 8 * 8, n / 8 * 8);
         let (src, dst) = (gd.as_ptr().add(i0 * n), gt.as_mut_ptr());
         let fsrc = factor.map(|f| f.as_ptr().add(i0 * n));
+        // The next block's rows of `gd` and `factor`, fetched into L2 a slice per step of
+        // the loop below: this pass reads down columns sixteen wide, which the hardware
+        // prefetchers do not follow, and the rows (a layer's gradient, its kept factor) are
+        // rarely still in cache.
+        let next0 = (i0 + ib) * n;
+        let next_lines = (gd.len().min(next0 + ROW_BLOCK * n) - next0.min(gd.len())).div_ceil(16);
+        let tensors = if factor.is_some() { 2 } else { 1 };
+        let steps = full_c.div_ceil(16) * (full_r / 8);
+        let per = (next_lines * tensors).div_ceil(steps.max(1));
+        let mut fetched = 0;
         for c16 in (0..full_c).step_by(16) {
             for r8 in (0..full_r).step_by(8) {
+                let end = (fetched + per).min(next_lines * tensors);
+                for l in fetched..end {
+                    let (base, l) = match (l < next_lines, factor) {
+                        (true, _) | (false, None) => (gd.as_ptr(), l),
+                        (false, Some(f)) => (f.as_ptr(), l - next_lines),
+                    };
+                    // A prefetch never faults and reads nothing architecturally; the line is
+                    // one of the next block's rows (`l` counts up to `next_lines`).
+                    _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(next0 + l * 16).cast());
+                }
+                fetched = end;
                 for c8 in (c16..full_c.min(c16 + 16)).step_by(8) {
                     let at = r8 * n + c8;
                     let rows: [__m256; 8] = std::array::from_fn(|t| {
