@@ -388,7 +388,7 @@ pub fn acc_at_b_shared_product(
         "G's factor has the wrong shape"
     );
     let widest = pairs.iter().map(|(a, _)| a.cols()).max().unwrap_or(0);
-    let sums = if pairs.iter().all(|(a, _)| a.rows() == grad.rows())
+    if pairs.iter().all(|(a, _)| a.rows() == grad.rows())
         && sparse_shape(grad, widest)
         && !sparse_grad::product_density_exceeds(grad, factor, 16, SPARSE_MAX_DENSITY)
     {
@@ -403,8 +403,7 @@ pub fn acc_at_b_shared_product(
         let (g, sums) = dense::mul_sum_rows(grad, factor);
         acc_at_b_shared(&g, pairs);
         sums
-    };
-    sums
+    }
 }
 
 /// Largest fraction of non-zeros in `g` at which `a^T g` goes through
