@@ -287,11 +287,11 @@ pub(super) fn padded(k: usize) -> usize {
 /// (docs/performance.md).
 ///
 /// Block `b`'s masks are `masks[b * n..][..n]`: bit `r` of column `j`'s is set when row `r`
-/// of the block, in that column, is not zero (or is NaN). Its copy is `gt[b * n * ROW_BLOCK..]`,
-/// column `j`'s rows at `[j * ROW_BLOCK..][..ROW_BLOCK]`. Only the marked entries of the copy
-/// are meaningful: the others (a zero of G, a row past G's last) may hold anything, since no
-/// kernel reads an unmarked entry. That lets the copy's memory come from [`spare_copy`]
-/// without being cleared.
+/// of the block, in that column, is not zero (or is NaN). Its copy starts at
+/// `gt[b * n * ROW_BLOCK]`, column `j`'s rows at `[j * ROW_BLOCK..][..ROW_BLOCK]` from there.
+/// Only the marked entries of the copy are meaningful: the others (a zero of G, a row past
+/// G's last) may hold anything, since no kernel reads an unmarked entry. That lets the
+/// copy's memory come from [`spare_copy`] without being cleared.
 struct NonZeros {
     /// G's columns.
     n: usize,
@@ -321,8 +321,8 @@ impl NonZeros {
 
     /// [`NonZeros::of`] the product `grad * factor` (elementwise, each entry one f32 multiply),
     /// which is made block by block and never written out, and its column sums as
-    /// [`super::dense::mul_sum_rows`] adds them: f64 partial sums over chunks of [`REDUCE_ROWS`] rows
-    /// in row order, added in chunk order. Panics if the shapes differ.
+    /// [`super::dense::mul_sum_rows`] adds them: f64 partial sums over chunks of
+    /// [`REDUCE_ROWS`] rows in row order, added in chunk order. Panics if the shapes differ.
     fn of_product(grad: &Tensor, factor: &Tensor) -> (NonZeros, Vec<f64>) {
         assert_eq!(
             grad.shape(),
