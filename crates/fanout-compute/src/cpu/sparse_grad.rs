@@ -542,9 +542,10 @@ pub(super) mod x86 {
             for r8 in (0..full_r).step_by(8) {
                 let end = (fetched + per).min(next_lines * tensors);
                 for l in fetched..end {
-                    let (base, l) = match (l < next_lines, factor) {
-                        (true, _) | (false, None) => (gd.as_ptr(), l),
-                        (false, Some(f)) => (f.as_ptr(), l - next_lines),
+                    // The first `next_lines` are `gd`'s, the rest the factor's.
+                    let (base, l) = match factor {
+                        Some(f) if l >= next_lines => (f.as_ptr(), l - next_lines),
+                        _ => (gd.as_ptr(), l),
                     };
                     // A prefetch never faults and reads nothing architecturally; the line is
                     // one of the next block's rows (`l` counts up to `next_lines`).
