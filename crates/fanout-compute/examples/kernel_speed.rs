@@ -21,6 +21,19 @@ fn median_s(mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
+/// [`median_s`] of `dense` and of `sparse` in 7 alternating rounds (so that load changes hit
+/// both), and the median of each side's rounds.
+fn alternated(mut dense: impl FnMut(), mut sparse: impl FnMut()) -> (f64, f64) {
+    let (mut d, mut s) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        d.push(median_s(&mut dense));
+        s.push(median_s(&mut sparse));
+    }
+    d.sort_by(f64::total_cmp);
+    s.sort_by(f64::total_cmp);
+    (d[3], s[3])
+}
+
 fn filled(r: usize, c: usize) -> Tensor {
     Tensor::from_fn(r, c, |i, j| {
         ((i * 31 + j * 17) % 1000) as f32 / 1000.0 - 0.5
@@ -112,19 +125,15 @@ fn main() {
         let g = sparse_g(rows, pct, 0x2545_F491_4F6C_DD1D);
         let (mut cd, mut ca) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
         let (mut sd, mut sa) = (Tensor::zeros(width, 256), Tensor::zeros(width, 256));
-        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
-        for _ in 0..7 {
-            dense.push(median_s(|| {
+        let (dense, sparse) = alternated(
+            || {
                 gemm_dense(1.0, &xd, true, &g, false, 0.0, &mut cd);
                 gemm_dense(1.0, &xa, true, &g, false, 0.0, &mut ca);
-            }));
-            sparse.push(median_s(|| {
+            },
+            || {
                 gemm_tn_sparse(1.0, &mut [(&xd, &mut sd), (&xa, &mut sa)], &g, 0.0);
-            }));
-        }
-        dense.sort_by(f64::total_cmp);
-        sparse.sort_by(f64::total_cmp);
-        let (dense, sparse) = (dense[3], sparse[3]);
+            },
+        );
         println!(
             "X_dst^T G + A^T G, G {:2.0}% non-zero (2 x {width} x rows . rows x 256): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
             100.0 * density(&g, 1),
@@ -140,18 +149,12 @@ fn main() {
     for &pct in pcts {
         let g = sparse_g(rows, pct, 0x9E37_79B9_7F4A_7C15);
         let (mut cd, mut cs) = (Tensor::zeros(rows, width), Tensor::zeros(rows, width));
-        let (mut dense, mut sparse) = (Vec::new(), Vec::new());
-        for _ in 0..7 {
-            dense.push(median_s(|| {
-                gemm_dense(1.0, &g, false, &w, true, 0.0, &mut cd)
-            }));
-            sparse.push(median_s(|| {
+        let (dense, sparse) = alternated(
+            || gemm_dense(1.0, &g, false, &w, true, 0.0, &mut cd),
+            || {
                 gemm_nn_sparse(1.0, &g, &w, true, 0.0, &mut cs);
-            }));
-        }
-        dense.sort_by(f64::total_cmp);
-        sparse.sort_by(f64::total_cmp);
-        let (dense, sparse) = (dense[3], sparse[3]);
+            },
+        );
         println!(
             "G W^T, G {:2.0}% non-zero (rows x 256 . 256 x {width}): dense {:6.3} ms, zero-skipping {:6.3} ms ({:.2}x), max diff {:.1e}",
             100.0 * density(&g, 1),
