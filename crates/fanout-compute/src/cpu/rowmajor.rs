@@ -181,29 +181,67 @@ pub(crate) unsafe fn gemm_rows(
     c: &mut [MaybeUninit<f32>],
 ) {
     let (k, n) = (b.k, b.n);
-    let (mr_max, nr) = (b.isa.mr(), b.isa.nr());
     let rows = c.len() / n;
     assert!(c.len() == rows * n && a.len() >= (row0 + rows) * k);
+    // SAFETY: A's rows row0..row0 + rows lie in `a` (asserted), k floats apart; C's rows are
+    // `c`'s, n floats apart; the rest is this function's contract.
+    unsafe {
+        gemm_rows_strided(
+            alpha,
+            a.as_ptr().add(row0 * k),
+            k,
+            rows,
+            b,
+            beta,
+            c.as_mut_ptr().cast::<f32>(),
+            n,
+        )
+    }
+}
+
+/// [`gemm_rows`] on strided rows: `rows` rows of `C <- alpha A B + beta C`, row `i` of `A`
+/// at `a + i * lda` (`b.k` floats) and row `i` of `C` at `c + i * ldc` (`b.n` floats), so
+/// `A` and `C` may be column blocks of wider matrices. The same bits as [`gemm_rows`].
+///
+/// # Safety
+/// `b`'s [`Isa`] must run on this CPU; the rows must lie in their allocations, `C`'s written
+/// by no one else meanwhile and initialised when `beta != 0`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_rows_strided(
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    rows: usize,
+    b: &PackedB,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let k = b.k;
+    let (mr_max, nr) = (b.isa.mr(), b.isa.nr());
     #[cfg(target_arch = "x86_64")]
     for r0 in (0..rows).step_by(ROW_CHUNK) {
         let chunk = ROW_CHUNK.min(rows - r0);
         for (p, panel) in b.data.chunks_exact(k * nr).enumerate() {
             let j0 = p * nr;
-            let w = nr.min(n - j0);
+            let w = nr.min(b.n - j0);
             let mut i = 0;
             while i < chunk {
                 let mr = mr_max.min(chunk - i);
-                let a_at = a.as_ptr().add((row0 + r0 + i) * k);
-                let c_at = c.as_mut_ptr().add((r0 + i) * n + j0).cast::<f32>();
-                let b_at = panel.as_ptr();
-                // SAFETY: rows r0+i..r0+i+mr of this block exist in `a` (asserted above) and
-                // in `c`; the panel has k rows of nr floats; the tile writes columns
-                // j0..j0+w < n of those rows of `c`, read only when beta != 0; the CPU runs
-                // the panel's Isa (this function's contract).
+                // SAFETY: rows r0+i..r0+i+mr of A and C exist (the contract); the panel has k
+                // rows of nr floats; the tile writes columns j0..j0+w < n of those rows of C,
+                // read only when beta != 0; the CPU runs the panel's Isa.
                 unsafe {
+                    let a_at = a.add((r0 + i) * lda);
+                    let c_at = c.add((r0 + i) * ldc + j0);
+                    let b_at = panel.as_ptr();
                     match b.isa {
-                        Isa::Avx2 => x86::tile_avx2(mr, k, a_at, b_at, alpha, beta, c_at, n, w),
-                        Isa::Avx512 => x86::tile_avx512(mr, k, a_at, b_at, alpha, beta, c_at, n, w),
+                        Isa::Avx2 => {
+                            x86::tile_avx2(mr, k, a_at, lda, b_at, alpha, beta, c_at, ldc, w)
+                        }
+                        Isa::Avx512 => {
+                            x86::tile_avx512(mr, k, a_at, lda, b_at, alpha, beta, c_at, ldc, w)
+                        }
                     }
                 }
                 i += mr;
@@ -212,7 +250,7 @@ pub(crate) unsafe fn gemm_rows(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (alpha, row0, beta, mr_max, nr);
+        let _ = (alpha, a, lda, rows, beta, c, ldc, mr_max, nr, k);
         unreachable!("gemm_rows is only called where an Isa runs (x86-64)")
     }
 }
@@ -232,6 +270,7 @@ mod x86 {
         rows: usize,
         k: usize,
         a: *const f32,
+        lda: usize,
         b: *const f32,
         alpha: f32,
         beta: f32,
@@ -243,12 +282,12 @@ mod x86 {
         // SAFETY: forwarded contract.
         unsafe {
             match rows {
-                6 => tile::<6>(k, a, b, alpha, beta, c, ldc, w),
-                5 => tile::<5>(k, a, b, alpha, beta, c, ldc, w),
-                4 => tile::<4>(k, a, b, alpha, beta, c, ldc, w),
-                3 => tile::<3>(k, a, b, alpha, beta, c, ldc, w),
-                2 => tile::<2>(k, a, b, alpha, beta, c, ldc, w),
-                _ => tile::<1>(k, a, b, alpha, beta, c, ldc, w),
+                6 => tile::<6>(k, a, lda, b, alpha, beta, c, ldc, w),
+                5 => tile::<5>(k, a, lda, b, alpha, beta, c, ldc, w),
+                4 => tile::<4>(k, a, lda, b, alpha, beta, c, ldc, w),
+                3 => tile::<3>(k, a, lda, b, alpha, beta, c, ldc, w),
+                2 => tile::<2>(k, a, lda, b, alpha, beta, c, ldc, w),
+                _ => tile::<1>(k, a, lda, b, alpha, beta, c, ldc, w),
             }
         }
     }
@@ -262,6 +301,7 @@ mod x86 {
         rows: usize,
         k: usize,
         a: *const f32,
+        lda: usize,
         b: *const f32,
         alpha: f32,
         beta: f32,
@@ -273,24 +313,24 @@ mod x86 {
         // SAFETY: forwarded contract.
         unsafe {
             match rows {
-                12 => tile512::<12>(k, a, b, alpha, beta, c, ldc, w),
-                11 => tile512::<11>(k, a, b, alpha, beta, c, ldc, w),
-                10 => tile512::<10>(k, a, b, alpha, beta, c, ldc, w),
-                9 => tile512::<9>(k, a, b, alpha, beta, c, ldc, w),
-                8 => tile512::<8>(k, a, b, alpha, beta, c, ldc, w),
-                7 => tile512::<7>(k, a, b, alpha, beta, c, ldc, w),
-                6 => tile512::<6>(k, a, b, alpha, beta, c, ldc, w),
-                5 => tile512::<5>(k, a, b, alpha, beta, c, ldc, w),
-                4 => tile512::<4>(k, a, b, alpha, beta, c, ldc, w),
-                3 => tile512::<3>(k, a, b, alpha, beta, c, ldc, w),
-                2 => tile512::<2>(k, a, b, alpha, beta, c, ldc, w),
-                _ => tile512::<1>(k, a, b, alpha, beta, c, ldc, w),
+                12 => tile512::<12>(k, a, lda, b, alpha, beta, c, ldc, w),
+                11 => tile512::<11>(k, a, lda, b, alpha, beta, c, ldc, w),
+                10 => tile512::<10>(k, a, lda, b, alpha, beta, c, ldc, w),
+                9 => tile512::<9>(k, a, lda, b, alpha, beta, c, ldc, w),
+                8 => tile512::<8>(k, a, lda, b, alpha, beta, c, ldc, w),
+                7 => tile512::<7>(k, a, lda, b, alpha, beta, c, ldc, w),
+                6 => tile512::<6>(k, a, lda, b, alpha, beta, c, ldc, w),
+                5 => tile512::<5>(k, a, lda, b, alpha, beta, c, ldc, w),
+                4 => tile512::<4>(k, a, lda, b, alpha, beta, c, ldc, w),
+                3 => tile512::<3>(k, a, lda, b, alpha, beta, c, ldc, w),
+                2 => tile512::<2>(k, a, lda, b, alpha, beta, c, ldc, w),
+                _ => tile512::<1>(k, a, lda, b, alpha, beta, c, ldc, w),
             }
         }
     }
 
     /// One `R x NR_AVX512` tile of `C` (`R <= MR_AVX512`): rows of `A` from `a` (row stride
-    /// `k`), the panel of `B` from `b` (`k x NR_AVX512`), `C` at `c` (row stride `ldc`),
+    /// `lda`), the panel of `B` from `b` (`k x NR_AVX512`), `C` at `c` (row stride `ldc`),
     /// `w <= NR_AVX512` columns. Each element is the chain of fused multiply-adds of the
     /// AVX2 [`tile`], so the two give the same bits.
     ///
@@ -302,6 +342,7 @@ mod x86 {
     unsafe fn tile512<const R: usize>(
         k: usize,
         a: *const f32,
+        lda: usize,
         b: *const f32,
         alpha: f32,
         beta: f32,
@@ -317,7 +358,7 @@ mod x86 {
                 let b0 = _mm512_loadu_ps(b.add(kk * NR_AVX512));
                 let b1 = _mm512_loadu_ps(b.add(kk * NR_AVX512 + 16));
                 for r in 0..R {
-                    let x = _mm512_set1_ps(*a.add(r * k + kk));
+                    let x = _mm512_set1_ps(*a.add(r * lda + kk));
                     lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
                     hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
                 }
@@ -356,7 +397,7 @@ mod x86 {
         }
     }
 
-    /// One `R x NR` tile of `C` (`R <= MR`): rows of `A` from `a` (row stride `k`), the
+    /// One `R x NR` tile of `C` (`R <= MR`): rows of `A` from `a` (row stride `lda`), the
     /// panel of `B` from `b` (`k x NR`), `C` at `c` (row stride `ldc`), `w <= NR` columns.
     ///
     /// # Safety
@@ -367,6 +408,7 @@ mod x86 {
     unsafe fn tile<const R: usize>(
         k: usize,
         a: *const f32,
+        lda: usize,
         b: *const f32,
         alpha: f32,
         beta: f32,
@@ -382,7 +424,7 @@ mod x86 {
                 let b0 = _mm256_loadu_ps(b.add(kk * NR));
                 let b1 = _mm256_loadu_ps(b.add(kk * NR + 8));
                 for r in 0..R {
-                    let x = _mm256_broadcast_ss(&*a.add(r * k + kk));
+                    let x = _mm256_broadcast_ss(&*a.add(r * lda + kk));
                     lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
                     hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
                 }
@@ -514,6 +556,55 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_rows_give_the_bits_of_the_copied_block() {
+        // A and C as column blocks of wider matrices (a GAT head's block): the same bits as
+        // the contiguous copy through `gemm_rows`, columns outside the block untouched.
+        let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|i| i.runs_here())
+            .collect();
+        let (m, k, n, lda, ldc, a0, c0) = (131, 37, 45, 100, 70, 21, 9);
+        let val = |e: usize| ((e * 7919 % 2003) as f32 / 1000.0 - 1.0) * 0.5;
+        let wide_a: Vec<f32> = (0..m * lda).map(val).collect();
+        let b: Vec<f32> = (0..k * n).map(|e| val(e + 17)).collect();
+        let block: Vec<f32> = (0..m * k)
+            .map(|e| wide_a[(e / k) * lda + a0 + e % k])
+            .collect();
+        for isa in isas {
+            let want = product(isa, &block, &b, false, &vec![0.0; m * n], k, n, 0.0);
+            let packed = PackedB::new(isa, &b, n, 1, k, n);
+            let mut wide_c = vec![f32::NAN; m * ldc];
+            // SAFETY: the CPU runs `isa`; row i of the block is at a0 + i * lda (a0 + k <=
+            // lda) and of C at c0 + i * ldc (c0 + n <= ldc), inside both vectors.
+            unsafe {
+                gemm_rows_strided(
+                    0.75,
+                    wide_a.as_ptr().add(a0),
+                    lda,
+                    m,
+                    &packed,
+                    0.0,
+                    wide_c.as_mut_ptr().add(c0),
+                    ldc,
+                )
+            };
+            for i in 0..m {
+                let row = &wide_c[i * ldc..(i + 1) * ldc];
+                let got: Vec<u32> = row[c0..c0 + n].iter().map(|v| v.to_bits()).collect();
+                let exp: Vec<u32> = want[i * n..(i + 1) * n]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(got, exp, "{isa:?} row {i}");
+                assert!(
+                    row[..c0].iter().chain(&row[c0 + n..]).all(|v| v.is_nan()),
+                    "{isa:?} row {i}"
+                );
             }
         }
     }
