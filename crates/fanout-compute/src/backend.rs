@@ -554,10 +554,106 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         self.axpy_prefix(1.0, &gx, acc, rows)?;
         Ok(ga)
     }
+    /// [`Backend::head_dot`] of the first `rows` rows of `x` (`rows x H`): GAT's destination
+    /// logits, the destinations being the sources' first rows. The same values as
+    /// `head_dot(prefix_rows(x, rows), a)` (the default does exactly that); a backend may read
+    /// the rows where they lie. Panics if `rows` exceeds `x`'s rows.
+    fn head_dot_prefix(
+        &self,
+        x: &Self::Tensor,
+        a: &Self::Tensor,
+        rows: usize,
+    ) -> DeviceResult<Self::Tensor> {
+        let prefix = self.prefix_rows(x, rows)?;
+        self.head_dot(&prefix, a)
+    }
+    /// [`Backend::head_dot_backward_acc`] for [`Backend::head_dot_prefix`]: `grad` is
+    /// `N x H` for the first `N` rows of `x`, whose terms go into the first `N` rows of `acc`;
+    /// `d a` is returned. The same values as `head_dot_backward_acc(grad,
+    /// prefix_rows(x, N), a, acc)`, bit for bit (the default does exactly that). Panics
+    /// unless `x` has at least `N` rows and `acc` has `x`'s width and at least `N` rows.
+    fn head_dot_prefix_backward_acc(
+        &self,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+        a: &Self::Tensor,
+        acc: &mut Self::Tensor,
+    ) -> DeviceResult<Self::Tensor> {
+        let prefix = self.prefix_rows(x, self.shape(grad).0)?;
+        self.head_dot_backward_acc(grad, &prefix, a, acc)
+    }
     /// Mean over heads: `N x (H*F)` to `N x F`.
     fn head_mean(&self, x: &Self::Tensor, heads: usize) -> DeviceResult<Self::Tensor>;
     /// Gradient of [`Backend::head_mean`]: `N x F` to `N x (H*F)`, each head getting `grad / H`.
     fn head_mean_backward(&self, grad: &Self::Tensor, heads: usize) -> DeviceResult<Self::Tensor>;
+
+    // ----- attention over whole source rows (a GAT layer aggregating before projecting) -----
+
+    /// Whether [`Backend::spmm_heads`], [`Backend::spmm_heads_backward_coeff`],
+    /// [`Backend::head_matmul`], [`Backend::head_acc_at_b`] and [`Backend::head_matmul_bt`]
+    /// are implemented; where this is false (the default) they return `Err` and a layer must
+    /// not call them.
+    fn has_head_products(&self) -> bool {
+        false
+    }
+    /// Every head's coefficients applied to whole source rows: `x` is `S x K`, `coeff` is
+    /// `E x H`, the result `D x (H*K)` with
+    /// `out[d, h*K + k] = sum over edges e into d of coeff[e, h] * x[src(e), k]`.
+    fn spmm_heads(
+        &self,
+        block: &Self::Block,
+        coeff: &Self::Tensor,
+        x: &Self::Tensor,
+    ) -> DeviceResult<Self::Tensor> {
+        let _ = (block, coeff, x);
+        Err(no_head_products(self.name()))
+    }
+    /// Gradient of [`Backend::spmm_heads`] with respect to `coeff` (`E x H`, `H` being
+    /// `grad`'s width over `x`'s): `d coeff[e, h] = <grad[dst(e), h*K..(h+1)*K], x[src(e)]>`.
+    fn spmm_heads_backward_coeff(
+        &self,
+        block: &Self::Block,
+        grad: &Self::Tensor,
+        x: &Self::Tensor,
+    ) -> DeviceResult<Self::Tensor> {
+        let _ = (block, grad, x);
+        Err(no_head_products(self.name()))
+    }
+    /// Per-head products: `y` is `N x (H*K)`, `w` is `K x (H*F)`, the result `N x (H*F)` with
+    /// `out[:, h*F..(h+1)*F] = y[:, h*K..(h+1)*K] w[:, h*F..(h+1)*F]`.
+    fn head_matmul(
+        &self,
+        y: &Self::Tensor,
+        w: &Self::Tensor,
+        heads: usize,
+    ) -> DeviceResult<Self::Tensor> {
+        let _ = (y, w, heads);
+        Err(no_head_products(self.name()))
+    }
+    /// Weight gradient of [`Backend::head_matmul`]: `gw[:, h*F..(h+1)*F] +=
+    /// y[:, h*K..(h+1)*K]^T g[:, h*F..(h+1)*F]` (`g` is `N x (H*F)`, `gw` is `K x (H*F)`).
+    fn head_acc_at_b(
+        &self,
+        y: &Self::Tensor,
+        g: &Self::Tensor,
+        gw: &mut Self::Tensor,
+        heads: usize,
+    ) -> DeviceResult<()> {
+        let _ = (y, g, gw, heads);
+        Err(no_head_products(self.name()))
+    }
+    /// Input gradient of [`Backend::head_matmul`]: `g` is `N x (H*F)`, `w` is `K x (H*F)`,
+    /// the result `N x (H*K)` with `out[:, h*K..(h+1)*K] = g[:, h*F..(h+1)*F]
+    /// w[:, h*F..(h+1)*F]^T`.
+    fn head_matmul_bt(
+        &self,
+        g: &Self::Tensor,
+        w: &Self::Tensor,
+        heads: usize,
+    ) -> DeviceResult<Self::Tensor> {
+        let _ = (g, w, heads);
+        Err(no_head_products(self.name()))
+    }
 
     // ----- graph (parallel over destinations, or over sources for the transposed side) -----
 
@@ -846,4 +942,12 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         buf: &mut Self::Tensor,
         hp: &SgdUpdate,
     ) -> DeviceResult<()>;
+}
+
+/// The failure of a per-head product asked of a backend without them
+/// ([`Backend::has_head_products`]).
+fn no_head_products(backend: &str) -> DeviceFailure {
+    DeviceFailure::new(format!(
+        "the {backend} backend has no per-head products (a GAT layer asked for them without checking `has_head_products`)"
+    ))
 }

@@ -238,7 +238,13 @@ impl<B: Backend> Model<B> {
                     } else {
                         (dout / h, HeadMerge::Concat)
                     };
-                    Box::new(GatLayer::new(b, din, h, f, merge, act, rng)?)
+                    let layer = GatLayer::new(b, din, h, f, merge, act, rng)?;
+                    // The input features never get a gradient (`backward`).
+                    Box::new(if i == 0 {
+                        layer.without_input_gradient()
+                    } else {
+                        layer
+                    })
                 }
             };
             layers.push(layer);

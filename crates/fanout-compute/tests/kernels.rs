@@ -863,3 +863,138 @@ fn out_degrees_count_each_sources_edges() {
     }
     assert_eq!(blk.prepare().out_degrees(), want);
 }
+
+#[test]
+fn head_dots_of_a_prefix_give_the_copied_prefixs_bits() {
+    // GAT's destination logits read the first rows of the sources' `z` in place: the same
+    // bits as on a copy, for the logits, the accumulated `d x` (rows past the prefix left as
+    // they were) and `d a`. Row counts: none, one, a part and all of `x`, and a prefix long
+    // enough to be summed in several parts.
+    let mut rng = Rng::new(21);
+    let bits = |t: &Tensor| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for &(heads, f, total, rows) in &[
+        (8, 32, 300, 37),
+        (3, 5, 40, 0),
+        (3, 5, 40, 1),
+        (2, 7, 40, 40),
+        (4, 16, 9000, 5000),
+    ] {
+        let what = format!("{heads}x{f}, {rows} of {total} rows");
+        let x = rand_tensor(total, heads * f, &mut rng);
+        let a = rand_tensor(heads, f, &mut rng);
+        let copy = BE.prefix_rows(&x, rows).unwrap();
+        let got = BE.head_dot_prefix(&x, &a, rows).unwrap();
+        assert_eq!(got.shape(), (rows, heads), "{what}: logits' shape");
+        assert_eq!(bits(&got), bits(&BE.head_dot(&copy, &a).unwrap()), "{what}");
+
+        let grad = rand_tensor(rows, heads, &mut rng);
+        let start = rand_tensor(total, heads * f, &mut rng);
+        let (mut acc, mut want_acc) = (start.clone(), start.clone());
+        let da = BE
+            .head_dot_prefix_backward_acc(&grad, &x, &a, &mut acc)
+            .unwrap();
+        let want_da = BE
+            .head_dot_backward_acc(&grad, &copy, &a, &mut want_acc)
+            .unwrap();
+        assert_eq!(bits(&acc), bits(&want_acc), "{what}: d x");
+        assert_eq!(bits(&da), bits(&want_da), "{what}: d a");
+        let tail = rows * heads * f;
+        assert_eq!(
+            &acc.data()[tail..],
+            &start.data()[tail..],
+            "{what}: past the prefix"
+        );
+    }
+}
+
+#[test]
+fn per_head_aggregates_and_products_match_their_definitions() {
+    // GAT aggregating before projecting: `spmm_heads` applies each head's coefficient to the
+    // whole source row, its coefficient gradient is a per-head dot, and the per-head
+    // products multiply matching column blocks. Against f64 loops, on a block with an
+    // edgeless destination, with row counts past the kernels' 256-row tasks; and the same
+    // bits on 1 and 3 threads.
+    let run = |num_dst: usize, heads: usize, k: usize, f: usize| {
+        let mut rng = Rng::new(31 + num_dst as u64);
+        let blk = OwnedBlock::random(num_dst, 2 * num_dst + 3, 6, false, &mut rng);
+        let b = blk.prepare();
+        let x = rand_tensor(blk.num_src, k, &mut rng);
+        let c = rand_tensor(blk.num_edges(), heads, &mut rng);
+        let edges = |d: usize| blk.indptr[d] as usize..blk.indptr[d + 1] as usize;
+        let src = |e: usize| blk.indices[e] as usize;
+        let y = BE.spmm_heads(&b, &c, &x).unwrap();
+        let want = Tensor::from_fn(num_dst, heads * k, |d, j| {
+            let (h, i) = (j / k, j % k);
+            edges(d)
+                .map(|e| c.get(e, h) as f64 * x.get(src(e), i) as f64)
+                .sum::<f64>() as f32
+        });
+        assert!(y.max_abs_diff(&want) < 1e-4, "spmm_heads {num_dst}");
+        assert!(y.row(1).iter().all(|&v| v == 0.0), "edgeless destination");
+
+        let gy = rand_tensor(num_dst, heads * k, &mut rng);
+        let gc = BE.spmm_heads_backward_coeff(&b, &gy, &x).unwrap();
+        let want = Tensor::from_fn(blk.num_edges(), heads, |e, h| {
+            let d = (0..num_dst).find(|&d| edges(d).contains(&e)).unwrap();
+            (0..k)
+                .map(|i| gy.get(d, h * k + i) as f64 * x.get(src(e), i) as f64)
+                .sum::<f64>() as f32
+        });
+        assert!(
+            gc.max_abs_diff(&want) < 1e-4,
+            "spmm_heads_backward_coeff {num_dst}"
+        );
+
+        let w = rand_tensor(k, heads * f, &mut rng);
+        let per_head = |a: &Tensor, a_cols: usize, b: &Tensor, rows: usize| {
+            // rows x (heads * f): a's head block times b's head block.
+            Tensor::from_fn(rows, heads * f, |r, j| {
+                let h = j / f;
+                (0..a_cols)
+                    .map(|p| a.get(r, h * a_cols + p) as f64 * b.get(p, j) as f64)
+                    .sum::<f64>() as f32
+            })
+        };
+        let out = BE.head_matmul(&y, &w, heads).unwrap();
+        assert!(
+            out.max_abs_diff(&per_head(&y, k, &w, num_dst)) < 1e-4,
+            "head_matmul"
+        );
+
+        let g = rand_tensor(num_dst, heads * f, &mut rng);
+        let start = rand_tensor(k, heads * f, &mut rng);
+        let mut gw = start.clone();
+        BE.head_acc_at_b(&y, &g, &mut gw, heads).unwrap();
+        let want = Tensor::from_fn(k, heads * f, |i, j| {
+            let h = j / f;
+            start.get(i, j)
+                + (0..num_dst)
+                    .map(|n| y.get(n, h * k + i) as f64 * g.get(n, j) as f64)
+                    .sum::<f64>() as f32
+        });
+        assert!(gw.max_abs_diff(&want) < 1e-3, "head_acc_at_b");
+
+        let gy2 = BE.head_matmul_bt(&g, &w, heads).unwrap();
+        let want = Tensor::from_fn(num_dst, heads * k, |n, j| {
+            let (h, i) = (j / k, j % k);
+            (0..f)
+                .map(|p| g.get(n, h * f + p) as f64 * w.get(i, h * f + p) as f64)
+                .sum::<f64>() as f32
+        });
+        assert!(gy2.max_abs_diff(&want) < 1e-4, "head_matmul_bt");
+        [y, gc, out, gw, gy2]
+    };
+    for &(num_dst, heads, k, f) in &[(7, 2, 5, 3), (600, 3, 20, 8), (300, 1, 9, 4)] {
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        };
+        let one = pool(1).install(|| run(num_dst, heads, k, f));
+        let three = pool(3).install(|| run(num_dst, heads, k, f));
+        for (a, b) in one.iter().zip(&three) {
+            assert_eq!(a, b, "{num_dst} x {heads} heads: 1 and 3 threads");
+        }
+    }
+}

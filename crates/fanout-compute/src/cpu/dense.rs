@@ -519,9 +519,15 @@ fn head_split(x: &Tensor, heads: usize, what: &str) -> usize {
 
 /// See [`crate::Backend::head_dot`].
 pub(crate) fn head_dot(x: &Tensor, a: &Tensor) -> Tensor {
+    head_dot_prefix(x, a, x.rows())
+}
+
+/// See [`crate::Backend::head_dot_prefix`]: the rows are read where they lie.
+pub(crate) fn head_dot_prefix(x: &Tensor, a: &Tensor, rows: usize) -> Tensor {
     let (heads, f) = a.shape();
     assert_eq!(x.cols(), heads * f, "head_dot: x width != H * F");
-    let mut out = Tensor::zeros(x.rows(), heads);
+    assert!(rows <= x.rows(), "head_dot: {rows} rows of {}", x.rows());
+    let mut out = Tensor::zeros(rows, heads);
     par_rows(out.data_mut(), heads, |n, o| {
         let xr = x.row(n);
         dot_heads(xr, a.data(), o);
@@ -545,33 +551,52 @@ pub(crate) fn head_dot_backward_acc(
     a: &Tensor,
     acc: &mut Tensor,
 ) -> Tensor {
+    assert_eq!(
+        grad.rows(),
+        x.rows(),
+        "head_dot_backward_acc: grad rows != x rows"
+    );
+    head_dot_prefix_backward_acc(grad, x, a, acc)
+}
+
+/// See [`crate::Backend::head_dot_prefix_backward_acc`]: the first `grad.rows()` rows of `x`,
+/// read where they lie.
+pub(crate) fn head_dot_prefix_backward_acc(
+    grad: &Tensor,
+    x: &Tensor,
+    a: &Tensor,
+    acc: &mut Tensor,
+) -> Tensor {
     let (heads, f) = a.shape();
+    let rows = grad.rows();
     assert_eq!(
         x.cols(),
         heads * f,
         "head_dot_backward_acc: x width != H * F"
     );
-    assert_eq!(
+    assert!(
+        grad.cols() == heads && rows <= x.rows(),
+        "head_dot_backward_acc: grad {:?} for x {:?}",
         grad.shape(),
-        (x.rows(), heads),
-        "head_dot_backward_acc: grad shape"
+        x.shape()
     );
     assert!(
-        acc.cols() == x.cols() && acc.rows() >= x.rows(),
-        "head_dot_backward_acc: acc {:?} for x {:?}",
+        acc.cols() == x.cols() && acc.rows() >= rows,
+        "head_dot_backward_acc: acc {:?} for {rows} rows of x {:?}",
         acc.shape(),
         x.shape()
     );
-    let n = x.rows() * x.cols();
+    let n = rows * x.cols();
     par_rows(&mut acc.data_mut()[..n], heads * f, |r, o| {
         axpy_heads(grad.row(r), a.data(), o);
     });
     head_dot_grad_a(grad, x, heads, f)
 }
 
-/// `d a` of [`head_dot_backward`]: `sum_n grad[n, h] x[n, h*F + k]`, accumulated in f64.
+/// `d a` of [`head_dot_backward`]: `sum_n grad[n, h] x[n, h*F + k]` over `grad`'s rows,
+/// accumulated in f64.
 fn head_dot_grad_a(grad: &Tensor, x: &Tensor, heads: usize, f: usize) -> Tensor {
-    let ga = par_row_reduce(x.rows(), heads * f, |r0, r1, acc| {
+    let ga = par_row_reduce(grad.rows(), heads * f, |r0, r1, acc| {
         let (g, xs) = (
             &grad.data()[r0 * heads..r1 * heads],
             &x.data()[r0 * heads * f..r1 * heads * f],

@@ -39,8 +39,8 @@ static NOMINAL_FLOPS: AtomicU64 = AtomicU64::new(0);
 static SKIPPED_FLOPS: AtomicU64 = AtomicU64::new(0);
 
 /// Nominal floating-point operations (`2 m n k` per `m x k` by `k x n` product) of every
-/// product computed by [`gemm`], [`gemm_dense`], [`matmul`] and [`acc_at_b_shared`] in this
-/// process since it started, all threads and in-process workers together. A product that skips
+/// product computed by [`gemm`], [`gemm_dense`], [`matmul`] and [`acc_at_b_shared`] (and the
+/// backend's per-head products) in this process since it started, all threads and in-process workers together. A product that skips
 /// zeros counts as the dense product it replaces ([`skipped_flops`] says how much of that it
 /// did not perform). Read it before and after a stretch of work: the difference is that
 /// work's GEMM flops, the numerator of its nominal compute floor.
@@ -60,6 +60,12 @@ pub fn skipped_flops() -> u64 {
 fn count_skipped(cols: usize, g: &Tensor, used: usize) {
     let zeros = g.rows() * g.cols() - used;
     SKIPPED_FLOPS.fetch_add(2 * (cols * zeros) as u64, Ordering::Relaxed);
+}
+
+/// Adds the nominal flops of an `m x k` by `k x n` product computed outside this module (the
+/// per-head products of `super::heads`).
+pub(super) fn count_nominal(m: usize, n: usize, k: usize) {
+    NOMINAL_FLOPS.fetch_add(2 * (m * n * k) as u64, Ordering::Relaxed);
 }
 
 /// Adds the nominal flops of `op(A) * op(B)`.

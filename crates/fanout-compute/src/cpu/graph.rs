@@ -108,7 +108,7 @@ impl CpuBlock {
         deg
     }
 
-    fn edges(&self, d: usize) -> std::ops::Range<usize> {
+    pub(crate) fn edges(&self, d: usize) -> std::ops::Range<usize> {
         self.inner.indptr[d] as usize..self.inner.indptr[d + 1] as usize
     }
 

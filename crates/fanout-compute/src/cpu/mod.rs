@@ -11,6 +11,7 @@ pub mod denormals;
 mod dense;
 pub mod gemm;
 pub mod graph;
+mod heads;
 pub mod huge_pages;
 #[cfg(target_os = "linux")]
 mod large_blocks;
@@ -205,6 +206,48 @@ impl Backend for CpuBackend {
         acc: &mut Tensor,
     ) -> DeviceResult<Tensor> {
         Ok(dense::head_dot_backward_acc(grad, x, a, acc))
+    }
+    fn head_dot_prefix(&self, x: &Tensor, a: &Tensor, rows: usize) -> DeviceResult<Tensor> {
+        Ok(dense::head_dot_prefix(x, a, rows))
+    }
+    fn head_dot_prefix_backward_acc(
+        &self,
+        grad: &Tensor,
+        x: &Tensor,
+        a: &Tensor,
+        acc: &mut Tensor,
+    ) -> DeviceResult<Tensor> {
+        Ok(dense::head_dot_prefix_backward_acc(grad, x, a, acc))
+    }
+    fn has_head_products(&self) -> bool {
+        true
+    }
+    fn spmm_heads(&self, block: &CpuBlock, coeff: &Tensor, x: &Tensor) -> DeviceResult<Tensor> {
+        Ok(heads::spmm_heads(block, coeff, x))
+    }
+    fn spmm_heads_backward_coeff(
+        &self,
+        block: &CpuBlock,
+        grad: &Tensor,
+        x: &Tensor,
+    ) -> DeviceResult<Tensor> {
+        Ok(heads::spmm_heads_backward_coeff(block, grad, x))
+    }
+    fn head_matmul(&self, y: &Tensor, w: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        Ok(heads::head_matmul(y, w, heads))
+    }
+    fn head_acc_at_b(
+        &self,
+        y: &Tensor,
+        g: &Tensor,
+        gw: &mut Tensor,
+        heads: usize,
+    ) -> DeviceResult<()> {
+        heads::head_acc_at_b(y, g, gw, heads);
+        Ok(())
+    }
+    fn head_matmul_bt(&self, g: &Tensor, w: &Tensor, heads: usize) -> DeviceResult<Tensor> {
+        Ok(heads::head_matmul_bt(g, w, heads))
     }
     fn head_mean(&self, x: &Tensor, heads: usize) -> DeviceResult<Tensor> {
         Ok(dense::head_mean(x, heads))

@@ -4,10 +4,11 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, acc_bias, check_grad, check_input, epilogue_backward, epilogue_backward_bias, glorot,
-    no_cache, Activation, Layer, MaybeOwned, Param, Pass,
+    no_cache, Activation, AggregateOrder, Layer, MaybeOwned, Param, Pass,
 };
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::block::BlockDims;
+use crate::error::{ComputeError, Result};
 use crate::tensor::Tensor;
 
 /// Negative slope of the leaky ReLU on attention logits (DGL `GATConv` default).
@@ -30,6 +31,13 @@ pub enum HeadMerge {
 /// activation (ReLU here, where DGL's GAT example uses ELU). A destination without edges gets
 /// only the bias. Parameters: `weight` (`in x H*F`), `attn_l`, `attn_r` (`H x F`), `bias`
 /// (`1 x H*F`).
+///
+/// A layer built [`GatLayer::without_input_gradient`] (a model's first) may compute the same
+/// function in the other order, aggregating its input rows before projecting them, where a
+/// block has far more sources than destinations (see [`GatLayer::with_order`]): with
+/// `W_h` head `h`'s columns of `weight`, `el[s,h] = <h_src[s], W_h attn_l[h]>` and
+/// `out[d,h] = (sum_e alpha[e,h] h_src[src(e)]) W_h`, so only the destinations' aggregates
+/// are multiplied by the weights.
 #[derive(Debug)]
 pub struct GatLayer<B: Backend> {
     be: B,
@@ -42,15 +50,26 @@ pub struct GatLayer<B: Backend> {
     attn_l: Param<B>,
     attn_r: Param<B>,
     bias: Param<B>,
+    order: AggregateOrder,
+    input_grad: bool,
     cache: Option<Cache<B>>,
+}
+
+/// What the forward kept of its input's transformations.
+#[derive(Debug)]
+enum Inputs<B: Backend> {
+    /// `z = h_src W` (its first rows are the destinations').
+    Projected(B::Tensor),
+    /// Every head's aggregate of the input rows, `D x (H*in)` ([`Backend::spmm_heads`]), and
+    /// the destinations' input rows.
+    Aggregated(B::Tensor, B::Tensor),
 }
 
 #[derive(Debug)]
 struct Cache<B: Backend> {
     block: B::Block,
     h_src: B::Tensor,
-    z: B::Tensor,
-    z_dst: B::Tensor,
+    inputs: Inputs<B>,
     scores: B::Tensor,
     alpha: B::Tensor,
     /// Shape of the output (checked against the incoming gradient).
@@ -90,13 +109,125 @@ impl<B: Backend> GatLayer<B> {
             attn_l,
             attn_r,
             bias,
+            order: AggregateOrder::Auto,
+            input_grad: true,
             cache: None,
         })
+    }
+
+    /// The same layer, promised never to be asked for its input's gradient (`backward` with
+    /// `need` then fails): what lets it aggregate before projecting.
+    pub fn without_input_gradient(mut self) -> Self {
+        self.input_grad = false;
+        self
+    }
+
+    /// The same layer with its order rule: [`AggregateOrder::Auto`] (the default) aggregates
+    /// first for the blocks where the estimate below is smaller and the layer is
+    /// [`GatLayer::without_input_gradient`] on a backend with per-head products
+    /// ([`Backend::has_head_products`]); the other two force an order, and a forward that
+    /// cannot aggregate first fails. Both orders compute the same values up to rounding.
+    pub fn with_order(mut self, order: AggregateOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Whether this block's forward aggregates first: for `Auto`, when its estimated cost,
+    /// forward and backward, is lower. The estimate counts multiply-adds and, at 40 each
+    /// (about the GEMM rate over the copy bandwidth on the machines measured), the floats
+    /// moved through memory. Projecting first multiplies all `S` sources (`2 S in HF`: `z`
+    /// and its weight gradient), passes `HF`-wide rows over the edges three times, and reads
+    /// `h_src` twice and `HF`-wide source rows (`z`, its gradient) about eight times.
+    /// Aggregating first multiplies the `D` destinations three times (output, weight and
+    /// aggregate gradients), passes every head's `in`-wide rows over the edges twice (counted
+    /// double: rows scaled per head run well under the GEMM rate), folds the attention
+    /// vectors through all sources (`2 S in H`), and moves `h_src` twice, a source row per
+    /// edge twice and the `D x H*in` aggregates and their gradient five times. It is never
+    /// taken where those aggregates hold more than four times the floats of `z`.
+    fn aggregates_first(&self, dims: BlockDims) -> Result<bool> {
+        let possible = !self.input_grad && self.be.has_head_products();
+        match self.order {
+            AggregateOrder::ProjectFirst => Ok(false),
+            AggregateOrder::AggregateFirst if possible => Ok(true),
+            AggregateOrder::AggregateFirst => {
+                Err(ComputeError::State(format!(
+                "a GAT layer aggregates first only without an input gradient, on a backend with \
+                 per-head products ({} has{} them)",
+                self.be.name(),
+                if self.be.has_head_products() { "" } else { " not" }
+            )))
+            }
+            AggregateOrder::Auto if !possible => Ok(false),
+            AggregateOrder::Auto => {
+                let (d, s, e) = (
+                    dims.num_dst as f64,
+                    dims.num_src as f64,
+                    dims.num_edges as f64,
+                );
+                let (i, h) = (self.in_dim as f64, self.heads as f64);
+                let hf = h * self.head_dim as f64;
+                const PER_FLOAT: f64 = 40.0;
+                let project =
+                    2.0 * s * i * hf + 3.0 * e * hf + PER_FLOAT * (2.0 * s * i + 8.0 * s * hf);
+                let aggregate = 3.0 * d * i * hf
+                    + 4.0 * e * h * i
+                    + 2.0 * s * i * h
+                    + PER_FLOAT * (2.0 * s * i + 2.0 * e * i + 5.0 * d * h * i);
+                Ok(aggregate < project && d * h * i <= 4.0 * s * hf)
+            }
+        }
     }
 
     /// Number of attention heads.
     pub fn heads(&self) -> usize {
         self.heads
+    }
+
+    /// The gradients of the attention logits `el` (`S x H`) and `er` (`D x H`) from that of
+    /// the attention coefficients.
+    fn score_gradients(&self, c: &Cache<B>, g_alpha: &B::Tensor) -> Result<(B::Tensor, B::Tensor)> {
+        let be = &self.be;
+        let g_e = be.edge_softmax_backward(&c.block, &c.alpha, g_alpha)?;
+        let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE)?;
+        Ok((
+            be.edge_sum_to_src(&c.block, &g_scores)?,
+            be.edge_sum_to_dst(&c.block, &g_scores)?,
+        ))
+    }
+
+    /// The parameter gradients of a forward that aggregated first (`y`, every head's
+    /// aggregate of the input rows), given `g_rst`, the gradient at the heads' outputs.
+    fn backward_aggregated(
+        &mut self,
+        c: &Cache<B>,
+        y: &B::Tensor,
+        h_dst: &B::Tensor,
+        g_rst: &B::Tensor,
+    ) -> Result<()> {
+        let be = &self.be;
+        let heads = self.heads;
+        be.head_acc_at_b(y, g_rst, &mut self.weight.grad, heads)?;
+        let g_alpha = {
+            let gy = be.head_matmul_bt(g_rst, &self.weight.value, heads)?;
+            be.spmm_heads_backward_coeff(&c.block, &gy, &c.h_src)?
+        };
+        let (g_el, g_er) = self.score_gradients(c, &g_alpha)?;
+        // `el = h_src (W_h attn_l[h])_h`: the folded vectors' gradients `h_src^T g_el`, then
+        // through the fold into `weight` and `attn_l`; likewise `er` from `h_dst`.
+        for (x, g, attn) in [
+            (&c.h_src, &g_el, &mut self.attn_l),
+            (h_dst, &g_er, &mut self.attn_r),
+        ] {
+            let g_u = be.matmul(x, true, g, false)?;
+            let g_attn = be.head_dot_backward_acc(
+                &g_u,
+                &self.weight.value,
+                &attn.value,
+                &mut self.weight.grad,
+            )?;
+            be.axpy(1.0, &g_attn, &mut attn.grad)?;
+        }
+        Ok(())
     }
 }
 
@@ -117,14 +248,35 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
     fn forward(&mut self, block: &B::Block, h_src: B::Tensor, pass: Pass<'_>) -> Result<B::Tensor> {
         let be = &self.be;
         let dims = check_input(be, "gat", block, &h_src, self.in_dim)?;
-        let z = be.matmul(&h_src, false, &self.weight.value, false)?;
-        let z_dst = be.prefix_rows(&z, dims.num_dst)?;
-        let el = be.head_dot(&z, &self.attn_l.value)?;
-        let er = be.head_dot(&z_dst, &self.attn_r.value)?;
+        let w = &self.weight.value;
+        let aggregate_first = self.aggregates_first(dims)?;
+        let (el, er, z) = if aggregate_first {
+            // The attention vectors folded into the weights: `W_h attn[h]`, `in x H`.
+            let ul = be.head_dot(w, &self.attn_l.value)?;
+            let ur = be.head_dot(w, &self.attn_r.value)?;
+            let h_dst = be.prefix_rows(&h_src, dims.num_dst)?;
+            let el = be.matmul(&h_src, false, &ul, false)?;
+            let er = be.matmul(&h_dst, false, &ur, false)?;
+            (el, er, Err(h_dst))
+        } else {
+            let z = be.matmul(&h_src, false, w, false)?;
+            let el = be.head_dot(&z, &self.attn_l.value)?;
+            let er = be.head_dot_prefix(&z, &self.attn_r.value, dims.num_dst)?;
+            (el, er, Ok(z))
+        };
         let scores = be.u_add_v(block, &el, &er)?;
         let e = be.leaky_relu(&scores, GAT_NEGATIVE_SLOPE)?;
         let alpha = be.edge_softmax(block, &e)?;
-        let mut rst = be.spmm(block, Some(&alpha), &z)?;
+        let (mut rst, inputs) = match z {
+            Ok(z) => (be.spmm(block, Some(&alpha), &z)?, Inputs::Projected(z)),
+            Err(h_dst) => {
+                let y = be.spmm_heads(block, &alpha, &h_src)?;
+                (
+                    be.head_matmul(&y, w, self.heads)?,
+                    Inputs::Aggregated(y, h_dst),
+                )
+            }
+        };
         // Concatenated heads take the bias in the epilogue's pass; averaged ones before it.
         let (merged, bias) = match self.merge {
             HeadMerge::Concat => (rst, Some(&self.bias.value)),
@@ -137,8 +289,7 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         self.cache = pass.is_train().then(|| Cache {
             block: block.clone(),
             h_src,
-            z,
-            z_dst,
+            inputs,
             scores,
             alpha,
             out_shape: be.shape(&out),
@@ -149,6 +300,11 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {
         let c = self.cache.take().ok_or_else(|| no_cache("gat"))?;
+        if need && !self.input_grad {
+            return Err(ComputeError::State(
+                "a GAT layer built without an input gradient was asked for one".into(),
+            ));
+        }
         let be = &self.be;
         check_grad(be, "gat", grad_out, c.out_shape)?;
         let kept = c.kept.as_ref();
@@ -162,14 +318,17 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
             }
         };
         let g_rst = g_rst.as_ref();
-        let (mut gz, g_alpha) = be.spmm_backward(&c.block, &c.alpha, g_rst, &c.z)?;
-        let g_e = be.edge_softmax_backward(&c.block, &c.alpha, &g_alpha)?;
-        let g_scores = be.leaky_relu_backward(&g_e, &c.scores, GAT_NEGATIVE_SLOPE)?;
-        let g_el = be.edge_sum_to_src(&c.block, &g_scores)?;
-        let g_er = be.edge_sum_to_dst(&c.block, &g_scores)?;
-        let g_attn_l = be.head_dot_backward_acc(&g_el, &c.z, &self.attn_l.value, &mut gz)?;
+        let z = match &c.inputs {
+            Inputs::Projected(z) => z,
+            Inputs::Aggregated(y, h_dst) => {
+                return self.backward_aggregated(&c, y, h_dst, g_rst).map(|()| None)
+            }
+        };
+        let (mut gz, g_alpha) = be.spmm_backward(&c.block, &c.alpha, g_rst, z)?;
+        let (g_el, g_er) = self.score_gradients(&c, &g_alpha)?;
+        let g_attn_l = be.head_dot_backward_acc(&g_el, z, &self.attn_l.value, &mut gz)?;
         be.axpy(1.0, &g_attn_l, &mut self.attn_l.grad)?;
-        let g_attn_r = be.head_dot_backward_acc(&g_er, &c.z_dst, &self.attn_r.value, &mut gz)?;
+        let g_attn_r = be.head_dot_prefix_backward_acc(&g_er, z, &self.attn_r.value, &mut gz)?;
         be.axpy(1.0, &g_attn_r, &mut self.attn_r.grad)?;
         acc_at_b(be, &c.h_src, &gz, &mut self.weight)?;
         Ok(if need {
