@@ -150,12 +150,16 @@ impl<B: Backend> GatLayer<B> {
             AggregateOrder::ProjectFirst => Ok(false),
             AggregateOrder::AggregateFirst if possible => Ok(true),
             AggregateOrder::AggregateFirst => {
+                let has = if self.be.has_head_products() {
+                    "has"
+                } else {
+                    "lacks"
+                };
                 Err(ComputeError::State(format!(
-                "a GAT layer aggregates first only without an input gradient, on a backend with \
-                 per-head products ({} has{} them)",
-                self.be.name(),
-                if self.be.has_head_products() { "" } else { " not" }
-            )))
+                    "a GAT layer aggregates first only without an input gradient, on a backend \
+                     with per-head products (the {} backend {has} them)",
+                    self.be.name()
+                )))
             }
             AggregateOrder::Auto if !possible => Ok(false),
             AggregateOrder::Auto => {
