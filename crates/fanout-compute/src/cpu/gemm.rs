@@ -40,9 +40,9 @@ static SKIPPED_FLOPS: AtomicU64 = AtomicU64::new(0);
 
 /// Nominal floating-point operations (`2 m n k` per `m x k` by `k x n` product) of every
 /// product computed by [`gemm`], [`gemm_dense`], [`matmul`] and [`acc_at_b_shared`] (and the
-/// backend's per-head products) in this process since it started, all threads and in-process workers together. A product that skips
-/// zeros counts as the dense product it replaces ([`skipped_flops`] says how much of that it
-/// did not perform). Read it before and after a stretch of work: the difference is that
+/// backend's per-head products) in this process since it started, all threads and in-process
+/// workers together. A product that skips zeros counts as the dense product it replaces
+/// ([`skipped_flops`] says how much of that it did not perform). Read it before and after a stretch of work: the difference is that
 /// work's GEMM flops, the numerator of its nominal compute floor.
 pub fn nominal_flops() -> u64 {
     NOMINAL_FLOPS.load(Ordering::Relaxed)
