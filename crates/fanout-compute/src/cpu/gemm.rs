@@ -29,6 +29,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::par::DisjointOut;
 use super::{dense, rowmajor, sparse_grad, sparse_rows};
 use crate::tensor::Tensor;
 
@@ -198,12 +199,6 @@ unsafe fn transpose_full_tiles_avx(
         }
     }
 }
-
-/// C's base pointer, shared by tasks that write disjoint tiles of it.
-struct SendPtr(*mut f32);
-// SAFETY: the pointer is only used to write disjoint tiles (see its use in `gemm_into`).
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
 
 /// `C <- alpha * op(A) * op(B) + beta * C` where `op(X)` is `X` or `X^T`.
 ///
@@ -641,13 +636,12 @@ unsafe fn gemm_into(
         // partial sums to add up, and (measured on 128 x 3,700 x 256 weight gradients, two
         // threads) 100-117 GFLOP/s against 67-98 for the inner-dimension split below.
         let cols = n.div_ceil(GRID_TILE);
-        let c_at = SendPtr(c.as_mut_ptr().cast::<f32>());
+        let c_at = DisjointOut(c.as_mut_ptr().cast::<f32>());
         (0..tiles).into_par_iter().for_each(|t| {
             let (r0, c0) = ((t / cols) * GRID_TILE, (t % cols) * GRID_TILE);
             let (rows, width) = (GRID_TILE.min(m - r0), GRID_TILE.min(n - c0));
             let a_off = if trans_a { r0 } else { r0 * a.cols() };
             let b_off = if trans_b { c0 * b.cols() } else { c0 };
-            let c_ptr = &c_at;
             // SAFETY: op(A) rows r0..r0+rows and op(B) columns c0..c0+width lie inside `ad`
             // and `bd` (the bounds argument of `block`, shifted by the tile's origin); the
             // tiles are disjoint rectangles of the m x n row-major C (row stride n), so each
@@ -666,7 +660,7 @@ unsafe fn gemm_into(
                     rsb,
                     csb,
                     beta,
-                    c_ptr.0.add(r0 * n + c0),
+                    c_at.ptr().add(r0 * n + c0),
                     n as isize,
                     1,
                 );

@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 
 use super::gemm::count_nominal;
 use super::graph::CpuBlock;
-use super::par::{par_dst_edges, par_rows_new};
+use super::par::{par_dst_edges, par_rows_new, DisjointOut};
 use super::rowmajor::{gemm_rows_strided, Isa, PackedB};
 use super::rows::{axpy_slice, dot_heads, prefetch_row, PREFETCH_AHEAD};
 use crate::tensor::Tensor;
@@ -28,21 +28,6 @@ use crate::tensor::Tensor;
 const HEAD_ROWS: usize = 256;
 /// Rows of the weight gradient per task of [`head_acc_at_b`].
 const HEAD_K_ROWS: usize = 64;
-
-/// A base pointer shared by tasks that write disjoint blocks of one buffer.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: every use writes a block no other task touches (see each function).
-unsafe impl Sync for SharedOut {}
-unsafe impl Send for SharedOut {}
-
-impl SharedOut {
-    /// The pointer (a method, so that closures capture the whole `Sync` value, not its
-    /// field).
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// See [`crate::Backend::spmm_heads`].
 pub(crate) fn spmm_heads(b: &CpuBlock, coeff: &Tensor, x: &Tensor) -> Tensor {
@@ -187,7 +172,7 @@ fn per_head_rows(
             .map(|h| PackedB::new(isa, &b.0[b.1(h)..], b.2, b.3, inner, cols))
             .collect()
     });
-    let out = SharedOut(c.0.as_mut_ptr().cast::<f32>());
+    let out = DisjointOut(c.0.as_mut_ptr().cast::<f32>());
     (0..rows.div_ceil(HEAD_ROWS) * heads)
         .into_par_iter()
         .for_each(|t| {
@@ -229,7 +214,7 @@ pub(crate) fn head_acc_at_b(y: &Tensor, g: &Tensor, gw: &mut Tensor, heads: usiz
     let (n, hk, hf) = (y.rows(), y.cols(), gw.cols());
     assert_eq!(g.shape(), (n, hf), "head_acc_at_b: g shape");
     count_nominal(k, hf, n);
-    let c = SharedOut(gw.data_mut().as_mut_ptr());
+    let c = DisjointOut(gw.data_mut().as_mut_ptr());
     let (yd, gd) = (y.data(), g.data());
     (0..k.div_ceil(HEAD_K_ROWS) * heads)
         .into_par_iter()

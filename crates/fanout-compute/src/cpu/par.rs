@@ -13,6 +13,23 @@ pub(crate) const REDUCE_ROWS: usize = 256;
 /// Edges per task (roughly) for loops over destinations.
 const EDGES_PER_TASK: usize = 4096;
 
+/// The base pointer of an output that parallel tasks write in disjoint blocks (tiles of a
+/// product, heads' column blocks). Closures reach it through [`DisjointOut::ptr`], a method,
+/// so they capture the whole `Sync` value rather than its raw-pointer field.
+#[derive(Clone, Copy)]
+pub(crate) struct DisjointOut(pub(crate) *mut f32);
+// SAFETY: every user writes only a block of the output that no other task touches (each use
+// says which).
+unsafe impl Sync for DisjointOut {}
+unsafe impl Send for DisjointOut {}
+
+impl DisjointOut {
+    /// The output's base pointer.
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Calls `f(r, row)` for every row of the row-major `out` (`cols` wide), in parallel.
 pub(crate) fn par_rows<F>(out: &mut [f32], cols: usize, f: F)
 where
