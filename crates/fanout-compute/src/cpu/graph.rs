@@ -108,8 +108,26 @@ impl CpuBlock {
         deg
     }
 
-    pub(crate) fn edges(&self, d: usize) -> std::ops::Range<usize> {
+    fn edges(&self, d: usize) -> std::ops::Range<usize> {
         self.inner.indptr[d] as usize..self.inner.indptr[d + 1] as usize
+    }
+
+    /// The edges into `d` with their sources' rows of `x`, in edge order: `(e, x[src(e)])`.
+    /// Each step first prefetches the row of the source [`PREFETCH_AHEAD`] edges further on
+    /// (into the next destinations' edges too), so the rows arrive before they are read.
+    #[inline]
+    pub(crate) fn source_rows<'a>(
+        &'a self,
+        d: usize,
+        x: &'a Tensor,
+    ) -> impl Iterator<Item = (usize, &'a [f32])> + 'a {
+        let idx = &self.inner.indices;
+        self.edges(d).map(move |e| {
+            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
+                prefetch_row(x.row(ahead as usize));
+            }
+            (e, x.row(idx[e] as usize))
+        })
     }
 
     fn transposed(&self) -> &Transposed {
@@ -193,13 +211,8 @@ pub(crate) fn spmm(b: &CpuBlock, coeff: Option<&Tensor>, x: &Tensor) -> Tensor {
     assert_eq!(x.rows(), dims.num_src, "spmm: x rows != num_src");
     let cols = x.cols();
     heads_of(coeff, dims.num_edges, cols, "spmm");
-    let idx = b.indices();
     let out = par_rows_new(dims.num_dst, cols, |d, row| {
-        for e in b.edges(d) {
-            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
-                prefetch_row(x.row(ahead as usize));
-            }
-            let xs = x.row(idx[e] as usize);
+        for (e, xs) in b.source_rows(d, x) {
             match coeff {
                 None => add_slice(xs, row),
                 Some(c) => {
@@ -247,15 +260,10 @@ pub(crate) fn spmm_backward_coeff(b: &CpuBlock, grad: &Tensor, x: &Tensor, heads
         heads > 0 && x.cols().is_multiple_of(heads),
         "spmm_backward_coeff: heads"
     );
-    let idx = b.indices();
     let mut out = Tensor::zeros(dims.num_edges, heads);
     par_dst_edges(b.indptr(), out.data_mut(), heads, |d, o| {
         let g = grad.row(d);
-        for (i, e) in b.edges(d).enumerate() {
-            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
-                prefetch_row(x.row(ahead as usize));
-            }
-            let xs = x.row(idx[e] as usize);
+        for (i, (_, xs)) in b.source_rows(d, x).enumerate() {
             dot_heads(g, xs, &mut o[i * heads..(i + 1) * heads]);
         }
     });

@@ -20,7 +20,7 @@ use super::gemm::count_nominal;
 use super::graph::CpuBlock;
 use super::par::{par_dst_edges, par_rows_new, DisjointOut};
 use super::rowmajor::{gemm_rows_strided, Isa, PackedB};
-use super::rows::{axpy_slice, dot_heads, prefetch_row, PREFETCH_AHEAD};
+use super::rows::{axpy_slice, dot_heads};
 use crate::tensor::Tensor;
 
 /// Rows of the output per task of [`head_matmul`] and [`head_matmul_bt`] (a multiple of every
@@ -35,13 +35,8 @@ pub(crate) fn spmm_heads(b: &CpuBlock, coeff: &Tensor, x: &Tensor) -> Tensor {
     assert_eq!(coeff.rows(), dims.num_edges, "spmm_heads: coeff rows");
     assert_eq!(x.rows(), dims.num_src, "spmm_heads: x rows");
     let (heads, k) = (coeff.cols(), x.cols());
-    let idx = b.indices();
     let out = par_rows_new(dims.num_dst, heads * k, |d, row| {
-        for e in b.edges(d) {
-            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
-                prefetch_row(x.row(ahead as usize));
-            }
-            let xs = x.row(idx[e] as usize);
+        for (e, xs) in b.source_rows(d, x) {
             for (&w, acc) in coeff.row(e).iter().zip(row.chunks_exact_mut(k)) {
                 axpy_slice(w, xs, acc);
             }
@@ -67,15 +62,10 @@ pub(crate) fn spmm_heads_backward_coeff(b: &CpuBlock, grad: &Tensor, x: &Tensor)
         x.shape()
     );
     let heads = grad.cols() / k;
-    let idx = b.indices();
     let mut out = Tensor::zeros(dims.num_edges, heads);
     par_dst_edges(b.indptr(), out.data_mut(), heads, |d, o| {
         let g = grad.row(d);
-        for (i, e) in b.edges(d).enumerate() {
-            if let Some(&ahead) = idx.get(e + PREFETCH_AHEAD) {
-                prefetch_row(x.row(ahead as usize));
-            }
-            let xs = x.row(idx[e] as usize);
+        for (i, (_, xs)) in b.source_rows(d, x).enumerate() {
             for (h, o) in o[i * heads..(i + 1) * heads].iter_mut().enumerate() {
                 dot_heads(&g[h * k..(h + 1) * k], xs, std::slice::from_mut(o));
             }

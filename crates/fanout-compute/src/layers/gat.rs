@@ -306,7 +306,9 @@ impl<B: Backend> Layer<B> for GatLayer<B> {
         let c = self.cache.take().ok_or_else(|| no_cache("gat"))?;
         if need && !self.input_grad {
             return Err(ComputeError::State(
-                "a GAT layer built without an input gradient was asked for one".into(),
+                "a GAT layer built `without_input_gradient` was asked for its input's gradient; \
+                 build layers whose input needs one without that call"
+                    .into(),
             ));
         }
         let be = &self.be;
