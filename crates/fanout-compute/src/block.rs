@@ -126,7 +126,12 @@ impl<'a> BlockRef<'a> {
         if self.indptr[0] != 0 {
             return bad(format!("indptr[0] is {}, expected 0", self.indptr[0]));
         }
-        if let Some(d) = self.indptr.windows(2).position(|w| w[1] < w[0]) {
+        // The scans below are branch-free folds, which the compiler vectorises (a block is
+        // checked every step, and `position` scans one element at a time); where one fails,
+        // `position` then finds the first offender for the message.
+        let rising = self.indptr.iter().zip(&self.indptr[1..]);
+        if !rising.clone().fold(true, |ok, (a, b)| ok & (a <= b)) {
+            let d = rising.clone().position(|(a, b)| b < a).unwrap_or(0);
             return bad(format!("indptr decreases at destination {d}"));
         }
         if self.indptr[self.num_dst] as usize != self.indices.len() {
@@ -136,11 +141,11 @@ impl<'a> BlockRef<'a> {
                 self.indices.len()
             ));
         }
-        if let Some(e) = self
-            .indices
-            .iter()
-            .position(|&s| s as usize >= self.num_src)
-        {
+        let max_src = self.indices.iter().fold(0u32, |m, &s| m.max(s));
+        if !self.indices.is_empty() && max_src as usize >= self.num_src {
+            let e = (self.indices.iter())
+                .position(|&s| s as usize >= self.num_src)
+                .unwrap_or(0);
             return bad(format!(
                 "edge {e} has source {} >= num_src {}",
                 self.indices[e], self.num_src
@@ -154,7 +159,8 @@ impl<'a> BlockRef<'a> {
                     self.indices.len()
                 ));
             }
-            if let Some(e) = w.iter().position(|x| !x.is_finite()) {
+            if !w.iter().fold(true, |ok, x| ok & x.is_finite()) {
+                let e = w.iter().position(|x| !x.is_finite()).unwrap_or(0);
                 return bad(format!("weight of edge {e} is not finite"));
             }
         }
@@ -166,6 +172,64 @@ impl<'a> BlockRef<'a> {
 mod tests {
     use super::*;
     use fanout_rand::Rng;
+
+    /// The message of `b`'s validation error (panics when `b` is valid).
+    fn violation(b: BlockRef<'_>) -> String {
+        match b.validate() {
+            Err(ComputeError::Block(m)) => m,
+            other => panic!("expected a block error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_first_offending_destination_edge_or_weight() {
+        // Long enough for the vectorised scans' main loops, offenders at the start, middle
+        // and end of each array.
+        let (num_dst, fan) = (300usize, 3usize);
+        let indptr: Vec<u32> = (0..=num_dst).map(|d| (d * fan) as u32).collect();
+        let indices: Vec<u32> = (0..num_dst * fan).map(|e| (e % 500) as u32).collect();
+        let weights = vec![0.5f32; indices.len()];
+        fn block<'a>(
+            indptr: &'a [u32],
+            indices: &'a [u32],
+            weights: Option<&'a [f32]>,
+        ) -> BlockRef<'a> {
+            BlockRef {
+                num_dst: indptr.len() - 1,
+                num_src: 500,
+                indptr,
+                indices,
+                weights,
+            }
+        }
+        assert!(block(&indptr, &indices, Some(&weights)).validate().is_ok());
+        for at in [0usize, 417, indices.len() - 1] {
+            let mut bad = indices.clone();
+            bad[at] = 500;
+            bad[indices.len() - 1] = 700 + (at == indices.len() - 1) as u32;
+            let want = format!("edge {at} has source {} >= num_src 500", bad[at]);
+            assert_eq!(violation(block(&indptr, &bad, None)), want);
+            let mut w = weights.clone();
+            w[at] = if at == 0 { f32::NAN } else { f32::INFINITY };
+            let got = violation(block(&indptr, &indices, Some(&w)));
+            assert_eq!(got, format!("weight of edge {at} is not finite"));
+        }
+        for d in [1usize, 150, num_dst - 1] {
+            let mut bad = indptr.clone();
+            bad[d] = bad[d + 1] + 1;
+            let got = violation(block(&bad, &indices, None));
+            assert_eq!(got, format!("indptr decreases at destination {d}"));
+        }
+        let empty = [0u32; 1];
+        let edgeless = BlockRef {
+            num_dst: 0,
+            num_src: 0,
+            indptr: &empty,
+            indices: &[],
+            weights: None,
+        };
+        assert!(edgeless.validate().is_ok());
+    }
 
     #[test]
     fn source_major_lists_each_sources_edges_in_edge_order() {
