@@ -108,7 +108,8 @@ impl CpuBlock {
         deg
     }
 
-    fn edges(&self, d: usize) -> std::ops::Range<usize> {
+    /// The edges into destination `d` (a range of edge ids).
+    pub(crate) fn edges(&self, d: usize) -> std::ops::Range<usize> {
         self.inner.indptr[d] as usize..self.inner.indptr[d + 1] as usize
     }
 

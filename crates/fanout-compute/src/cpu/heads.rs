@@ -12,6 +12,10 @@
 //! tasks (row blocks of [`HEAD_ROWS`], or of [`HEAD_K_ROWS`] output rows for the weight
 //! gradient) depend only on the shapes and each output element is one call's, so the results
 //! do not depend on the thread count.
+//!
+//! The two edge kernels, [`spmm_heads`] and [`spmm_heads_backward_coeff`], keep one vector of
+//! columns of up to eight heads in registers on x86-64 (AVX or AVX-512), so a source row is
+//! loaded once for all heads; they give the plain loops' bits, which every other CPU runs.
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -34,6 +38,29 @@ pub(crate) fn spmm_heads(b: &CpuBlock, coeff: &Tensor, x: &Tensor) -> Tensor {
     let dims = b.dims();
     assert_eq!(coeff.rows(), dims.num_edges, "spmm_heads: coeff rows");
     assert_eq!(x.rows(), dims.num_src, "spmm_heads: x rows");
+    let (heads, k) = (coeff.cols(), x.cols());
+    #[cfg(target_arch = "x86_64")]
+    if let Some(isa) = x86::HeadSums::detect(k) {
+        let (indptr, indices) = (b.indptr(), b.indices());
+        let out = par_rows_new(dims.num_dst, heads * k, |d, row| {
+            let edges = indptr[d] as usize..indptr[d + 1] as usize;
+            let next = indptr
+                .get(d + 2)
+                .map_or(&[][..], |&n| &indices[edges.end..n as usize]);
+            let w = &coeff.data()[edges.start * heads..edges.end * heads];
+            // SAFETY: `isa` was detected on this CPU; every source is `< num_src`, the rows
+            // of `x` (a validated block, `x.rows()` checked above), `w` holds `heads` values
+            // per edge and `row` is `heads * k` long.
+            unsafe { isa.row(&indices[edges], next, w, heads, x, row) };
+        });
+        return Tensor::new(dims.num_dst, heads * k, out);
+    }
+    spmm_heads_plain(b, coeff, x)
+}
+
+/// [`spmm_heads`] one scaled row at a time (every CPU; the vector path's reference).
+fn spmm_heads_plain(b: &CpuBlock, coeff: &Tensor, x: &Tensor) -> Tensor {
+    let dims = b.dims();
     let (heads, k) = (coeff.cols(), x.cols());
     let out = par_rows_new(dims.num_dst, heads * k, |d, row| {
         for (e, xs) in b.source_rows(d, x) {
@@ -63,6 +90,44 @@ pub(crate) fn spmm_heads_backward_coeff(b: &CpuBlock, grad: &Tensor, x: &Tensor)
     );
     let heads = grad.cols() / k;
     let mut out = Tensor::zeros(dims.num_edges, heads);
+    #[cfg(target_arch = "x86_64")]
+    if k >= super::rows::DOT_LANES && is_x86_feature_detected!("avx") {
+        let (indptr, indices) = (b.indptr(), b.indices());
+        par_dst_edges(indptr, out.data_mut(), heads, |d, o| {
+            let edges = indptr[d] as usize..indptr[d + 1] as usize;
+            let next = indptr
+                .get(d + 2)
+                .map_or(&[][..], |&n| &indices[edges.end..n as usize]);
+            // SAFETY: the CPU has AVX (checked above); every source is `< num_src`, the rows
+            // of `x` (a validated block, `x.rows()` checked above); `grad`'s row is
+            // `heads * k` wide and `o` holds `heads` values per edge.
+            unsafe {
+                x86::head_dots(
+                    &indices[edges],
+                    next,
+                    grad.row(d),
+                    heads,
+                    x.data().as_ptr(),
+                    k,
+                    o,
+                )
+            };
+        });
+        return out;
+    }
+    spmm_heads_backward_coeff_plain(b, grad, x, heads, out)
+}
+
+/// [`spmm_heads_backward_coeff`] one dot product at a time into the zeros `out` (every
+/// CPU; the vector path's reference).
+fn spmm_heads_backward_coeff_plain(
+    b: &CpuBlock,
+    grad: &Tensor,
+    x: &Tensor,
+    heads: usize,
+    mut out: Tensor,
+) -> Tensor {
+    let k = x.cols();
     par_dst_edges(b.indptr(), out.data_mut(), heads, |d, o| {
         let g = grad.row(d);
         for (i, (_, xs)) in b.source_rows(d, x).enumerate() {
@@ -234,4 +299,389 @@ pub(crate) fn head_acc_at_b(y: &Tensor, g: &Tensor, gw: &mut Tensor, heads: usiz
                 );
             }
         });
+}
+
+/// [`spmm_heads`]'s rows in vector registers. The plain loop adds each edge's source row,
+/// scaled by each head's coefficient, into the whole output row (`H * k` floats, every
+/// element loaded and stored once per edge). Here one vector's columns of up to eight heads
+/// stay in registers while every edge of the destination is added to them, so the output is
+/// written once and each source vector loaded once for all those heads. Each element still
+/// sums its edges in edge order from zero, a product then a sum (two roundings), so the bits
+/// are the plain loop's.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::rows::{dot_lanes_sum, DOT_LANES};
+    use super::super::sparse_grad::x86::Lanes;
+    use crate::tensor::Tensor;
+    use std::arch::x86_64::*;
+
+    /// `o[i heads + h] = g[h k..(h + 1) k] . x[src[i] k..][..k]` for every edge `i` and head
+    /// `h`: [`super::spmm_heads_backward_coeff`]'s dot products of one destination, each in
+    /// `rows::dot_slice`'s order (product `c` into partial sum `c % 8`, the eight sums added
+    /// pairwise), so with the bits of `rows::dot_heads`. A source's vector of columns is
+    /// loaded once for up to eight heads (eight 8-float sums in registers), where a dot
+    /// product per head loads it once per head. Prefetches the rows of `next` (the next
+    /// destination's sources), one per edge.
+    ///
+    /// # Safety
+    /// The CPU has AVX; `x` holds a `k`-float row for every id in `src` and `next`;
+    /// `g.len() == heads * k`; `o.len() == src.len() * heads`.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn head_dots(
+        src: &[u32],
+        next: &[u32],
+        g: &[f32],
+        heads: usize,
+        x: *const f32,
+        k: usize,
+        o: &mut [f32],
+    ) {
+        debug_assert!(g.len() == heads * k && o.len() == src.len() * heads);
+        let dots = HeadDots {
+            src,
+            g: g.as_ptr(),
+            heads,
+            x,
+            k,
+            o: o.as_mut_ptr(),
+        };
+        let mut h0 = 0;
+        while h0 < heads {
+            match heads - h0 {
+                1 => dots.heads_from::<1>(h0, next),
+                2 => dots.heads_from::<2>(h0, next),
+                3 => dots.heads_from::<3>(h0, next),
+                4 => dots.heads_from::<4>(h0, next),
+                5 => dots.heads_from::<5>(h0, next),
+                6 => dots.heads_from::<6>(h0, next),
+                7 => dots.heads_from::<7>(h0, next),
+                _ => dots.heads_from::<8>(h0, next),
+            }
+            h0 += 8;
+        }
+        if heads > 0 {
+            for &s in next.get(src.len()..).unwrap_or(&[]) {
+                prefetch_row(x.add(s as usize * k), k);
+            }
+        }
+    }
+
+    /// The rows of one destination's dot products ([`head_dots`]).
+    #[derive(Clone, Copy)]
+    struct HeadDots<'a> {
+        src: &'a [u32],
+        g: *const f32,
+        heads: usize,
+        x: *const f32,
+        k: usize,
+        o: *mut f32,
+    }
+
+    impl HeadDots<'_> {
+        /// Heads `h0..h0 + G`, prefetching `next[i]`'s row at edge `i` in the first group.
+        ///
+        /// # Safety
+        /// As [`head_dots`]; `h0 + G <= heads`.
+        #[inline(always)]
+        unsafe fn heads_from<const G: usize>(self, h0: usize, next: &[u32]) {
+            let HeadDots {
+                src,
+                g,
+                heads,
+                x,
+                k,
+                o,
+            } = self;
+            let full = k - k % DOT_LANES;
+            for (i, &s) in src.iter().enumerate() {
+                if h0 == 0 {
+                    if let Some(&n) = next.get(i) {
+                        prefetch_row(x.add(n as usize * k), k);
+                    }
+                }
+                let xs = x.add(s as usize * k);
+                let mut acc = [_mm256_setzero_ps(); G];
+                let mut c = 0;
+                while c < full {
+                    let xv = <__m256 as Lanes>::load(xs.add(c));
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let gv = <__m256 as Lanes>::load(g.add((h0 + j) * k + c));
+                        *acc = <__m256 as Lanes>::add_product(*acc, gv, xv);
+                    }
+                    c += DOT_LANES;
+                }
+                for (j, acc) in acc.iter().enumerate() {
+                    let mut lanes = [0.0f32; DOT_LANES];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                    for (l, c) in (full..k).enumerate() {
+                        lanes[l] += *g.add((h0 + j) * k + c) * *xs.add(c);
+                    }
+                    *o.add(i * heads + h0 + j) = dot_lanes_sum(&lanes);
+                }
+            }
+        }
+    }
+
+    /// `rows::prefetch_row` of the `k` floats at `p`.
+    ///
+    /// # Safety
+    /// `k` floats are readable at `p`.
+    #[inline(always)]
+    unsafe fn prefetch_row(p: *const f32, k: usize) {
+        super::super::rows::prefetch_row(std::slice::from_raw_parts(p, k))
+    }
+
+    /// The vector width to use.
+    #[derive(Clone, Copy)]
+    pub(super) enum HeadSums {
+        Avx512,
+        Avx,
+    }
+
+    impl HeadSums {
+        /// The widest vectors this CPU has, for rows of `k >=` one vector; `None` otherwise.
+        pub(super) fn detect(k: usize) -> Option<Self> {
+            if k >= 16 && is_x86_feature_detected!("avx512f") {
+                Some(HeadSums::Avx512)
+            } else if k >= 8 && is_x86_feature_detected!("avx") {
+                Some(HeadSums::Avx)
+            } else {
+                None
+            }
+        }
+
+        /// `row[h k + c] = sum over i of w[i heads + h] * x[src[i], c]` for every head
+        /// `h < heads` and column `c < k` (`x` being `k` wide), edges added in order from
+        /// zero. Prefetches the rows of `next` (the next destination's sources), a line of
+        /// each per line of columns summed.
+        ///
+        /// # Safety
+        /// The CPU has the vector width's instructions (as [`HeadSums::detect`] found);
+        /// every id in `src` and `next` is a row of `x`; `w.len() >= src.len() * heads`;
+        /// `row.len() == heads * k`.
+        pub(super) unsafe fn row(
+            self,
+            src: &[u32],
+            next: &[u32],
+            w: &[f32],
+            heads: usize,
+            x: &Tensor,
+            row: &mut [f32],
+        ) {
+            let k = x.cols();
+            debug_assert!(w.len() >= src.len() * heads && row.len() == heads * k);
+            let g = Group {
+                src,
+                next,
+                w,
+                heads,
+                x: x.data().as_ptr(),
+                k,
+                row: row.as_mut_ptr(),
+            };
+            match self {
+                HeadSums::Avx512 => g.avx512(),
+                HeadSums::Avx => g.avx(),
+            }
+        }
+    }
+
+    /// One output row's sums: its edges' sources `src`, their coefficients `w` (`heads` per
+    /// edge), the source rows `x` (`k` floats each) and the row `row` (`heads * k`).
+    #[derive(Clone, Copy)]
+    struct Group<'a> {
+        src: &'a [u32],
+        next: &'a [u32],
+        w: &'a [f32],
+        heads: usize,
+        x: *const f32,
+        k: usize,
+        row: *mut f32,
+    }
+
+    impl Group<'_> {
+        /// # Safety
+        /// As [`HeadSums::row`], with AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512(self) {
+            self.all_heads::<__m512>()
+        }
+
+        /// # Safety
+        /// As [`HeadSums::row`], with AVX.
+        #[target_feature(enable = "avx")]
+        unsafe fn avx(self) {
+            self.all_heads::<__m256>()
+        }
+
+        /// The heads in groups of eight (the last group smaller).
+        ///
+        /// # Safety
+        /// As [`HeadSums::row`], the CPU having `V`'s instructions.
+        #[inline(always)]
+        unsafe fn all_heads<V: Lanes>(self) {
+            let mut h0 = 0;
+            while h0 < self.heads {
+                match self.heads - h0 {
+                    1 => self.heads_from::<V, 1>(h0),
+                    2 => self.heads_from::<V, 2>(h0),
+                    3 => self.heads_from::<V, 3>(h0),
+                    4 => self.heads_from::<V, 4>(h0),
+                    5 => self.heads_from::<V, 5>(h0),
+                    6 => self.heads_from::<V, 6>(h0),
+                    7 => self.heads_from::<V, 7>(h0),
+                    _ => self.heads_from::<V, 8>(h0),
+                }
+                h0 += 8;
+            }
+        }
+
+        /// Heads `h0..h0 + G`.
+        ///
+        /// # Safety
+        /// As [`HeadSums::row`], the CPU having `V`'s instructions; `h0 + G <= heads`.
+        #[inline(always)]
+        unsafe fn heads_from<V: Lanes, const G: usize>(self, h0: usize) {
+            let Group {
+                src,
+                next,
+                w,
+                heads,
+                x,
+                k,
+                row,
+            } = self;
+            let full = k - k % V::LANES;
+            let mut c = 0;
+            while c < full {
+                // The next destination's rows, a line of each per line of columns here, so
+                // they arrive while this one's are summed without a burst of misses.
+                if h0 == 0 && (c * 4) % 64 == 0 {
+                    for &s in next {
+                        _mm_prefetch::<_MM_HINT_T1>(x.add(s as usize * k + c).cast());
+                    }
+                }
+                let mut acc = [V::splat(0.0); G];
+                for (i, &s) in src.iter().enumerate() {
+                    let xv = V::load(x.add(s as usize * k + c));
+                    let we = w.as_ptr().add(i * heads + h0);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        *acc = V::add_product(*acc, V::splat(*we.add(j)), xv);
+                    }
+                }
+                for (j, acc) in acc.iter().enumerate() {
+                    acc.store(row.add((h0 + j) * k + c));
+                }
+                c += V::LANES;
+            }
+            // The last columns, fewer than a vector, one at a time in the same order.
+            for j in 0..G {
+                for c in full..k {
+                    let mut sum = 0.0f32;
+                    for (i, &s) in src.iter().enumerate() {
+                        sum += w[i * heads + h0 + j] * *x.add(s as usize * k + c);
+                    }
+                    *row.add((h0 + j) * k + c) = sum;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::BlockRef;
+    use fanout_rand::Rng;
+
+    /// A block of `num_dst` destinations with 0-30 random sources each (repeats included)
+    /// among `num_src`.
+    fn random_block(num_dst: usize, num_src: usize, rng: &mut Rng) -> CpuBlock {
+        let (mut indptr, mut indices) = (vec![0u32], Vec::new());
+        for _ in 0..num_dst {
+            for _ in 0..rng.below(31) {
+                indices.push(rng.below(num_src as u64) as u32);
+            }
+            indptr.push(indices.len() as u32);
+        }
+        let b = BlockRef {
+            num_dst,
+            num_src,
+            indptr: &indptr,
+            indices: &indices,
+            weights: None,
+        };
+        CpuBlock::new(&b).unwrap()
+    }
+
+    fn random(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
+        let data = (0..rows * cols).map(|_| rng.next_f32() * 2.0 - 1.0);
+        Tensor::new(rows, cols, data.collect())
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.data().iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn vector_head_sums_and_dots_give_the_plain_loops_bits() {
+        let mut rng = Rng::new(17);
+        // Heads below, at and above a group of eight; rows narrower than a vector, whole
+        // vectors and vectors plus a tail.
+        for (heads, k) in [
+            (1, 16),
+            (3, 5),
+            (8, 256),
+            (9, 17),
+            (12, 100),
+            (2, 8),
+            (8, 7),
+        ] {
+            let b = random_block(40, 90, &mut rng);
+            let coeff = random(b.dims().num_edges, heads, &mut rng);
+            let mut x = random(90, k, &mut rng);
+            // Signed zeros and a NaN go through the sums as in the plain loop.
+            x.data_mut()[0] = -0.0;
+            x.data_mut()[k] = f32::NAN;
+            let want = bits(&spmm_heads_plain(&b, &coeff, &x));
+            assert_eq!(
+                bits(&spmm_heads(&b, &coeff, &x)),
+                want,
+                "{heads} heads of {k}"
+            );
+            let grad = random(40, heads * k, &mut rng);
+            let zeros = Tensor::zeros(b.dims().num_edges, heads);
+            let plain = spmm_heads_backward_coeff_plain(&b, &grad, &x, heads, zeros);
+            let got = spmm_heads_backward_coeff(&b, &grad, &x);
+            assert_eq!(
+                bits(&got),
+                bits(&plain),
+                "coefficients' gradient, {heads} heads of {k}"
+            );
+            #[cfg(target_arch = "x86_64")]
+            for isa in [x86::HeadSums::Avx512, x86::HeadSums::Avx] {
+                let lanes = if matches!(isa, x86::HeadSums::Avx512) {
+                    16
+                } else {
+                    8
+                };
+                let has = match isa {
+                    x86::HeadSums::Avx512 => is_x86_feature_detected!("avx512f"),
+                    x86::HeadSums::Avx => is_x86_feature_detected!("avx"),
+                };
+                if !has || k < lanes {
+                    continue;
+                }
+                let mut got = vec![f32::NAN; b.dims().num_dst * heads * k];
+                for (d, row) in got.chunks_mut(heads * k).enumerate() {
+                    let e = b.edges(d);
+                    let w = &coeff.data()[e.start * heads..e.end * heads];
+                    // SAFETY: checked above that the CPU has `isa`; the shapes are the block's.
+                    unsafe { isa.row(&b.indices()[e], &[], w, heads, &x, row) };
+                }
+                let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{lanes} lanes, {heads} heads of {k}");
+            }
+        }
+    }
 }

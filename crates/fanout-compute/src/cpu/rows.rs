@@ -213,7 +213,7 @@ mod avx {
 }
 
 /// Lanes of [`dot_slice`]'s partial sums.
-const DOT_LANES: usize = 8;
+pub(super) const DOT_LANES: usize = 8;
 
 /// Dot product in f32 over the shorter of the two slices, in a fixed order that does not
 /// depend on the CPU: product `i` is added to partial sum `i % 8` (each product rounded, then
@@ -269,7 +269,7 @@ fn dot_f64_loop(a: &[f32], b: &[f32]) -> f64 {
 
 /// The partial sums of [`dot_slice`] (or [`dot_f64_slice`]) added in its order.
 #[inline(always)]
-fn dot_lanes_sum<T: Copy + std::ops::Add<Output = T>>(s: &[T; DOT_LANES]) -> T {
+pub(super) fn dot_lanes_sum<T: Copy + std::ops::Add<Output = T>>(s: &[T; DOT_LANES]) -> T {
     ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 

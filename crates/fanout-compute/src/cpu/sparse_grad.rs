@@ -694,9 +694,10 @@ pub(super) mod x86 {
         strips::<__m256>(pa, spw, marked, ct, ldc)
     }
 
-    /// A vector of `LANES` floats: what a strip needs of it. Implemented for the AVX2 and
-    /// AVX-512 registers, so that one [`strip`] serves both widths.
-    trait Lanes: Copy {
+    /// A vector of `LANES` floats: what a strip needs of it (and the per-head sums of
+    /// `super::super::heads`). Implemented for the AVX2 and AVX-512 registers, so that one
+    /// [`strip`] serves both widths.
+    pub(in crate::cpu) trait Lanes: Copy {
         const LANES: usize;
         /// # Safety
         /// The CPU has the vector's instructions; `LANES` floats readable at `p`.
@@ -712,6 +713,11 @@ pub(super) mod x86 {
         /// # Safety
         /// The CPU has the vector's instructions.
         unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+        /// `c + a * b` rounded twice, as the scalar `c += a * b` is (Rust never fuses them).
+        ///
+        /// # Safety
+        /// The CPU has the vector's instructions.
+        unsafe fn add_product(c: Self, a: Self, b: Self) -> Self;
     }
 
     impl Lanes for __m512 {
@@ -732,6 +738,10 @@ pub(super) mod x86 {
         unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
             _mm512_fmadd_ps(a, b, c)
         }
+        #[inline(always)]
+        unsafe fn add_product(c: Self, a: Self, b: Self) -> Self {
+            _mm512_add_ps(c, _mm512_mul_ps(a, b))
+        }
     }
 
     impl Lanes for __m256 {
@@ -751,6 +761,10 @@ pub(super) mod x86 {
         #[inline(always)]
         unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
             _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn add_product(c: Self, a: Self, b: Self) -> Self {
+            _mm256_add_ps(c, _mm256_mul_ps(a, b))
         }
     }
 
