@@ -58,7 +58,7 @@ pub fn skipped_flops() -> u64 {
 
 /// Adds the flops that `A^T G` products with `A`s of `cols` columns in all did not perform
 /// because `used` of `g`'s entries were non-zero.
-fn count_skipped(cols: usize, g: &Tensor, used: usize) {
+pub(super) fn count_skipped(cols: usize, g: &Tensor, used: usize) {
     let zeros = g.rows() * g.cols() - used;
     SKIPPED_FLOPS.fetch_add(2 * (cols * zeros) as u64, Ordering::Relaxed);
 }

@@ -7,8 +7,10 @@
 //! No head's block is copied out: the products with a row-major left factor run the
 //! row-major tile (`super::rowmajor`) on strided rows, reading the block where it lies (a
 //! head's block is as wide as the layer's input, and `matrixmultiply` would pack every row
-//! of it for only `F` multiply-adds per element); the weight gradient, and every product
-//! off x86-64, call `matrixmultiply::sgemm`, which takes any row and column strides. Their
+//! of it for only `F` multiply-adds per element). The weight gradient skips the zeros of a
+//! ReLU and dropout layer's gradient where `gemm` would (`sparse_grad::head_tn_sparse`);
+//! otherwise it, and every product off x86-64, calls `matrixmultiply::sgemm`, which takes
+//! any row and column strides. Their
 //! tasks (row blocks of [`HEAD_ROWS`], or of [`HEAD_K_ROWS`] output rows for the weight
 //! gradient) depend only on the shapes and each output element is one call's, so the results
 //! do not depend on the thread count.
@@ -20,11 +22,12 @@
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-use super::gemm::count_nominal;
+use super::gemm::{count_nominal, count_skipped, skips_zeros};
 use super::graph::CpuBlock;
 use super::par::{par_dst_edges, par_rows_new, DisjointOut};
 use super::rowmajor::{gemm_rows_strided, Isa, PackedB};
 use super::rows::{axpy_slice, dot_heads};
+use super::sparse_grad;
 use crate::tensor::Tensor;
 
 /// Rows of the output per task of [`head_matmul`] and [`head_matmul_bt`] (a multiple of every
@@ -269,6 +272,12 @@ pub(crate) fn head_acc_at_b(y: &Tensor, g: &Tensor, gw: &mut Tensor, heads: usiz
     let (n, hk, hf) = (y.rows(), y.cols(), gw.cols());
     assert_eq!(g.shape(), (n, hf), "head_acc_at_b: g shape");
     count_nominal(k, hf, n);
+    if skips_zeros(g, k) {
+        // A ReLU and dropout layer's gradient: each head's product skips its zeros.
+        let used = sparse_grad::head_tn_sparse(y, g, gw, heads);
+        count_skipped(k, g, used);
+        return;
+    }
     let c = DisjointOut(gw.data_mut().as_mut_ptr());
     let (yd, gd) = (y.data(), g.data());
     (0..k.div_ceil(HEAD_K_ROWS) * heads)
@@ -621,6 +630,52 @@ mod tests {
 
     fn bits(t: &Tensor) -> Vec<u32> {
         t.data().iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn weight_gradients_that_skip_zeros_match_f64_on_any_thread_count() {
+        let mut rng = Rng::new(23);
+        // Rows enough for the zero-skipping shape; a strip and a part of one per head.
+        let (m, heads, k, f) = (2200, 3, 150, 20);
+        let y = random(m, heads * k, &mut rng);
+        let mut g = random(m, heads * f, &mut rng);
+        for v in g.data_mut() {
+            if rng.below(10) < 7 {
+                *v = 0.0;
+            }
+        }
+        assert!(
+            skips_zeros(&g, k),
+            "the test's gradient should take the zero-skipping path"
+        );
+        let start = random(k, heads * f, &mut rng);
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut gw = start.clone();
+            pool.install(|| head_acc_at_b(&y, &g, &mut gw, heads));
+            gw
+        };
+        let got = run(1);
+        assert_eq!(bits(&got), bits(&run(3)), "thread counts");
+        for i in 0..k {
+            for h in 0..heads {
+                for j in 0..f {
+                    let mut want = start.data()[i * heads * f + h * f + j] as f64;
+                    for r in 0..m {
+                        let a = y.data()[r * heads * k + h * k + i] as f64;
+                        want += a * g.data()[r * heads * f + h * f + j] as f64;
+                    }
+                    let have = got.data()[i * heads * f + h * f + j] as f64;
+                    assert!(
+                        (have - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{i} {h} {j}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@
 
 use rayon::prelude::*;
 
-use super::par::{sum_partials, REDUCE_ROWS};
+use super::par::{sum_partials, DisjointOut, REDUCE_ROWS};
 use crate::tensor::Tensor;
 
 /// Rows of `G` whose non-zeros are marked together, and rows of `A` packed together: a
@@ -276,6 +276,55 @@ fn multiply(
     });
 }
 
+/// `C[:, h n..(h + 1) n] += A_h^T G[:, h n..(h + 1) n]` for every head `h < heads`, where
+/// `A_h` is the columns `h k..(h + 1) k` of `a` (`m x heads k`), `G` is `m x heads n` and `C`
+/// `k x heads n`: the weight gradient of an attention layer that aggregated before projecting
+/// (`super::heads::head_acc_at_b`), each head's product as [`gemm_tn_sparse`] computes it,
+/// `G`'s non-zeros marked once for all heads and each head's block of `a` read where it lies.
+/// Each task owns one head's strip of `C`'s rows, so the results do not depend on the thread
+/// count. Returns the entries of `G` used.
+///
+/// Panics on mismatched shapes, or if [`available`] is false.
+pub(super) fn head_tn_sparse(a: &Tensor, g: &Tensor, c: &mut Tensor, heads: usize) -> usize {
+    assert!(available(), "head_tn_sparse needs AVX2 and FMA");
+    let (m, hk) = a.shape();
+    let hn = g.cols();
+    assert!(
+        heads > 0 && hk.is_multiple_of(heads) && hn.is_multiple_of(heads),
+        "head_tn_sparse: {heads} heads of a {:?} and g {:?}",
+        a.shape(),
+        g.shape()
+    );
+    let (k, n) = (hk / heads, hn / heads);
+    assert_eq!(g.rows(), m, "head_tn_sparse: g rows");
+    assert_eq!(c.shape(), (k, hn), "head_tn_sparse: c shape");
+    if n == 0 || k == 0 {
+        return 0;
+    }
+    let simd = Simd::best();
+    let nz = NonZeros::of(g);
+    let out = DisjointOut(c.data_mut().as_mut_ptr());
+    let tasks: Vec<(usize, usize)> = (0..heads)
+        .flat_map(|h| (0..k).step_by(STRIP).map(move |kc| (h, kc)))
+        .collect();
+    tasks.into_par_iter().for_each(|(h, kc)| {
+        let (sw, cols) = (STRIP.min(k - kc), h * n..(h + 1) * n);
+        let spw = padded(sw);
+        let mut ct = vec![0.0f32; n * spw];
+        let row = |i: usize| &a.row(i)[h * k..(h + 1) * k];
+        let rows = Rows { m, k, row: &row };
+        accumulate_rows(simd, rows, &nz, cols, kc, sw, &mut ct);
+        for kk in 0..sw {
+            for j in 0..n {
+                // SAFETY: row kc + kk < k of C, column h n + j < heads n: this task's strip of
+                // rows of head h's columns, which no other task writes.
+                unsafe { *out.ptr().add((kc + kk) * hn + h * n + j) += ct[j * spw + kk] };
+            }
+        }
+    });
+    nz.count()
+}
+
 /// `k` rounded up to whole 16-float vectors: the row length of a task's `C^T` strip and of
 /// its packed rows of `A`, so that every load and store is of whole vectors (the lanes past
 /// `k` are zeros in the packed `A` and are never copied into C).
@@ -449,9 +498,37 @@ fn mark_block(
 /// The task body: `ct[j * padded(sw) + kk] += sum_r A[r, kc + kk] * G[r, j]` for `kk < sw`
 /// over G's marked non-zeros, adding in increasing `r` for every element.
 fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &mut [f32]) {
-    let (m, k) = a.shape();
+    let rows = Rows {
+        m: a.rows(),
+        k: a.cols(),
+        row: &|i| a.row(i),
+    };
+    accumulate_rows(simd, rows, nz, 0..nz.n, kc, sw, ct)
+}
+
+/// The rows of a left factor `A` (`m x k`) as [`accumulate_rows`] reads them: `row(i)` is row
+/// `i`'s `k` values, wherever they lie (a head's block of a wider row, for [`head_tn_sparse`]).
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    m: usize,
+    k: usize,
+    row: &'a (dyn Fn(usize) -> &'a [f32] + Sync),
+}
+
+/// [`accumulate`] of `A`'s rows as `a` gives them, against G's columns `cols` only (their
+/// masks and values in `nz`): `ct` is `cols.len() x padded(sw)`.
+fn accumulate_rows(
+    simd: Simd,
+    a: Rows<'_>,
+    nz: &NonZeros,
+    cols: std::ops::Range<usize>,
+    kc: usize,
+    sw: usize,
+    ct: &mut [f32],
+) {
+    let (m, k) = (a.m, a.k);
     let spw = padded(sw);
-    assert!(kc + sw <= k && sw > 0 && ct.len() == nz.n * spw);
+    assert!(kc + sw <= k && sw > 0 && cols.end <= nz.n && ct.len() == cols.len() * spw);
     assert_eq!(nz.blocks(), m.div_ceil(ROW_BLOCK));
     // The block's rows of A's strip, packed and 64-byte aligned (so that no vector load
     // straddles two cache lines); the lanes past `sw` stay zero.
@@ -460,15 +537,20 @@ fn accumulate(simd: Simd, a: &Tensor, nz: &NonZeros, kc: usize, sw: usize, ct: &
     let pa = &mut buf[at..at + ROW_BLOCK * spw];
     for b in 0..nz.blocks() {
         let (masks, vals) = nz.block(b);
+        let (masks, vals) = (
+            &masks[cols.clone()],
+            vals.wrapping_add(cols.start * ROW_BLOCK),
+        );
         let i0 = b * ROW_BLOCK;
         for r in 0..ROW_BLOCK.min(m - i0) {
-            pa[r * spw..][..sw].copy_from_slice(&a.row(i0 + r)[kc..][..sw]);
+            pa[r * spw..][..sw].copy_from_slice(&(a.row)(i0 + r)[kc..][..sw]);
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller asserted `available()` (AVX2 + FMA), and `Simd::Avx512` is only
         // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw`, every marked row is
-        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values (so column
-        // `j`'s marked rows are inside `gt`), and `ct` is `n x spw`.
+        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values, of which
+        // `cols` (inside `0..n`) are taken (so column `j`'s marked rows are inside `gt`), and
+        // `ct` is `cols.len() x spw`.
         unsafe {
             let marked = x86::Marked {
                 masks,
