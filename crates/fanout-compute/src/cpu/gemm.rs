@@ -718,14 +718,17 @@ unsafe fn gemm_into(
         });
         return;
     }
-    // Row blocks: about four per thread for load balance when rows allow, at least
-    // MIN_BLOCK_ROWS, and a multiple of TILE_ALIGN rows. The alignment is what keeps results
-    // independent of the thread count: matrixmultiply computes full micro-tiles with a fused
-    // multiply-add into C but edge tiles through a buffer (two roundings), so every row must
-    // fall in the same kind of tile whatever the split. Micro-kernels are 4 to 16 rows high.
+    // Row blocks: about four per thread for load balance when rows allow (eight where op(B)
+    // was packed once for all blocks, as a block then costs nothing more, and a worker left
+    // without a block at the end waits for a shorter one), at least MIN_BLOCK_ROWS, and a
+    // multiple of TILE_ALIGN rows. The alignment is what keeps results independent of the
+    // thread count: matrixmultiply computes full micro-tiles with a fused multiply-add into C
+    // but edge tiles through a buffer (two roundings), so every row must fall in the same kind
+    // of tile whatever the split. Micro-kernels are 4 to 16 rows high.
     let threads = rayon::current_num_threads();
+    let per_thread = if packed.is_some() { 8 } else { 4 };
     let per = m
-        .div_ceil(threads * 4)
+        .div_ceil(threads * per_thread)
         .max(MIN_BLOCK_ROWS)
         .div_ceil(TILE_ALIGN)
         * TILE_ALIGN;

@@ -444,9 +444,23 @@ const SPARE_KEPT: usize = 2;
 /// A buffer of at least `len` floats whose contents are unspecified (a spare copy's old
 /// values, or zeros where it had to grow).
 fn spare_copy(len: usize) -> Vec<f32> {
-    let spare = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    let mut buf = spare.unwrap_or_default();
+    let mut buf = {
+        let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+        // The smallest kept copy that holds `len` floats, else the largest (grown below), so
+        // that a small product does not take the copy a large one needs.
+        let fits = (spare.iter().enumerate())
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity());
+        let pick = fits.or_else(|| spare.iter().enumerate().max_by_key(|(_, b)| b.capacity()));
+        pick.map(|(i, _)| i)
+            .map(|i| spare.swap_remove(i))
+            .unwrap_or_default()
+    };
     if buf.len() < len {
+        // Room for a quarter more: batches differ in size, and growing by just what one needs
+        // moved the copy to fresh pages (faulted and cleared on the calling thread, while the
+        // other workers waited) for every slightly larger batch.
+        buf.reserve(len + len / 4 - buf.len());
         buf.resize(len, 0.0);
     }
     buf
