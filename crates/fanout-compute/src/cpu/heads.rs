@@ -10,10 +10,9 @@
 //! of it for only `F` multiply-adds per element). The weight gradient skips the zeros of a
 //! ReLU and dropout layer's gradient where `gemm` would (`sparse_grad::head_tn_sparse`);
 //! otherwise it, and every product off x86-64, calls `matrixmultiply::sgemm`, which takes
-//! any row and column strides. Their
-//! tasks (row blocks of [`HEAD_ROWS`], or of [`HEAD_K_ROWS`] output rows for the weight
-//! gradient) depend only on the shapes and each output element is one call's, so the results
-//! do not depend on the thread count.
+//! any row and column strides. Their tasks (row blocks of [`HEAD_ROWS`], or of
+//! [`HEAD_K_ROWS`] output rows for the weight gradient) depend only on the shapes and each
+//! output element is one call's, so the results do not depend on the thread count.
 //!
 //! The two edge kernels, [`spmm_heads`] and [`spmm_heads_backward_coeff`], keep one vector of
 //! columns of up to eight heads in registers on x86-64 (AVX or AVX-512), so a source row is
@@ -310,13 +309,14 @@ pub(crate) fn head_acc_at_b(y: &Tensor, g: &Tensor, gw: &mut Tensor, heads: usiz
         });
 }
 
-/// [`spmm_heads`]'s rows in vector registers. The plain loop adds each edge's source row,
-/// scaled by each head's coefficient, into the whole output row (`H * k` floats, every
-/// element loaded and stored once per edge). Here one vector's columns of up to eight heads
-/// stay in registers while every edge of the destination is added to them, so the output is
-/// written once and each source vector loaded once for all those heads. Each element still
-/// sums its edges in edge order from zero, a product then a sum (two roundings), so the bits
-/// are the plain loop's.
+/// The vector paths of the two edge kernels. [`spmm_heads`]'s plain loop adds each edge's
+/// source row, scaled by each head's coefficient, into the whole output row (`H * k` floats,
+/// every element loaded and stored once per edge); here one vector's columns of up to eight
+/// heads stay in registers while every edge of the destination is added to them, so the
+/// output is written once and each source vector loaded once for all those heads. Each
+/// element still sums its edges in edge order from zero, a product then a sum (two
+/// roundings), so the bits are the plain loop's. [`spmm_heads_backward_coeff`]'s dot
+/// products likewise load each source vector once for up to eight heads (`head_dots`).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::rows::{dot_lanes_sum, DOT_LANES};
