@@ -597,8 +597,11 @@ mod x86 {
     }
 }
 
-#[cfg(test)]
+/// The vector paths against the plain loops, and the zero-skipping weight gradient (x86-64
+/// only: elsewhere both take the plain paths).
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
+    use super::super::sparse_grad::testing::{pools, random};
     use super::*;
     use crate::block::BlockRef;
     use fanout_rand::Rng;
@@ -623,11 +626,6 @@ mod tests {
         CpuBlock::new(&b).unwrap()
     }
 
-    fn random(rows: usize, cols: usize, rng: &mut Rng) -> Tensor {
-        let data = (0..rows * cols).map(|_| rng.next_f32() * 2.0 - 1.0);
-        Tensor::new(rows, cols, data.collect())
-    }
-
     fn bits(t: &Tensor) -> Vec<u32> {
         t.data().iter().map(|v| v.to_bits()).collect()
     }
@@ -637,29 +635,20 @@ mod tests {
         let mut rng = Rng::new(23);
         // Rows enough for the zero-skipping shape; a strip and a part of one per head.
         let (m, heads, k, f) = (2200, 3, 150, 20);
-        let y = random(m, heads * k, &mut rng);
-        let mut g = random(m, heads * f, &mut rng);
-        for v in g.data_mut() {
-            if rng.below(10) < 7 {
-                *v = 0.0;
-            }
-        }
+        let y = random(&mut rng, m, heads * k, 1.0);
+        let g = random(&mut rng, m, heads * f, 0.3);
         assert!(
             skips_zeros(&g, k),
             "the test's gradient should take the zero-skipping path"
         );
-        let start = random(k, heads * f, &mut rng);
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+        let start = random(&mut rng, k, heads * f, 1.0);
+        let [one, three] = pools().map(|pool| {
             let mut gw = start.clone();
             pool.install(|| head_acc_at_b(&y, &g, &mut gw, heads));
             gw
-        };
-        let got = run(1);
-        assert_eq!(bits(&got), bits(&run(3)), "thread counts");
+        });
+        assert_eq!(bits(&one), bits(&three), "thread counts");
+        let got = one;
         for i in 0..k {
             for h in 0..heads {
                 for j in 0..f {
@@ -693,8 +682,8 @@ mod tests {
             (8, 7),
         ] {
             let b = random_block(40, 90, &mut rng);
-            let coeff = random(b.dims().num_edges, heads, &mut rng);
-            let mut x = random(90, k, &mut rng);
+            let coeff = random(&mut rng, b.dims().num_edges, heads, 1.0);
+            let mut x = random(&mut rng, 90, k, 1.0);
             // Signed zeros and a NaN go through the sums as in the plain loop.
             x.data_mut()[0] = -0.0;
             x.data_mut()[k] = f32::NAN;
@@ -704,7 +693,7 @@ mod tests {
                 want,
                 "{heads} heads of {k}"
             );
-            let grad = random(40, heads * k, &mut rng);
+            let grad = random(&mut rng, 40, heads * k, 1.0);
             let zeros = Tensor::zeros(b.dims().num_edges, heads);
             let plain = spmm_heads_backward_coeff_plain(&b, &grad, &x, heads, zeros);
             let got = spmm_heads_backward_coeff(&b, &grad, &x);
@@ -713,7 +702,6 @@ mod tests {
                 bits(&plain),
                 "coefficients' gradient, {heads} heads of {k}"
             );
-            #[cfg(target_arch = "x86_64")]
             for isa in [x86::HeadSums::Avx512, x86::HeadSums::Avx] {
                 let lanes = if matches!(isa, x86::HeadSums::Avx512) {
                     16

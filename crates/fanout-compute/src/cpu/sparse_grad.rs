@@ -935,7 +935,8 @@ pub(super) mod x86 {
     }
 }
 
-/// What the zero-skipping kernels' tests share (here and in [`super::sparse_rows`]).
+/// What the zero-skipping kernels' tests share (here, in [`super::sparse_rows`] and in
+/// `super::heads`).
 #[cfg(all(test, target_arch = "x86_64"))]
 pub(super) mod testing {
     use super::{available, Simd};
