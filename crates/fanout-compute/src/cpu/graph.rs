@@ -113,6 +113,15 @@ impl CpuBlock {
         self.inner.indptr[d] as usize..self.inner.indptr[d + 1] as usize
     }
 
+    /// The sources of destination `d`'s edges, in edge order; empty past the last
+    /// destination (so a kernel may ask for the next destination's, to prefetch them).
+    pub(crate) fn sources(&self, d: usize) -> &[u32] {
+        match self.inner.indptr.get(d + 1) {
+            Some(_) => &self.inner.indices[self.edges(d)],
+            None => &[],
+        }
+    }
+
     /// The edges into `d` with their sources' rows of `x`, in edge order: `(e, x[src(e)])`.
     /// Each step first prefetches the row of the source [`PREFETCH_AHEAD`] edges further on
     /// (into the next destinations' edges too), so the rows arrive before they are read.

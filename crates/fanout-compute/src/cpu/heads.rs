@@ -43,17 +43,13 @@ pub(crate) fn spmm_heads(b: &CpuBlock, coeff: &Tensor, x: &Tensor) -> Tensor {
     let (heads, k) = (coeff.cols(), x.cols());
     #[cfg(target_arch = "x86_64")]
     if let Some(isa) = x86::HeadSums::detect(k) {
-        let (indptr, indices) = (b.indptr(), b.indices());
         let out = par_rows_new(dims.num_dst, heads * k, |d, row| {
-            let edges = indptr[d] as usize..indptr[d + 1] as usize;
-            let next = indptr
-                .get(d + 2)
-                .map_or(&[][..], |&n| &indices[edges.end..n as usize]);
+            let edges = b.edges(d);
             let w = &coeff.data()[edges.start * heads..edges.end * heads];
             // SAFETY: `isa` was detected on this CPU; every source is `< num_src`, the rows
             // of `x` (a validated block, `x.rows()` checked above), `w` holds `heads` values
             // per edge and `row` is `heads * k` long.
-            unsafe { isa.row(&indices[edges], next, w, heads, x, row) };
+            unsafe { isa.row(b.sources(d), b.sources(d + 1), w, heads, x, row) };
         });
         return Tensor::new(dims.num_dst, heads * k, out);
     }
@@ -94,19 +90,14 @@ pub(crate) fn spmm_heads_backward_coeff(b: &CpuBlock, grad: &Tensor, x: &Tensor)
     let mut out = Tensor::zeros(dims.num_edges, heads);
     #[cfg(target_arch = "x86_64")]
     if k >= super::rows::DOT_LANES && is_x86_feature_detected!("avx") {
-        let (indptr, indices) = (b.indptr(), b.indices());
-        par_dst_edges(indptr, out.data_mut(), heads, |d, o| {
-            let edges = indptr[d] as usize..indptr[d + 1] as usize;
-            let next = indptr
-                .get(d + 2)
-                .map_or(&[][..], |&n| &indices[edges.end..n as usize]);
+        par_dst_edges(b.indptr(), out.data_mut(), heads, |d, o| {
             // SAFETY: the CPU has AVX (checked above); every source is `< num_src`, the rows
             // of `x` (a validated block, `x.rows()` checked above); `grad`'s row is
             // `heads * k` wide and `o` holds `heads` values per edge.
             unsafe {
                 x86::head_dots(
-                    &indices[edges],
-                    next,
+                    b.sources(d),
+                    b.sources(d + 1),
                     grad.row(d),
                     heads,
                     x.data().as_ptr(),
@@ -720,7 +711,7 @@ mod tests {
                     let e = b.edges(d);
                     let w = &coeff.data()[e.start * heads..e.end * heads];
                     // SAFETY: checked above that the CPU has `isa`; the shapes are the block's.
-                    unsafe { isa.row(&b.indices()[e], &[], w, heads, &x, row) };
+                    unsafe { isa.row(b.sources(d), &[], w, heads, &x, row) };
                 }
                 let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, want, "{lanes} lanes, {heads} heads of {k}");
