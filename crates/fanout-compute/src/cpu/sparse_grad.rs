@@ -27,6 +27,7 @@
 use rayon::prelude::*;
 
 use super::par::{sum_partials, DisjointOut, REDUCE_ROWS};
+use super::rows::prefetch_row;
 use crate::tensor::Tensor;
 
 /// Rows of `G` whose non-zeros are marked together, and rows of `A` packed together: a
@@ -549,6 +550,10 @@ fn accumulate_rows(
     let mut buf = vec![0.0f32; ROW_BLOCK * spw + 15];
     let at = buf.as_ptr().align_offset(64).min(15);
     let pa = &mut buf[at..at + ROW_BLOCK * spw];
+    let ncols = cols.len();
+    // Columns walked between two groups of prefetches (see below).
+    let per_group = ncols.div_ceil(PREFETCH_GROUPS).max(1);
+    let groups = ncols.div_ceil(per_group);
     for b in 0..nz.blocks() {
         let (masks, vals) = nz.block(b);
         let (masks, vals) = (
@@ -559,29 +564,79 @@ fn accumulate_rows(
         for r in 0..ROW_BLOCK.min(m - i0) {
             pa[r * spw..][..sw].copy_from_slice(&(a.row)(i0 + r)[kc..][..sw]);
         }
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller asserted `available()` (AVX2 + FMA), and `Simd::Avx512` is only
-        // chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw`, every marked row is
-        // below ROW_BLOCK, the block holds `n` masks and `n x ROW_BLOCK` values, of which
-        // `cols` (inside `0..n`) are taken (so column `j`'s marked rows are inside `gt`), and
-        // `ct` is `cols.len() x spw`.
-        unsafe {
-            let marked = x86::Marked {
-                masks,
-                vals,
-                stride: ROW_BLOCK,
+        // The next block's strip of A comes from memory (a layer's input, written long
+        // before), and copying it waited on every line: the copy ran at a few GB/s. It is
+        // fetched into L2 while this block's columns are walked, a group of its rows after
+        // each group of columns, so that the prefetches do not queue up at once.
+        let next = i0 + ROW_BLOCK;
+        let next_rows = ROW_BLOCK.min(m.saturating_sub(next));
+        let rows_per_group = next_rows.div_ceil(groups.max(1));
+        for g in 0..groups {
+            let (j0, j1) = (g * per_group, ((g + 1) * per_group).min(ncols));
+            // SAFETY: the block holds `n` masks and `n x ROW_BLOCK` values, of which `cols`
+            // (inside `0..n`, asserted) are taken, so column `j`'s marked rows are inside `gt`.
+            unsafe {
+                block_columns(
+                    simd,
+                    pa,
+                    spw,
+                    &masks[j0..j1],
+                    vals,
+                    j0,
+                    &mut ct[j0 * spw..j1 * spw],
+                )
             };
-            let ct = ct.as_mut_ptr();
-            match simd {
-                Simd::Avx512 => x86::block_avx512(pa, spw, marked, ct, spw),
-                Simd::Avx2 => x86::block_avx2(pa, spw, marked, ct, spw),
+            for r in
+                (g * rows_per_group..((g + 1) * rows_per_group).min(next_rows)).map(|r| next + r)
+            {
+                prefetch_row(&(a.row)(r)[kc..][..sw]);
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (simd, masks, vals, &mut *ct);
-            unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
+    }
+}
+
+/// Groups of columns a block's walk is cut into, each followed by prefetches of a share of
+/// the next block's rows ([`accumulate_rows`]).
+const PREFETCH_GROUPS: usize = 16;
+
+/// The multiply-adds of one row block for G's columns `j0..j0 + masks.len()` of those the
+/// block's `vals` start at: `ct` holds their `spw`-float rows of `C^T`, `pa` is the block's
+/// packed strip (`ROW_BLOCK x spw`, asserted).
+///
+/// # Safety
+/// [`available`] is true; `vals + (j0 + j) * ROW_BLOCK + r` is readable for every row `r`
+/// marked in `masks[j]`.
+unsafe fn block_columns(
+    simd: Simd,
+    pa: &[f32],
+    spw: usize,
+    masks: &[u64],
+    vals: *const f32,
+    j0: usize,
+    ct: &mut [f32],
+) {
+    assert!(pa.len() >= ROW_BLOCK * spw && ct.len() == masks.len() * spw);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller guarantees AVX2 + FMA and the values of every marked row, and
+    // `Simd::Avx512` is only chosen where the CPU has AVX-512F; `pa` is `ROW_BLOCK x spw`,
+    // which holds every marked row (all below ROW_BLOCK), and `ct` is `masks.len() x spw`
+    // (both asserted).
+    unsafe {
+        let marked = x86::Marked {
+            masks,
+            vals: vals.wrapping_add(j0 * ROW_BLOCK),
+            stride: ROW_BLOCK,
+        };
+        let ct = ct.as_mut_ptr();
+        match simd {
+            Simd::Avx512 => x86::block_avx512(pa, spw, marked, ct, spw),
+            Simd::Avx2 => x86::block_avx2(pa, spw, marked, ct, spw),
         }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (simd, pa, spw, masks, vals, j0, ct);
+        unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
     }
 }
 
