@@ -998,3 +998,37 @@ fn per_head_aggregates_and_products_match_their_definitions() {
         }
     }
 }
+
+/// `all_finite` finds a NaN, an infinity or a negative infinity wherever it lies in any of
+/// several tensors (the first, a middle and the last element of tensors longer than one
+/// parallel chunk), and answers true for finite extremes and for no tensor at all.
+#[test]
+fn all_finite_finds_every_non_finite_value() {
+    let mut rng = Rng::new(5);
+    let mut ts = [
+        rand_tensor(3, 7, &mut rng),
+        rand_tensor(300, 257, &mut rng),
+        rand_tensor(1, 1, &mut rng),
+    ];
+    ts[1].data_mut()[5] = f32::MAX;
+    ts[1].data_mut()[6] = -f32::MIN_POSITIVE / 4.0;
+    assert!(BE.all_finite(&refs(&ts)).unwrap(), "finite extremes");
+    assert!(BE.all_finite(&[]).unwrap(), "no tensor");
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for t in 0..ts.len() {
+            let len = ts[t].data().len();
+            for at in [0, len / 2, len - 1] {
+                let mut copy = ts.clone();
+                copy[t].data_mut()[at] = bad;
+                assert!(
+                    !BE.all_finite(&refs(&copy)).unwrap(),
+                    "{bad} in tensor {t} at {at}"
+                );
+            }
+        }
+    }
+}
+
+fn refs(ts: &[Tensor]) -> Vec<&Tensor> {
+    ts.iter().collect()
+}

@@ -161,6 +161,15 @@ pub(crate) fn dot(a: &Tensor, b: &Tensor) -> f64 {
     })[0]
 }
 
+/// Whether every element of `x` is finite (see [`crate::Backend::all_finite`]): read in
+/// place and in parallel, where the trait's default copies the tensor first and scans it on
+/// one thread while the other workers wait (every step checks every parameter gradient).
+pub(crate) fn all_finite(x: &[f32]) -> bool {
+    // Branch-free within a chunk, so that the compiler vectorises the test.
+    x.par_chunks(ELEM_CHUNK)
+        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+}
+
 /// See [`crate::Backend::relu`].
 pub(crate) fn relu(x: &Tensor) -> Tensor {
     Tensor::new(x.rows(), x.cols(), map1(x.data(), |v| v.max(0.0)))

@@ -59,6 +59,9 @@ impl Backend for CpuBackend {
     fn download(&self, t: &Tensor) -> DeviceResult<Tensor> {
         Ok(t.clone())
     }
+    fn all_finite(&self, tensors: &[&Tensor]) -> DeviceResult<bool> {
+        Ok(tensors.iter().all(|t| dense::all_finite(t.data())))
+    }
     fn zeros(&self, rows: usize, cols: usize) -> DeviceResult<Tensor> {
         Ok(Tensor::zeros(rows, cols))
     }
