@@ -1000,8 +1000,9 @@ fn per_head_aggregates_and_products_match_their_definitions() {
 }
 
 /// `all_finite` finds a NaN, an infinity or a negative infinity wherever it lies in any of
-/// several tensors (the first, a middle and the last element of tensors longer than one
-/// parallel chunk), and answers true for finite extremes and for no tensor at all.
+/// several tensors (the first, a middle and the last element of each; the second is longer
+/// than one parallel chunk), and answers true for finite extremes (the largest float, a
+/// subnormal) and for no tensor at all.
 #[test]
 fn all_finite_finds_every_non_finite_value() {
     let mut rng = Rng::new(5);
