@@ -103,11 +103,13 @@ fn cached_or_measured(path: Option<&std::path::Path>, threads: usize) -> Option<
 }
 
 /// A small product (`PROBE_SHAPE`) timed now runs faster than this factor times the cached
-/// GEMM rate: the cached rate was measured while the machine was busy (a build, tests run in
-/// parallel: such rates came out at a half to a third of the quiet rate and made epochs look
-/// faster than their floor), so it is measured again. On the quiet 2-core Sapphire Rapids VM
-/// the probe ran at 0.99-1.03x the cached rate, well inside the margin.
-const PROBE_MARGIN: f64 = 1.3;
+/// GEMM rate: the cached rate was measured while the machine was busy or slow (a build, tests
+/// run in parallel: such rates came out at a half to a third of the quiet rate and made epochs
+/// look faster than their floor), so it is measured again. On quiet machines the probe ran at
+/// 0.99-1.03x the cached rate (2-core Sapphire Rapids VM) and 1.01-1.09x (2-core Zen 4 VM), so
+/// it stays under this margin; a rate 15% low, which the Zen 4 VM measured in a session's
+/// first run and kept under a margin of 1.3, is beaten by it.
+const PROBE_MARGIN: f64 = 1.15;
 
 /// The probe's `m x k x n`: a layer-shaped product of about 0.27 GFLOP (a millisecond or two
 /// on two cores, timed three times).
