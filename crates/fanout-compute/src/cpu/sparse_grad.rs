@@ -573,6 +573,7 @@ fn accumulate_rows(
         let rows_per_group = next_rows.div_ceil(groups.max(1));
         for g in 0..groups {
             let (j0, j1) = (g * per_group, ((g + 1) * per_group).min(ncols));
+            let vals = vals.wrapping_add(j0 * ROW_BLOCK);
             // SAFETY: the block holds `n` masks and `n x ROW_BLOCK` values, of which `cols`
             // (inside `0..n`, asserted) are taken, so column `j`'s marked rows are inside `gt`.
             unsafe {
@@ -582,7 +583,6 @@ fn accumulate_rows(
                     spw,
                     &masks[j0..j1],
                     vals,
-                    j0,
                     &mut ct[j0 * spw..j1 * spw],
                 )
             };
@@ -599,20 +599,19 @@ fn accumulate_rows(
 /// the next block's rows ([`accumulate_rows`]).
 const PREFETCH_GROUPS: usize = 16;
 
-/// The multiply-adds of one row block for G's columns `j0..j0 + masks.len()` of those the
-/// block's `vals` start at: `ct` holds their `spw`-float rows of `C^T`, `pa` is the block's
-/// packed strip (`ROW_BLOCK x spw`, asserted).
+/// The multiply-adds of one row block for the columns of G whose masks are `masks` and whose
+/// values start at `vals` (`ROW_BLOCK` a column): `ct` holds their `spw`-float rows of `C^T`,
+/// `pa` is the block's packed strip (`ROW_BLOCK x spw`, asserted).
 ///
 /// # Safety
-/// [`available`] is true; `vals + (j0 + j) * ROW_BLOCK + r` is readable for every row `r`
-/// marked in `masks[j]`.
+/// [`available`] is true; `vals + j * ROW_BLOCK + r` is readable for every row `r` marked in
+/// `masks[j]`.
 unsafe fn block_columns(
     simd: Simd,
     pa: &[f32],
     spw: usize,
     masks: &[u64],
     vals: *const f32,
-    j0: usize,
     ct: &mut [f32],
 ) {
     assert!(pa.len() >= ROW_BLOCK * spw && ct.len() == masks.len() * spw);
@@ -624,7 +623,7 @@ unsafe fn block_columns(
     unsafe {
         let marked = x86::Marked {
             masks,
-            vals: vals.wrapping_add(j0 * ROW_BLOCK),
+            vals,
             stride: ROW_BLOCK,
         };
         let ct = ct.as_mut_ptr();
@@ -635,7 +634,7 @@ unsafe fn block_columns(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (simd, pa, spw, masks, vals, j0, ct);
+        let _ = (simd, pa, spw, masks, vals, ct);
         unreachable!("gemm_tn_sparse asserts available(), which is false off x86-64")
     }
 }
