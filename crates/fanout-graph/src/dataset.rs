@@ -403,7 +403,7 @@ impl Features {
     }
 
     /// The loop of [`Features::aggregate_into`] into the empty `out` (`dim > 0`): every output
-    /// row zeroed, then `add(row, v, coeff)` for each of its edges in order, `v` the stored row.
+    /// row made by [`Features::add_row`], in parallel.
     fn add_rows<A>(
         &self,
         ids: &[u32],
@@ -422,28 +422,140 @@ impl Features {
             .par_chunks_mut(d)
             .enumerate()
             .with_min_len((2048 / d).max(1))
-            .for_each(|(r, o)| {
-                // Zeroed here, in cache, rather than in a separate pass over `out`.
-                o.fill(std::mem::MaybeUninit::new(0.0));
-                // SAFETY: every element was just initialised; `MaybeUninit<f32>` has the
-                // layout of `f32`.
-                let o = unsafe { &mut *(o as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
-                let (lo, hi) = (indptr[r] as usize, indptr[r + 1] as usize);
-                for e in lo..hi {
-                    // Two levels ahead: the id of a later edge's source (a random read of
-                    // `ids`) is fetched first, so the row prefetch that needs it does not wait.
-                    if let Some(&later) = indices.get(e + 2 * GATHER_PREFETCH_AHEAD) {
-                        prefetch_line(ids.as_ptr().wrapping_add(later as usize).cast());
-                    }
-                    if let Some(&ahead) = indices.get(e + GATHER_PREFETCH_AHEAD) {
-                        self.prefetch_row(ids[ahead as usize] as usize);
-                    }
-                    add(o, ids[indices[e] as usize] as usize, coeff.map(|c| c[e]));
-                }
-            });
-        // SAFETY: the `rows` chunks of `d` elements cover all `len` elements and each was
-        // zeroed before accumulating (a panic on a bad index unwinds before this line).
+            .for_each(|(r, o)| self.add_row(ids, indptr, indices, coeff, r, o, &add));
+        // SAFETY: the `rows` chunks of `d` elements cover all `len` elements and `add_row`
+        // initialised each (a panic on a bad index unwinds before this line).
         unsafe { out.set_len(len) };
+    }
+
+    /// Output row `r` of [`Features::aggregate_into`] into `o` (`dim` floats, possibly
+    /// uninitialised): zeroed, then `add(row, v, coeff)` for each of its edges in order, `v`
+    /// the stored row, fetching later edges' rows ahead.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn add_row<A>(
+        &self,
+        ids: &[u32],
+        indptr: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        r: usize,
+        o: &mut [std::mem::MaybeUninit<f32>],
+        add: &A,
+    ) where
+        A: Fn(&mut [f32], usize, Option<f32>),
+    {
+        let (lo, hi) = (indptr[r] as usize, indptr[r + 1] as usize);
+        let ops = RowOps::new();
+        if let (FeatData::F32(a), true) = (&self.data, ops.sums_in_registers()) {
+            // The same sums, kept in registers across the edges (`add` is `add_f32` here).
+            return ops.sum_f32(o, a, ids, indices, coeff, lo..hi);
+        }
+        // Zeroed here, in cache, rather than in a separate pass over the output.
+        o.fill(std::mem::MaybeUninit::new(0.0));
+        // SAFETY: every element was just initialised; `MaybeUninit<f32>` has the layout of
+        // `f32`.
+        let o = unsafe { &mut *(o as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+        for e in lo..hi {
+            self.fetch_ahead(ids, indices, e);
+            add(o, ids[indices[e] as usize] as usize, coeff.map(|c| c[e]));
+        }
+    }
+
+    /// Before edge `e`'s row is read: fetches the row of the edge [`GATHER_PREFETCH_AHEAD`]
+    /// later, and, two levels ahead, the id of a later edge's source (a random read of
+    /// `ids`) first, so the row prefetch that needs it does not wait.
+    #[inline(always)]
+    fn fetch_ahead(&self, ids: &[u32], indices: &[u32], e: usize) {
+        if let Some(&later) = indices.get(e + 2 * GATHER_PREFETCH_AHEAD) {
+            prefetch_line(ids.as_ptr().wrapping_add(later as usize).cast());
+        }
+        if let Some(&ahead) = indices.get(e + GATHER_PREFETCH_AHEAD) {
+            self.prefetch_row(ids[ahead as usize] as usize);
+        }
+    }
+
+    /// The fraction of non-zero values in `rows` stored rows spread evenly over the store (all
+    /// rows when there are fewer): how dense the features are, for choosing a dense kernel or
+    /// one that skips zeros. 1 for a store without values.
+    pub fn nonzero_fraction(&self, rows: usize) -> f64 {
+        let (n, d) = (self.num_rows(), self.dim);
+        let take = rows.min(n);
+        if take == 0 || d == 0 {
+            return 1.0;
+        }
+        let nonzero: usize = (0..take)
+            .map(|i| {
+                let v = i * n / take;
+                match &self.data {
+                    FeatData::F32(a) => a[v * d..(v + 1) * d].iter().filter(|x| **x != 0.0).count(),
+                    FeatData::F16(a) => a[v * d..(v + 1) * d]
+                        .iter()
+                        .filter(|x| x.to_f32() != 0.0)
+                        .count(),
+                }
+            })
+            .sum();
+        nonzero as f64 / (take * d) as f64
+    }
+
+    /// Output rows `rows` of [`Features::aggregate_into`] (same arguments), written into
+    /// `out` (`rows.len() * dim` floats, possibly uninitialised) on the calling thread: the
+    /// same bits as those rows there. For a consumer that makes the aggregate a few rows at a
+    /// time (the first layer's product, fetching the rows [`Features::stored_rows`] names
+    /// meanwhile). Panics if `out` has the wrong length or an index or id is out of range.
+    pub fn aggregate_rows(
+        &self,
+        ids: &[u32],
+        indptr: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        rows: std::ops::Range<usize>,
+        out: &mut [std::mem::MaybeUninit<f32>],
+    ) {
+        let d = self.dim;
+        assert_eq!(
+            out.len(),
+            rows.len() * d,
+            "aggregate_rows: wrong output length"
+        );
+        if d == 0 {
+            return;
+        }
+        let ops = RowOps::new();
+        for (r, o) in rows.zip(out.chunks_exact_mut(d)) {
+            match &self.data {
+                FeatData::F32(a) => self.add_row(ids, indptr, indices, coeff, r, o, &|o, v, w| {
+                    ops.add_f32(o, &a[v * d..(v + 1) * d], w)
+                }),
+                FeatData::F16(a) => self.add_row(ids, indptr, indices, coeff, r, o, &|o, v, w| {
+                    ops.add_f16(o, &a[v * d..(v + 1) * d], w)
+                }),
+            }
+        }
+    }
+
+    /// Appends to `out` the address of each stored row that output rows `rows` of
+    /// [`Features::aggregate_into`] read, in order (for prefetching; [`Features::row_bytes`]
+    /// long each). Ids out of range are skipped. Panics if an index is out of range.
+    pub fn stored_rows(
+        &self,
+        ids: &[u32],
+        indptr: &[u32],
+        indices: &[u32],
+        rows: std::ops::Range<usize>,
+        out: &mut Vec<usize>,
+    ) {
+        let (lo, hi) = (indptr[rows.start] as usize, indptr[rows.end] as usize);
+        let (base, bytes) = match &self.data {
+            FeatData::F32(a) => (a.as_ptr() as usize, std::mem::size_of_val(&a[..])),
+            FeatData::F16(a) => (a.as_ptr() as usize, std::mem::size_of_val(&a[..])),
+        };
+        let row = self.row_bytes();
+        out.extend(indices[lo..hi].iter().filter_map(|&i| {
+            let at = ids[i as usize] as usize * row;
+            (at < bytes).then_some(base + at)
+        }));
     }
 
     /// Hints the CPU to load stored row `v` (each 64-byte line) without waiting: rows are read

@@ -11,6 +11,9 @@
 //! depend on the CPU.
 
 use half::f16;
+
+/// Edges ahead of the current one whose rows [`RowOps::sum_f32`] fetches (as the gather does).
+const AHEAD: usize = 8;
 use std::mem::MaybeUninit;
 
 /// The row loops chosen once for this CPU (AVX, and F16C, where it has them).
@@ -20,6 +23,8 @@ pub(crate) struct RowOps {
     avx: bool,
     #[cfg(target_arch = "x86_64")]
     f16c: bool,
+    #[cfg(target_arch = "x86_64")]
+    avx512: bool,
 }
 
 impl RowOps {
@@ -32,6 +37,47 @@ impl RowOps {
             avx,
             #[cfg(target_arch = "x86_64")]
             f16c: avx && std::arch::is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            avx512: std::arch::is_x86_feature_detected!("avx512f"),
+        }
+    }
+
+    /// Whether [`RowOps::sum_f32`] runs here (AVX-512F).
+    pub(crate) fn sums_in_registers(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.avx512
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Writes into `y` the sum over the edges `e` of `edges`, in order, of
+    /// `coeff[e] * row(ids[indices[e]])` (no weight without `coeff`), `row(v)` being
+    /// `a[v * d..(v + 1) * d]` for `d = y.len()`: the same bits as zeroing `y` and calling
+    /// [`RowOps::add_f32`] for each edge in order. The sums stay in registers across all the
+    /// edges, 256 columns at a time, so `y` is written once instead of read and written per
+    /// edge. The row [`AHEAD`] edges later (past `edges` too) is fetched into L2 before each
+    /// edge, and the id of the one twice as far. Only where [`RowOps::sums_in_registers`];
+    /// panics elsewhere, or if an index, id or coefficient is out of range.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sum_f32(
+        self,
+        y: &mut [MaybeUninit<f32>],
+        a: &[f32],
+        ids: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        edges: std::ops::Range<usize>,
+    ) {
+        assert!(self.sums_in_registers(), "sum_f32 needs AVX-512F");
+        assert!(edges.end <= indices.len() && coeff.is_none_or(|c| c.len() >= edges.end));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512F (asserted).
+        unsafe {
+            x86::sum_f32(y, a, ids, indices, coeff, edges)
         }
     }
 
@@ -112,6 +158,156 @@ mod x86 {
         }
     }
 
+    /// [`super::RowOps::sum_f32`]: column blocks of up to 256 floats, each summed over every
+    /// edge in sixteen (or fewer) AVX-512 registers.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sum_f32(
+        y: &mut [MaybeUninit<f32>],
+        a: &[f32],
+        ids: &[u32],
+        indices: &[u32],
+        coeff: Option<&[f32]>,
+        edges: std::ops::Range<usize>,
+    ) {
+        let d = y.len();
+        let yp = y.as_mut_ptr().cast::<f32>();
+        let e = Edges {
+            a,
+            ids,
+            indices,
+            coeff,
+            d,
+            lo: edges.start,
+            hi: edges.end,
+        };
+        let mut c0 = 0;
+        while c0 < d {
+            let width = (d - c0).min(256);
+            let tail = width % 16;
+            let last: __mmask16 = if tail == 0 { 0xffff } else { (1 << tail) - 1 };
+            // SAFETY: columns c0..c0 + width lie in `y` and in every row (`Edges::row`); the
+            // CPU has AVX-512F (this function's contract).
+            unsafe {
+                match width.div_ceil(16) {
+                    16 => block::<16>(yp, c0, last, &e),
+                    15 => block::<15>(yp, c0, last, &e),
+                    14 => block::<14>(yp, c0, last, &e),
+                    13 => block::<13>(yp, c0, last, &e),
+                    12 => block::<12>(yp, c0, last, &e),
+                    11 => block::<11>(yp, c0, last, &e),
+                    10 => block::<10>(yp, c0, last, &e),
+                    9 => block::<9>(yp, c0, last, &e),
+                    8 => block::<8>(yp, c0, last, &e),
+                    7 => block::<7>(yp, c0, last, &e),
+                    6 => block::<6>(yp, c0, last, &e),
+                    5 => block::<5>(yp, c0, last, &e),
+                    4 => block::<4>(yp, c0, last, &e),
+                    3 => block::<3>(yp, c0, last, &e),
+                    2 => block::<2>(yp, c0, last, &e),
+                    _ => block::<1>(yp, c0, last, &e),
+                }
+            }
+            c0 += width;
+        }
+    }
+
+    /// The edges of one output row of [`sum_f32`].
+    struct Edges<'a> {
+        a: &'a [f32],
+        ids: &'a [u32],
+        indices: &'a [u32],
+        coeff: Option<&'a [f32]>,
+        d: usize,
+        lo: usize,
+        hi: usize,
+    }
+
+    impl Edges<'_> {
+        /// Edge `e`'s row (`d` floats) and weight.
+        #[inline(always)]
+        fn row(&self, e: usize) -> (&[f32], Option<f32>) {
+            let v = self.ids[self.indices[e] as usize] as usize;
+            (
+                &self.a[v * self.d..(v + 1) * self.d],
+                self.coeff.map(|c| c[e]),
+            )
+        }
+
+        /// Fetches the row [`super::AHEAD`] edges after `e` into L2, and the id of the edge
+        /// twice as far into L1; nothing past the indices or the stored rows.
+        #[inline(always)]
+        fn fetch_ahead(&self, e: usize) {
+            if let Some(&later) = self.indices.get(e + 2 * super::AHEAD) {
+                // SAFETY: a prefetch never faults and reads nothing architecturally.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        self.ids.as_ptr().wrapping_add(later as usize).cast(),
+                    )
+                };
+            }
+            let Some(&ahead) = self.indices.get(e + super::AHEAD) else {
+                return;
+            };
+            let Some(&v) = self.ids.get(ahead as usize) else {
+                return;
+            };
+            let row = (v as usize).saturating_mul(self.d);
+            if let Some(r) = self.a.get(row..row.saturating_add(self.d)) {
+                let (p, bytes) = (r.as_ptr().cast::<i8>(), 4 * self.d);
+                let mut off = 0;
+                while off < bytes {
+                    // SAFETY: as above; the address is inside the row.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
+                    off += 64;
+                }
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + 16 * (V - 1) + popcount(last)` of [`sum_f32`], in `V` registers
+    /// (the last one masked by `last`).
+    ///
+    /// # Safety
+    /// AVX-512F; `y` holds the edges' `d` floats; those columns are below `d`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const V: usize>(y: *mut f32, c0: usize, last: __mmask16, e: &Edges<'_>) {
+        let mut acc = [_mm512_setzero_ps(); V];
+        for i in e.lo..e.hi {
+            if c0 == 0 {
+                e.fetch_ahead(i);
+            }
+            let (x, w) = e.row(i);
+            let xp = x.as_ptr().add(c0);
+            match w {
+                Some(w) => {
+                    let wv = _mm512_set1_ps(w);
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let m = if j + 1 == V { last } else { 0xffff };
+                        // SAFETY: masked lanes are not read; the others are below d.
+                        let xv = _mm512_maskz_loadu_ps(m, xp.add(16 * j));
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(wv, xv));
+                    }
+                }
+                None => {
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let m = if j + 1 == V { last } else { 0xffff };
+                        // SAFETY: as above.
+                        *a = _mm512_add_ps(*a, _mm512_maskz_loadu_ps(m, xp.add(16 * j)));
+                    }
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let m = if j + 1 == V { last } else { 0xffff };
+            // SAFETY: masked lanes are not written; the others are below d.
+            _mm512_mask_storeu_ps(y.add(c0 + 16 * j), m, *a);
+        }
+    }
+
     /// The scalar loop, vectorised by the compiler with AVX's 8-float registers (mul and add
     /// stay separate: Rust never contracts them).
     ///
@@ -176,6 +372,50 @@ mod tests {
             let got: Vec<f32> = out.iter().map(|o| unsafe { o.assume_init() }).collect();
             let want: Vec<f32> = x[..n].iter().map(|h| h.to_f32()).collect();
             assert!(same_bits(&got, &want), "length {n}");
+        }
+    }
+
+    /// The sums kept in registers equal zeroing the row and adding the edges' rows one by one
+    /// (`add_f32`), bit for bit, at widths around the 16-float vector and the 256-column
+    /// block, with and without weights, reading rows through the id map.
+    #[test]
+    fn register_sums_equal_the_row_by_row_sums() {
+        let rows = RowOps::new();
+        if !rows.sums_in_registers() {
+            return;
+        }
+        let mut state = 7u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for d in [1, 15, 16, 17, 255, 256, 257, 600] {
+            let stored = 40;
+            let a: Vec<f32> = (0..stored * d)
+                .map(|_| (next() % 2001) as f32 / 97.0 - 10.0)
+                .collect();
+            let ids: Vec<u32> = (0..stored as u32).rev().collect();
+            let indices: Vec<u32> = (0..30).map(|_| next() % stored as u32).collect();
+            let coeff: Vec<f32> = (0..30).map(|_| (next() % 100) as f32 / 37.0).collect();
+            for w in [None, Some(&coeff[..])] {
+                for edges in [0..0, 0..1, 3..29, 0..30] {
+                    let mut got = vec![MaybeUninit::new(f32::NAN); d];
+                    rows.sum_f32(&mut got, &a, &ids, &indices, w, edges.clone());
+                    let got: Vec<f32> = got.iter().map(|o| unsafe { o.assume_init() }).collect();
+                    let mut want = vec![0.0f32; d];
+                    for e in edges.clone() {
+                        let v = ids[indices[e] as usize] as usize;
+                        add_f32_scalar(&mut want, &a[v * d..(v + 1) * d], w.map(|c| c[e]));
+                    }
+                    assert!(
+                        same_bits(&got, &want),
+                        "width {d}, edges {edges:?}, weights {}",
+                        w.is_some()
+                    );
+                }
+            }
         }
     }
 
