@@ -103,6 +103,23 @@ pub trait Extractor: Send {
         None
     }
 
+    /// For a trainer that aggregates block 0 where the rows are stored, inside its first
+    /// product (`fanout_graph::Features::aggregate_rows`): gathers only the destinations' rows
+    /// (the first `num_dst` input nodes) into `dst`, checks the block as
+    /// [`Extractor::extract_aggregated`] does, and returns the stats that call reports for the
+    /// same block (the trainer reads those rows) and the dataset to read them from. `None`
+    /// where the extractor cannot (the default). Errors as [`Extractor::extract`].
+    fn extract_sourced(
+        &mut self,
+        _input_nodes: &[u32],
+        _num_dst: usize,
+        _indptr: &[u32],
+        _indices: &[u32],
+        _dst: &mut Vec<f32>,
+    ) -> Option<Result<(ExtractStats, Arc<Dataset>)>> {
+        None
+    }
+
     /// For a trainer that keeps this extractor's cache (and, with Match, the previous batch's
     /// rows) on its device: fills `split` (see [`CacheSplit`]) and, when `misses` is given,
     /// `misses` with the rows of `miss_positions`, in order, each exactly as
@@ -189,6 +206,27 @@ impl Extractor for PlainExtractor {
         dst: &mut Vec<f32>,
         agg: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
+        let r = self.extract_sourced(input_nodes, num_dst, indptr, indices, dst)?;
+        if coeff.is_some_and(|c| c.len() != indices.len()) {
+            return Some(Err(Error::Invalid(format!(
+                "feature aggregation: {} coefficients for {} edges",
+                coeff.map_or(0, <[f32]>::len),
+                indices.len()
+            ))));
+        }
+        let f = self.ds.features.as_ref().expect("checked in new");
+        f.aggregate_into(input_nodes, indptr, indices, coeff, agg);
+        Some(r.map(|(stats, _)| stats))
+    }
+
+    fn extract_sourced(
+        &mut self,
+        input_nodes: &[u32],
+        num_dst: usize,
+        indptr: &[u32],
+        indices: &[u32],
+        dst: &mut Vec<f32>,
+    ) -> Option<Result<(ExtractStats, Arc<Dataset>)>> {
         let f = self.ds.features.as_ref().expect("checked in new");
         if num_dst > input_nodes.len() {
             return None;
@@ -198,24 +236,25 @@ impl Extractor for PlainExtractor {
         }
         if indices.iter().any(|&i| i as usize >= input_nodes.len())
             || indptr.len() != num_dst + 1
-            || coeff.is_some_and(|c| c.len() != indices.len())
+            || indptr.windows(2).any(|w| w[0] > w[1])
+            || indptr.last().is_some_and(|&e| e as usize != indices.len())
         {
             return Some(Err(Error::Invalid(format!(
                 "feature aggregation: a block of {num_dst} destinations over {} input nodes \
-                 has an edge to no input node, or offsets or coefficients of the wrong length",
+                 has an edge to no input node, or offsets of the wrong length or order",
                 input_nodes.len()
             ))));
         }
         f.gather_into(&input_nodes[..num_dst], dst);
-        f.aggregate_into(input_nodes, indptr, indices, coeff, agg);
         // Rows read from the store: the destinations' and one per edge.
         let rows = (num_dst + indices.len()) as u64;
         let bytes = rows * f.row_bytes() as u64;
-        Some(Ok(ExtractStats {
+        let stats = ExtractStats {
             rows,
             bytes_total: bytes,
             bytes_from_host: bytes,
             ..ExtractStats::default()
-        }))
+        };
+        Some(Ok((stats, self.ds.clone())))
     }
 }

@@ -3,6 +3,7 @@
 use crate::block::{BlockDims, BlockRef};
 use crate::error::{ComputeError, Result};
 use crate::failure::{DeviceFailure, DeviceResult};
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 /// How a block's edges are weighted when destinations aggregate their sources' rows
@@ -365,6 +366,32 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         beta: f32,
         c: &mut Self::Tensor,
     ) -> DeviceResult<()>;
+    /// `(C, A)` with `C = X W_x + A W` (`first = Some((X, W_x))`) or `C = A W`, where `src`
+    /// makes the rows of `A` (`m x k`) on the host and `A` is returned on the device (a layer
+    /// keeps it for its backward). The same values as making `A` whole, uploading it,
+    /// [`Backend::matmul`] of `X W_x` (or zeros) and [`Backend::gemm`] adding `A W` (the
+    /// default does exactly that); the CPU backend makes `A`'s rows a few at a time inside the
+    /// products, fetching the next ones' stored rows meanwhile, with the same bits.
+    fn matmul_sourced(
+        &self,
+        first: Option<(&Self::Tensor, &Self::Tensor)>,
+        src: &dyn RowSource,
+        w: &Self::Tensor,
+    ) -> DeviceResult<(Self::Tensor, Self::Tensor)> {
+        let (m, k) = (src.rows(), src.cols());
+        let mut data = Vec::with_capacity(m * k);
+        src.fill(0..m, &mut data.spare_capacity_mut()[..m * k]);
+        // SAFETY: `fill` wrote every one of the m * k elements (its contract).
+        unsafe { data.set_len(m * k) };
+        let a = self.upload_owned(Tensor::new(m, k, data))?;
+        let mut c = match first {
+            Some((x, wx)) => self.matmul(x, false, wx, false)?,
+            None => self.zeros(m, self.shape(w).1)?,
+        };
+        let beta = if first.is_some() { 1.0 } else { 0.0 };
+        self.gemm(1.0, &a, false, w, false, beta, &mut c)?;
+        Ok((c, a))
+    }
     /// Weight gradients that share one output gradient: `c_i <- c_i + a_i^T g` for every
     /// `(a_i, c_i)` in `pairs`, each `a_i` with `g`'s rows. The same values as one
     /// `gemm(1, a_i, true, g, false, 1, c_i)` per pair up to rounding (the default does

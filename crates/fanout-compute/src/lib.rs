@@ -37,6 +37,7 @@ pub mod io;
 pub mod layers;
 pub mod model;
 pub mod optim;
+pub mod source;
 pub mod tensor;
 
 pub use backend::{
@@ -55,4 +56,5 @@ pub use layers::{
 };
 pub use model::{Mode, Model, ModelConfig, ModelKind, PaperSetting};
 pub use optim::{Adam, OptimState, Optimizer, Sgd};
+pub use source::RowSource;
 pub use tensor::Tensor;

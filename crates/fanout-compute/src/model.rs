@@ -10,6 +10,7 @@ use crate::layers::{
     Activation, GatLayer, GcnLayer, GinLayer, HeadMerge, InputPlan, Layer, Param, Pass,
     PinSageLayer, SageLayer,
 };
+use crate::source::RowSource;
 
 /// Stream tags, so initialisation and dropout never share random numbers.
 const INIT_TAG: u64 = 0x1417;
@@ -366,15 +367,48 @@ impl<B: Backend> Model<B> {
         mode: Mode,
         input_ids: Option<&[u32]>,
     ) -> Result<B::Tensor> {
+        self.forward_after_first(blocks, mode, input_ids, |layer, block, pass| {
+            layer.forward_aggregated(block, x_dst, agg, pass)
+        })
+    }
+
+    /// [`Model::forward_rows_aggregated`] with block 0's aggregate made by `src` while the
+    /// first layer multiplies it ([`Layer::forward_sourced`]): the same logits and training
+    /// state, bit for bit. `Err` as `forward_rows_aggregated`.
+    pub fn forward_rows_sourced(
+        &mut self,
+        blocks: &[B::Block],
+        x_dst: B::Tensor,
+        src: &dyn RowSource,
+        mode: Mode,
+        input_ids: Option<&[u32]>,
+    ) -> Result<B::Tensor> {
+        self.forward_after_first(blocks, mode, input_ids, |layer, block, pass| {
+            layer.forward_sourced(block, x_dst, src, pass)
+        })
+    }
+
+    /// Layer 0 by `first` (given the layer, block 0 and its pass), then the other layers as
+    /// [`Model::forward_rows`] runs them. `Err` unless there is one block per layer.
+    fn forward_after_first<F>(
+        &mut self,
+        blocks: &[B::Block],
+        mode: Mode,
+        input_ids: Option<&[u32]>,
+        first: F,
+    ) -> Result<B::Tensor>
+    where
+        F: FnOnce(&mut dyn Layer<B>, &B::Block, Pass<'_>) -> Result<B::Tensor>,
+    {
         let n = self.layers.len();
-        if blocks.len() != n {
+        if blocks.len() != n || n == 0 {
             return Err(ComputeError::State(format!(
                 "model has {n} layers but was given {} blocks",
                 blocks.len()
             )));
         }
         let pass = self.pass(0, mode, input_ids);
-        let mut h = self.layers[0].forward_aggregated(&blocks[0], x_dst, agg, pass)?;
+        let mut h = first(self.layers[0].as_mut(), &blocks[0], pass)?;
         for (i, block) in blocks.iter().enumerate().skip(1) {
             h = self.forward_layer(i, block, h, mode, input_ids)?;
         }

@@ -33,6 +33,7 @@ fn prepared(ds: &Arc<Dataset>, s: &Arc<dyn Sampler>, seeds: &[u32], key: BatchKe
         remote: None,
         split: None,
         input_agg: None,
+        input_store: None,
         cache_split: None,
     }
 }

@@ -52,6 +52,7 @@ pub mod pipeline;
 mod placement;
 pub mod run;
 pub mod split;
+pub mod store_input;
 pub mod strategy;
 pub mod trainer;
 

@@ -120,6 +120,7 @@ pub fn measure_trial_batch<B: Backend>(
         extract,
         split: None,
         input_agg: None,
+        input_store: None,
         cache_split: None,
     };
     trainer.trial_step(p, 0)?;

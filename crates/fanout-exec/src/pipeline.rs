@@ -17,6 +17,7 @@
 use crate::buffers::BufferPool;
 use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
+pub use crate::store_input::StoreInput;
 use fanout_cache::{reorder_batches, CacheSplit, ExtractStats, Extractor};
 use fanout_compute::{Backend, CpuBackend, InputPlan};
 use fanout_graph::Dataset;
@@ -90,6 +91,12 @@ pub struct PipelineConfig {
     /// row, sparing the writing and reading back of the whole input matrix. `None`: always
     /// every row. Only for consumers that train or evaluate a model with this plan.
     pub input_plan: Option<InputPlan>,
+    /// With `input_plan`: the extract stage gathers only block 0's destination rows and
+    /// leaves their aggregate to the trainer ([`Prepared::input_store`]), which makes it a
+    /// few rows at a time inside the first layer's product while it fetches the next rows'
+    /// stored rows, overlapping that memory-bound pass with arithmetic (the CPU backend;
+    /// others make it whole first). The same results bit for bit.
+    pub aggregate_in_trainer: bool,
 }
 
 impl Default for PipelineConfig {
@@ -106,6 +113,7 @@ impl Default for PipelineConfig {
             plan: BatchPlan::Whole,
             pool: None,
             input_plan: None,
+            aggregate_in_trainer: false,
         }
     }
 }
@@ -176,6 +184,11 @@ pub struct Prepared {
     /// rows and this their aggregate (same shape), which the trainer feeds to
     /// [`fanout_compute::Model::forward_rows_aggregated`].
     pub input_agg: Option<Vec<f32>>,
+    /// `Some`: the extract stage left block 0's aggregate to the trainer
+    /// ([`PipelineConfig::aggregate_in_trainer`]): `features` then holds only block 0's
+    /// destination rows, and the trainer makes their aggregate from this store inside the
+    /// first layer's product ([`fanout_compute::Model::forward_rows_sourced`]).
+    pub input_store: Option<StoreInput>,
     /// `Some`: the batch's rows are split between a cache on the trainer's device and the
     /// host ([`Pipeline::with_cache_on_device`]): `features` then holds only the misses, in
     /// input order (nothing with [`Pipeline::with_cache_on_device_misses_mapped`]: the
@@ -201,6 +214,7 @@ pub struct Pipeline {
     extract_clock: Arc<StageClock>,
     buffers: Arc<BufferPool>,
     input_plan: Option<InputPlan>,
+    aggregate_in_trainer: bool,
     rows_elsewhere: Option<RowsElsewhere>,
     cache_on_device: bool,
     /// With `cache_on_device`: the trainer reads the missed rows in place (none gathered here).
@@ -258,6 +272,7 @@ impl Pipeline {
             // Enough for the batches in flight plus the one the consumer holds.
             buffers: Arc::new(BufferPool::new(cfg.prefetch.max(1) + cfg.window() + 2)),
             input_plan: cfg.input_plan,
+            aggregate_in_trainer: cfg.aggregate_in_trainer,
             rows_elsewhere: None,
             cache_on_device: false,
             misses_mapped: false,
@@ -353,6 +368,7 @@ impl Pipeline {
         let (window, num_nodes, pool) = (self.window, self.num_nodes, self.pool.clone());
         let buffers = self.buffers.clone();
         let (input_plan, rows_elsewhere) = (self.input_plan, self.rows_elsewhere);
+        let in_trainer = self.aggregate_in_trainer;
         let (cache_on_device, misses_mapped) = (self.cache_on_device, self.misses_mapped);
         let handle = std::thread::spawn(move || {
             // A panic in an earlier epoch's extraction poisons the lock: that run already
@@ -370,6 +386,7 @@ impl Pipeline {
                 let mut features = buffers.take();
                 let exr: &mut dyn Extractor = &mut **ex;
                 let mut input_agg = None;
+                let mut input_store = None;
                 let mut cache_split = None;
                 let mut gather = || {
                     if cache_on_device {
@@ -401,9 +418,14 @@ impl Pipeline {
                             ..ExtractStats::default()
                         });
                     }
-                    if let Some(r) = extract_aggregated(exr, input_plan, &batch, &mut features) {
-                        let (stats, agg) = r?;
-                        input_agg = Some(agg);
+                    let first =
+                        extract_first_input(exr, input_plan, in_trainer, &batch, &mut features);
+                    if let Some(r) = first {
+                        let (stats, input) = r?;
+                        match input {
+                            FirstInput::Aggregate(agg) => input_agg = Some(agg),
+                            FirstInput::Store(store) => input_store = Some(store),
+                        }
                         return Ok(stats);
                     }
                     exr.extract(&batch.input_nodes, &mut features)
@@ -421,6 +443,7 @@ impl Pipeline {
                     remote: None,
                     split: None,
                     input_agg,
+                    input_store,
                     cache_split,
                 })
             };
@@ -660,33 +683,67 @@ impl Drop for EpochStream {
     }
 }
 
-/// Block 0's destination rows (into `features`) and their aggregate by `plan`, read where
-/// the rows are stored, when `plan` aggregates this batch's input first and the extractor can;
-/// `None` otherwise (the caller extracts every input row).
-fn extract_aggregated(
+/// Stored rows sampled to tell dense features from mostly-zero ones.
+const DENSITY_SAMPLE_ROWS: usize = 64;
+
+/// Block 0's input where the extract stage does not gather every input row.
+enum FirstInput {
+    /// The destinations' aggregate, made here.
+    Aggregate(Vec<f32>),
+    /// Left to the trainer.
+    Store(StoreInput),
+}
+
+/// Block 0's destination rows into `features` and, where `plan` aggregates block 0 first and
+/// the extractor reads the stored rows, their aggregate (or, `in_trainer`, where to make it);
+/// `None` otherwise (the caller extracts every row).
+fn extract_first_input(
     ex: &mut dyn Extractor,
     plan: Option<InputPlan>,
+    in_trainer: bool,
     batch: &MiniBatch,
     features: &mut Vec<f32>,
-) -> Option<fanout_graph::Result<(ExtractStats, Vec<f32>)>> {
+) -> Option<fanout_graph::Result<(ExtractStats, FirstInput)>> {
     let b0 = batch.blocks.first()?;
     let refs = crate::trainer::block_refs(std::slice::from_ref(b0));
-    let aggregation = plan?.for_block(refs[0].dims())?;
+    let plan = plan?;
+    let aggregation = plan.for_block(refs[0].dims())?;
     // The coefficients the layer itself uses (the same code computes them), so the aggregate
     // is bit-identical to the layer's own.
     let cpu = CpuBackend;
     let block = cpu.prepare_block(&refs[0]).ok()?;
     // The CPU backend never fails; were it to, the batch is extracted the plain way.
     let coeff = cpu.edge_coefficients(&block, aggregation).ok()?;
+    let coeff = coeff.as_ref().map(|c| c.data());
+    let (input, indptr, indices) = (&batch.input_nodes, &b0.indptr, &b0.indices);
+    if in_trainer && plan.made_in_product {
+        let r = ex.extract_sourced(input, b0.num_dst, indptr, indices, features)?;
+        let (stats, store) = match r {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let store = StoreInput {
+            store,
+            coeff: coeff.map(<[f32]>::to_vec),
+        };
+        let f = store.store.features.as_ref()?;
+        // Mostly-zero features (bags of words) make mostly-zero aggregates, whose product
+        // skips their zeros when the aggregate is made whole; inside the product it would not.
+        let made_in_product = f.nonzero_fraction(DENSITY_SAMPLE_ROWS) > 0.5
+            && store.rows_of(batch).is_ok_and(|src| {
+                fanout_compute::cpu::gemm::makes_rows_in_product(&src, plan.out_dim)
+            });
+        if made_in_product {
+            return Some(Ok((stats, FirstInput::Store(store))));
+        }
+        // Made whole either way: here, where it overlaps the trainer's work.
+        let mut agg = Vec::new();
+        f.aggregate_into(input, indptr, indices, store.coeff.as_deref(), &mut agg);
+        return Some(Ok((stats, FirstInput::Aggregate(agg))));
+    }
     let mut agg = Vec::new();
     let r = ex.extract_aggregated(
-        &batch.input_nodes,
-        b0.num_dst,
-        &b0.indptr,
-        &b0.indices,
-        coeff.as_ref().map(|c| c.data()),
-        features,
-        &mut agg,
+        input, b0.num_dst, indptr, indices, coeff, features, &mut agg,
     )?;
-    Some(r.map(|s| (s, agg)))
+    Some(r.map(|s| (s, FirstInput::Aggregate(agg))))
 }

@@ -932,6 +932,9 @@ pub fn train_worker_with<B: Backend>(
         } else {
             None
         },
+        // On the CPU the trainer makes the aggregate inside its first product, where the
+        // fetching of stored rows overlaps arithmetic; a GPU trainer takes it made.
+        aggregate_in_trainer: cfg.fuse_input && be.name() == CpuBackend.name(),
     };
     let uncached;
     let cache_cfg = if cache_unneeded {

@@ -190,6 +190,16 @@ impl<B: Backend> Trainer<B> {
         // Dropout is keyed by vertex id, so data-parallel workers drop what the one-worker
         // union batch would.
         let ids = Some(&p.batch.input_nodes[..]);
+        if let Some(store) = &p.input_store {
+            // Block 0's destination rows; the first layer makes their aggregate from the store
+            // inside its product.
+            let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
+            let src = store.rows_of(&p.batch)?;
+            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features))?;
+            return Ok(self
+                .model
+                .forward_rows_sourced(&blocks, x_dst, &src, mode, ids)?);
+        }
         if let Some(agg) = p.input_agg {
             // Block 0's destination rows and their aggregate (the extract stage aggregated).
             let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);

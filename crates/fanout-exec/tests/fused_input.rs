@@ -2,7 +2,7 @@
 //! against the plain path it replaces: the same aggregate bit for bit, the same training, and
 //! fewer rows written.
 
-use fanout_compute::{Backend, CpuBackend, Model, ModelConfig, ModelKind, Tensor};
+use fanout_compute::{Backend, CpuBackend, Model, ModelConfig, ModelKind, RowSource, Tensor};
 use fanout_exec::{block_refs, train, Pipeline, PipelineConfig, RunEnv, StrategyKind, TrainConfig};
 use fanout_graph::{Dataset, FeatDtype};
 use fanout_sample::{KHopConfig, KHopSampler, RemapKind, Sampler};
@@ -12,6 +12,14 @@ mod common;
 use common::{saved_tiny, saved_tiny_as};
 
 fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipeline {
+    pipeline_in(ds, plan, false)
+}
+
+fn pipeline_in(
+    ds: &Arc<Dataset>,
+    plan: Option<fanout_compute::InputPlan>,
+    in_trainer: bool,
+) -> Pipeline {
     let cfg = KHopConfig {
         fanouts: vec![3, 3],
         replace: false,
@@ -23,6 +31,7 @@ fn pipeline(ds: &Arc<Dataset>, plan: Option<fanout_compute::InputPlan>) -> Pipel
         batch_size: 16,
         seed: 3,
         input_plan: plan,
+        aggregate_in_trainer: in_trainer,
         ..PipelineConfig::default()
     };
     Pipeline::new(s, Box::new(ex), ds.train.to_vec(), &pc).unwrap()
@@ -81,6 +90,88 @@ fn aggregates_equal(ds: &Arc<Dataset>, kind: ModelKind) {
         batches += 1;
     }
     assert_eq!(batches, fused.num_batches());
+}
+
+/// Left to the trainer (`aggregate_in_trainer`), the aggregate the store names is the one the
+/// extract stage makes, bit for bit, the batch brings only the destinations' rows and the same
+/// stats, and the model's logits through it are those through the made aggregate.
+#[test]
+fn the_aggregate_left_to_the_trainer_equals_the_extract_stage_aggregate() {
+    let (_dir, ds) = saved_tiny(700);
+    let dim = ds.features.as_ref().unwrap().dim;
+    for kind in [ModelKind::Sage, ModelKind::Gcn] {
+        let mut model = Model::new(
+            CpuBackend,
+            ModelConfig::new(kind, dim, 16, ds.meta.num_class as usize, 2),
+        )
+        .unwrap();
+        let plan = model.input_plan().expect("aggregates its input first");
+        let (left, made) = (
+            pipeline_in(&ds, Some(plan), true),
+            pipeline(&ds, Some(plan)),
+        );
+        let mut left_to_trainer = 0;
+        for (l, m) in left.epoch(0).zip(made.epoch(0)) {
+            let (l, m) = (l.unwrap(), m.unwrap());
+            assert_eq!(l.batch, m.batch, "the same batches");
+            assert_eq!(l.features, m.features, "the destinations' rows");
+            assert_eq!(l.extract, m.extract, "the same rows read");
+            let agg = m.input_agg.expect("aggregated in the extract stage");
+            let Some(store) = l.input_store.as_ref() else {
+                assert!(l.input_agg.is_some(), "one or the other");
+                continue;
+            };
+            left_to_trainer += 1;
+            let src = store.rows_of(&l.batch).unwrap();
+            let (rows, cols) = (src.rows(), src.cols());
+            let mut got = Vec::with_capacity(rows * cols);
+            // In two ranges, as the product asks for them.
+            let half = rows / 2;
+            src.fill(0..half, &mut got.spare_capacity_mut()[..half * cols]);
+            src.fill(
+                half..rows,
+                &mut got.spare_capacity_mut()[half * cols..rows * cols],
+            );
+            // SAFETY: `fill` wrote every element of both ranges.
+            unsafe { got.set_len(rows * cols) };
+            assert!(
+                got.iter()
+                    .zip(&agg)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind:?}: the aggregate bit for bit"
+            );
+            // The logits through the sourced forward and through the made aggregate.
+            let be = CpuBackend;
+            let blocks: Vec<_> = block_refs(&l.batch.blocks)
+                .iter()
+                .map(|b| be.prepare_block(b).unwrap())
+                .collect();
+            let x = || Tensor::new(rows, dim, l.features.clone());
+            let mode = fanout_compute::Mode::Eval;
+            let sourced = model
+                .forward_rows_sourced(&blocks, x(), &src, mode, None)
+                .unwrap();
+            let a = Tensor::new(rows, dim, agg);
+            let plain = model
+                .forward_rows_aggregated(&blocks, x(), a, mode, None)
+                .unwrap();
+            assert!(
+                sourced
+                    .data()
+                    .iter()
+                    .zip(plain.data())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind:?}: the logits bit for bit"
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            assert!(
+                left_to_trainer > 0,
+                "{kind:?}: no batch left its aggregate to the trainer"
+            );
+        }
+    }
 }
 
 fn config(ds: &Dataset, model: ModelKind, fuse: bool, workers: usize) -> TrainConfig {

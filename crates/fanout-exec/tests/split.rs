@@ -82,6 +82,7 @@ fn one_worker(
         remote: None,
         split: None,
         input_agg: None,
+        input_store: None,
         cache_split: None,
     };
     let mut t = trainer(ds, kind);

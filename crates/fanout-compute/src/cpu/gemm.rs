@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::par::DisjointOut;
 use super::{dense, rowmajor, sparse_grad, sparse_rows};
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 /// Products with fewer multiply-adds than this run on the calling thread.
@@ -328,6 +329,118 @@ fn gemm_dense_with(
         gemm_into(alpha, a, trans_a, b, trans_b, beta, cu, kernels);
     }
 }
+
+/// `(C, A)` with `C = X W_x + A W` (`first = Some((X, W_x))`) or `C = A W`, where `src`
+/// makes the rows of `A` (`m x k`; `W` is `k x n`, `X` `m x k_x`, `W_x` `k_x x n`): the
+/// values and bits of `matmul(X, W_x)` (or zeros) followed by `gemm(1, A, W, 1, C)` on the
+/// whole `A`. Where `A W` takes the in-place row-major kernel and the rows of one micro-tile
+/// read few enough stored bytes to stay in cache (`rowmajor::sourced_suits`), `A`'s rows are
+/// made a micro-tile at a time inside that product while the next tile's stored rows are
+/// fetched, so that the fetching overlaps its arithmetic; elsewhere `A` is made whole, in
+/// parallel, first. Panics on mismatched shapes.
+pub fn matmul_sourced(
+    first: Option<(&Tensor, &Tensor)>,
+    src: &dyn RowSource,
+    w: &Tensor,
+) -> (Tensor, Tensor) {
+    let (m, k, n) = (src.rows(), src.cols(), w.cols());
+    assert!(
+        w.rows() == k && first.is_none_or(|(x, wx)| x.rows() == m && wx.shape() == (x.cols(), n)),
+        "matmul_sourced: A is {m} x {k}, W {:?}, X and W_x {:?}",
+        w.shape(),
+        first.map(|(x, wx)| (x.shape(), wx.shape()))
+    );
+    let isa = rowmajor::sourced_suits(src).filter(|&isa| in_place(isa, m, k, n));
+    let Some(isa) = isa else {
+        // (`makes_rows_in_product` is false.)
+        let mut c = match first {
+            Some((x, wx)) => matmul(x, false, wx, false),
+            None => Tensor::zeros(m, n),
+        };
+        let mut a: Vec<f32> = Vec::with_capacity(m * k);
+        if k > 0 {
+            a.spare_capacity_mut()[..m * k]
+                .par_chunks_mut(SOURCED_FILL_ROWS * k)
+                .enumerate()
+                .for_each(|(i, out)| {
+                    let r0 = i * SOURCED_FILL_ROWS;
+                    src.fill(r0..r0 + out.len() / k, out);
+                });
+        }
+        // SAFETY: `fill` wrote every element of the m * k (its contract).
+        unsafe { a.set_len(m * k) };
+        let a = Tensor::new(m, k, a);
+        gemm(
+            1.0,
+            &a,
+            false,
+            w,
+            false,
+            if first.is_some() { 1.0 } else { 0.0 },
+            &mut c,
+        );
+        return (c, a);
+    };
+    // The first product first, as `matmul` computes it (`rowmajor::gemm_rows_sourced` says
+    // why not inside).
+    let (mut c, beta) = match first {
+        Some((x, wx)) => (matmul(x, false, wx, false).into_data(), 1.0),
+        None => (Vec::with_capacity(m * n), 0.0),
+    };
+    NOMINAL_FLOPS.fetch_add(2 * (m * n * k) as u64, Ordering::Relaxed);
+    let packed = rowmajor::PackedB::new(isa, w.data(), n, 1, k, n);
+    let threads = rayon::current_num_threads();
+    // Row blocks as `gemm_into` splits them where B is packed once.
+    let per = m
+        .div_ceil(threads * 8)
+        .max(MIN_BLOCK_ROWS)
+        .div_ceil(TILE_ALIGN)
+        * TILE_ALIGN;
+    let mut a: Vec<f32> = Vec::with_capacity(m * k);
+    let (a_at, c_at) = (DisjointOut(a.as_mut_ptr()), DisjointOut(c.as_mut_ptr()));
+    (0..m.div_ceil(per)).into_par_iter().for_each(|i| {
+        let r0 = i * per;
+        // SAFETY: the CPU runs `isa` (`sourced_suits`); `src` has k columns and m rows (the
+        // shapes asserted); the blocks r0..r0 + rows of A (room for m * k floats) and of C
+        // (m * n floats, initialised by the first product when beta is 1) are disjoint
+        // between tasks.
+        unsafe {
+            rowmajor::gemm_rows_sourced(
+                src,
+                r0,
+                per.min(m - r0),
+                &packed,
+                beta,
+                c_at.ptr(),
+                a_at.ptr(),
+            )
+        }
+    });
+    // SAFETY: the blocks cover rows 0..m; `gemm_rows_sourced` made every row of A and, with
+    // beta 0, wrote every element of C.
+    unsafe {
+        a.set_len(m * k);
+        c.set_len(m * n);
+    }
+    (Tensor::new(m, n, c), Tensor::new(m, k, a))
+}
+
+/// Whether [`matmul_sourced`] makes the rows of `src` inside a product by a `W` of `n`
+/// columns on this CPU (rather than whole first).
+pub fn makes_rows_in_product(src: &dyn RowSource, n: usize) -> bool {
+    rowmajor::sourced_suits(src).is_some_and(|isa| in_place(isa, src.rows(), src.cols(), n))
+}
+
+/// Whether [`gemm_into`] computes a row-major `A` (`m x k`) by a plain `B` (`k x n`) with
+/// `rowmajor`'s kernel of `isa` (its choice for `Kernels::Any`, untransposed factors).
+fn in_place(isa: rowmajor::Isa, m: usize, k: usize, n: usize) -> bool {
+    let serial = m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS;
+    let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
+    !long_k && k >= TRANSPOSE_MIN_K && n <= isa.max_n() && m > 0 && n > 0
+}
+
+/// Rows of `A` per task where [`matmul_sourced`] makes it whole.
+const SOURCED_FILL_ROWS: usize = 64;
 
 /// `op(A) * op(B)` as a new tensor (see [`gemm`]; a mostly-zero `A` skips its zeros, as
 /// there), written into fresh memory without zeroing it first (with `beta == 0` either kernel

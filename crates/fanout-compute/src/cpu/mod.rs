@@ -28,6 +28,7 @@ use crate::backend::{AdamUpdate, Aggregation, Backend, CrossEntropy, DropoutSpec
 use crate::block::{BlockDims, BlockRef};
 use crate::error::Result;
 use crate::failure::DeviceResult;
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 pub use graph::CpuBlock;
@@ -91,6 +92,14 @@ impl Backend for CpuBackend {
     ) -> DeviceResult<()> {
         gemm::gemm(alpha, a, trans_a, b, trans_b, beta, c);
         Ok(())
+    }
+    fn matmul_sourced(
+        &self,
+        first: Option<(&Tensor, &Tensor)>,
+        src: &dyn RowSource,
+        w: &Tensor,
+    ) -> DeviceResult<(Tensor, Tensor)> {
+        Ok(gemm::matmul_sourced(first, src, w))
     }
     fn acc_at_b_shared(
         &self,

@@ -236,6 +236,9 @@ impl<B: Backend> GatLayer<B> {
 }
 
 impl<B: Backend> Layer<B> for GatLayer<B> {
+    fn backend(&self) -> &B {
+        &self.be
+    }
     fn kind(&self) -> &'static str {
         "gat"
     }

@@ -3,11 +3,12 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, check_aggregated, check_grad, check_input, epilogue_backward_bias, glorot, no_cache,
-    Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
+    acc_at_b, check_aggregated, check_grad, check_input, check_sourced, epilogue_backward_bias,
+    glorot, no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 /// GCN layer, DGL `GraphConv(norm="both")` on a block:
@@ -90,6 +91,7 @@ impl<B: Backend> GcnLayer<B> {
             order: self.order,
             in_dim: self.in_dim,
             out_dim: self.out_dim,
+            made_in_product: true,
         }
     }
 
@@ -119,6 +121,9 @@ impl<B: Backend> GcnLayer<B> {
 }
 
 impl<B: Backend> Layer<B> for GcnLayer<B> {
+    fn backend(&self) -> &B {
+        &self.be
+    }
     fn kind(&self) -> &'static str {
         "gcn"
     }
@@ -159,6 +164,20 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         let plan = self.plan();
         let coeff = check_aggregated(be, "gcn", block, plan, &[("aggregate", &agg)])?;
         self.forward_from_aggregate(block, coeff, agg, pass)
+    }
+
+    fn forward_sourced(
+        &mut self,
+        block: &B::Block,
+        _h_dst: B::Tensor,
+        src: &dyn RowSource,
+        pass: Pass<'_>,
+    ) -> Result<B::Tensor> {
+        let be = &self.be;
+        let coeff = check_sourced(be, "gcn", block, self.plan(), None, src)?;
+        // forward_from_aggregate's product, the aggregate made inside it.
+        let (out, agg) = be.matmul_sourced(None, src, &self.weight.value)?;
+        self.finish(block, coeff, agg, false, out, pass)
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {

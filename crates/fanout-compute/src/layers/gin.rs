@@ -86,6 +86,7 @@ impl<B: Backend> GinLayer<B> {
             order: AggregateOrder::AggregateFirst,
             in_dim: self.in_dim,
             out_dim: self.hidden,
+            made_in_product: false,
         }
     }
 
@@ -120,6 +121,9 @@ impl<B: Backend> GinLayer<B> {
 }
 
 impl<B: Backend> Layer<B> for GinLayer<B> {
+    fn backend(&self) -> &B {
+        &self.be
+    }
     fn kind(&self) -> &'static str {
         "gin"
     }

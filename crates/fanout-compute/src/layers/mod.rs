@@ -21,6 +21,7 @@ use crate::backend::{Aggregation, Backend, DropoutSpec};
 use crate::block::BlockDims;
 use crate::error::{ComputeError, Result};
 use crate::failure::DeviceResult;
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 pub use gat::{GatLayer, HeadMerge, GAT_NEGATIVE_SLOPE};
@@ -109,6 +110,22 @@ pub trait Layer<B: Backend>: Send + Sync {
             self.kind()
         )))
     }
+    /// [`Layer::forward_aggregated`] with the aggregate made by `src` (`num_dst x in_dim`)
+    /// as the layer consumes it: the same output and cache, bit for bit. The default makes
+    /// the whole aggregate first; a layer whose first product is by the aggregate makes it
+    /// inside that product ([`Backend::gemm_sourced`]). `Err` as `forward_aggregated`.
+    fn forward_sourced(
+        &mut self,
+        block: &B::Block,
+        h_dst: B::Tensor,
+        src: &dyn RowSource,
+        pass: Pass<'_>,
+    ) -> Result<B::Tensor> {
+        let agg = made_rows(self.backend(), src)?;
+        self.forward_aggregated(block, h_dst, agg, pass)
+    }
+    /// The backend this layer computes on.
+    fn backend(&self) -> &B;
 }
 
 /// For which blocks a layer aggregates its input first and with what: the destinations' rows
@@ -123,6 +140,10 @@ pub struct InputPlan {
     pub in_dim: usize,
     /// See `in_dim`.
     pub out_dim: usize,
+    /// Whether [`Layer::forward_sourced`] makes the aggregate inside the layer's product by it
+    /// (`Backend::matmul_sourced`) rather than whole first: only then is it worth leaving the
+    /// aggregate to the layer.
+    pub made_in_product: bool,
 }
 
 impl InputPlan {
@@ -357,6 +378,39 @@ pub(crate) fn check_aggregated<B: Backend>(
         }
     }
     Ok(be.edge_coefficients(block, aggregation)?)
+}
+
+/// All rows `src` makes, on the device.
+pub(crate) fn made_rows<B: Backend>(be: &B, src: &dyn RowSource) -> Result<B::Tensor> {
+    let (m, k) = (src.rows(), src.cols());
+    let mut data = Vec::with_capacity(m * k);
+    src.fill(0..m, &mut data.spare_capacity_mut()[..m * k]);
+    // SAFETY: `fill` wrote every one of the m * k elements (its contract).
+    unsafe { data.set_len(m * k) };
+    Ok(be.upload_owned(Tensor::new(m, k, data))?)
+}
+
+/// Checks a sourced input ([`Layer::forward_sourced`]) as [`check_aggregated`] does, `src`
+/// standing for the aggregate.
+pub(crate) fn check_sourced<B: Backend>(
+    be: &B,
+    kind: &str,
+    block: &B::Block,
+    plan: InputPlan,
+    h_dst: Option<&B::Tensor>,
+    src: &dyn RowSource,
+) -> Result<Option<B::Tensor>> {
+    let dims = be.block_dims(block);
+    let got = (src.rows(), src.cols());
+    if got != (dims.num_dst, plan.in_dim) {
+        return Err(ComputeError::shape(
+            format!("{kind} forward aggregate"),
+            (dims.num_dst, plan.in_dim),
+            got,
+        ));
+    }
+    let inputs: Vec<(&str, &B::Tensor)> = h_dst.map(|h| ("h_dst", h)).into_iter().collect();
+    check_aggregated(be, kind, block, plan, &inputs)
 }
 
 /// Checks `grad_out` against the cached forward's output shape.

@@ -94,6 +94,9 @@ impl<B: Backend> PinSageLayer<B> {
 }
 
 impl<B: Backend> Layer<B> for PinSageLayer<B> {
+    fn backend(&self) -> &B {
+        &self.be
+    }
     fn kind(&self) -> &'static str {
         "pinsage"
     }

@@ -3,11 +3,12 @@
 use fanout_rand::Rng;
 
 use super::{
-    acc_at_b, check_aggregated, check_grad, check_input, epilogue_backward_bias, glorot_gain,
-    no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass, RELU_GAIN,
+    acc_at_b, check_aggregated, check_grad, check_input, check_sourced, epilogue_backward_bias,
+    glorot_gain, no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass, RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
+use crate::source::RowSource;
 use crate::tensor::Tensor;
 
 /// GraphSAGE layer, mean aggregator (DGL `SAGEConv(aggregator_type="mean")`):
@@ -102,6 +103,7 @@ impl<B: Backend> SageLayer<B> {
             order: self.order,
             in_dim: self.in_dim,
             out_dim: self.out_dim,
+            made_in_product: true,
         }
     }
 
@@ -134,6 +136,9 @@ impl<B: Backend> SageLayer<B> {
 }
 
 impl<B: Backend> Layer<B> for SageLayer<B> {
+    fn backend(&self) -> &B {
+        &self.be
+    }
     fn kind(&self) -> &'static str {
         "sage"
     }
@@ -182,6 +187,21 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             &[("h_dst", &h_dst), ("aggregate", &agg)],
         )?;
         self.forward_from_aggregate(block, coeff, h_dst, agg, pass)
+    }
+
+    fn forward_sourced(
+        &mut self,
+        block: &B::Block,
+        h_dst: B::Tensor,
+        src: &dyn RowSource,
+        pass: Pass<'_>,
+    ) -> Result<B::Tensor> {
+        let be = &self.be;
+        let coeff = check_sourced(be, "sage", block, self.plan(), Some(&h_dst), src)?;
+        // forward_from_aggregate's two products, the aggregate made inside them.
+        let first = Some((&h_dst, &self.w_self.value));
+        let (out, agg) = be.matmul_sourced(first, src, &self.w_neigh.value)?;
+        self.finish(block, coeff, h_dst, agg, false, out, pass)
     }
 
     fn backward(&mut self, grad_out: &B::Tensor, need: bool) -> Result<Option<B::Tensor>> {

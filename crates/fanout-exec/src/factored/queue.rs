@@ -181,6 +181,7 @@ impl Producer<'_> {
                     remote: None,
                     split: None,
                     input_agg: None,
+                    input_store: None,
                     cache_split: None,
                 })
             }
@@ -208,6 +209,7 @@ impl Producer<'_> {
                     remote: Some(rank),
                     split: None,
                     input_agg: None,
+                    input_store: None,
                     cache_split: None,
                 })
             }

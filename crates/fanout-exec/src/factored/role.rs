@@ -194,6 +194,7 @@ pub(crate) fn run(r: FactoredRun, obs: &mut dyn FitObserver) -> Result<TrainOutc
             plan: BatchPlan::Whole,
             pool: pool.clone(),
             input_plan: None,
+            aggregate_in_trainer: false,
         };
         // `--cache-ratio auto`: the workers of one process take turns at the trial step (the
         // samplers pass theirs, below) and the trainers share the budget.
@@ -424,6 +425,7 @@ fn trial(
             remote: None,
             split: None,
             input_agg: None,
+            input_store: None,
             cache_split: None,
         };
         let t = Instant::now();
@@ -676,6 +678,7 @@ impl SamplingJob<'_> {
                 remote: None,
                 split: None,
                 input_agg: None,
+                input_store: None,
                 cache_split: None,
             };
             let key = (epoch << 32) | step as u64;

@@ -147,6 +147,7 @@ impl Inner {
             remote: None,
             split: Some(Box::new(share)),
             input_agg: None,
+            input_store: None,
             cache_split: None,
         })
     }
