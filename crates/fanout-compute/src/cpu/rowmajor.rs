@@ -667,6 +667,96 @@ mod tests {
             .collect()
     }
 
+    /// Rows `r` made as `r`-dependent values (any function of the row will do), naming
+    /// stored rows in a buffer of their own.
+    struct Made {
+        rows: usize,
+        cols: usize,
+        stored: Vec<f32>,
+    }
+
+    impl crate::RowSource for Made {
+        fn rows(&self) -> usize {
+            self.rows
+        }
+        fn cols(&self) -> usize {
+            self.cols
+        }
+        fn fill(&self, rows: std::ops::Range<usize>, out: &mut [MaybeUninit<f32>]) {
+            for (i, o) in out.iter_mut().enumerate() {
+                let (r, j) = (rows.start + i / self.cols, i % self.cols);
+                o.write(((r * 31 + j * 7) % 29) as f32 / 13.0 - 1.0);
+            }
+        }
+        fn stored_rows(&self, rows: std::ops::Range<usize>, out: &mut Vec<usize>) {
+            let base = self.stored.as_ptr() as usize;
+            out.extend(rows.map(|r| base + 4 * (r % 8) * self.cols));
+        }
+        fn stored_row_bytes(&self) -> usize {
+            4 * self.cols
+        }
+        fn stored_reads(&self) -> usize {
+            self.rows
+        }
+    }
+
+    /// Both tiles, fetching as they go, give the bits of the plain product on the made rows,
+    /// and make every row of `A`, over rows and widths that leave partial tiles and panels.
+    #[test]
+    fn sourced_rows_give_the_plain_products_bits_with_both_tiles() {
+        for isa in [Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|i| i.runs_here())
+        {
+            for (m, k, n) in [(1, 8, 3), (13, 40, 47), (29, 256, 64), (50, 17, 100)] {
+                let src = Made {
+                    rows: m,
+                    cols: k,
+                    stored: vec![0.5; 8 * k],
+                };
+                let mut a = vec![MaybeUninit::new(0.0f32); m * k];
+                crate::RowSource::fill(&src, 0..m, &mut a);
+                // SAFETY: `fill` wrote every element.
+                let a: Vec<f32> = a.into_iter().map(|x| unsafe { x.assume_init() }).collect();
+                let b: Vec<f32> = (0..k * n)
+                    .map(|i| ((i * 5) % 17) as f32 / 7.0 - 1.0)
+                    .collect();
+                let c0: Vec<f32> = (0..m * n).map(|i| (i % 11) as f32 / 3.0).collect();
+                let packed = PackedB::new(isa, &b, n, 1, k, n);
+                for beta in [0.0, 1.0] {
+                    let mut want: Vec<MaybeUninit<f32>> =
+                        c0.iter().map(|&x| MaybeUninit::new(x)).collect();
+                    // SAFETY: `isa` runs here; `a` holds m rows of k; `want` is initialised.
+                    unsafe { gemm_rows(1.0, &a, 0, &packed, beta, &mut want) };
+                    let (mut c, mut made) = (c0.clone(), vec![f32::NAN; m * k]);
+                    // SAFETY: `isa` runs here; `src` has m rows of k; `made` and `c` hold m
+                    // rows, `c` initialised.
+                    unsafe {
+                        gemm_rows_sourced(
+                            &src,
+                            0,
+                            m,
+                            &packed,
+                            beta,
+                            c.as_mut_ptr(),
+                            made.as_mut_ptr(),
+                        )
+                    };
+                    let same = |x: &[f32], y: &[f32]| {
+                        x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+                    };
+                    // SAFETY: `gemm_rows` wrote or kept every element.
+                    let want: Vec<f32> = want
+                        .into_iter()
+                        .map(|x| unsafe { x.assume_init() })
+                        .collect();
+                    assert!(same(&made, &a), "{isa:?} {m} x {k}: A");
+                    assert!(same(&c, &want), "{isa:?} {m} x {k} x {n}, beta {beta}: C");
+                }
+            }
+        }
+    }
+
     #[test]
     fn both_tiles_give_the_bits_of_one_fused_chain_per_element() {
         // Each element must be the chain fma(a_ik, b_kj, acc) for k = 0, 1, ... from zero,
