@@ -91,11 +91,15 @@ pub struct PipelineConfig {
     /// row, sparing the writing and reading back of the whole input matrix. `None`: always
     /// every row. Only for consumers that train or evaluate a model with this plan.
     pub input_plan: Option<InputPlan>,
-    /// With `input_plan`: the extract stage gathers only block 0's destination rows and
-    /// leaves their aggregate to the trainer ([`Prepared::input_store`]), which makes it a
-    /// few rows at a time inside the first layer's product while it fetches the next rows'
-    /// stored rows, overlapping that memory-bound pass with arithmetic (the CPU backend;
-    /// others make it whole first). The same results bit for bit.
+    /// With `input_plan`: where the first layer makes its aggregate inside its product
+    /// ([`InputPlan::made_in_product`]), the features are mostly non-zero and one
+    /// micro-tile's rows read few enough stored bytes
+    /// (`fanout_compute::cpu::gemm::makes_rows_in_product`), the extract stage gathers only
+    /// block 0's destination rows and leaves their aggregate to the trainer
+    /// ([`Prepared::input_store`]), which makes it a few rows at a time inside that product
+    /// while it fetches the next rows' stored rows, overlapping that memory-bound pass with
+    /// arithmetic; elsewhere it aggregates as without this. For CPU trainers (another backend
+    /// would make the aggregate whole on the host first). The same results bit for bit.
     pub aggregate_in_trainer: bool,
 }
 

@@ -332,8 +332,10 @@ fn gemm_dense_with(
 
 /// `(C, A)` with `C = X W_x + A W` (`first = Some((X, W_x))`) or `C = A W`, where `src`
 /// makes the rows of `A` (`m x k`; `W` is `k x n`, `X` `m x k_x`, `W_x` `k_x x n`): the
-/// values and bits of `matmul(X, W_x)` (or zeros) followed by `gemm(1, A, W, 1, C)` on the
-/// whole `A`. Where `A W` takes the in-place row-major kernel and the rows of one micro-tile
+/// values of `C = matmul(X, W_x)` followed by `gemm(1, A, W, 1, C)` on the whole `A` (without
+/// `X`, `gemm(1, A, W, 0, C)`), and their bits unless `A` is mostly zeros (where `gemm`
+/// skips them, a NaN or infinity in `W` that meets only zeros may be lost there and not
+/// here). Where `A W` takes the in-place row-major kernel and the rows of one micro-tile
 /// read few enough stored bytes to stay in cache (`rowmajor::sourced_suits`), `A`'s rows are
 /// made a micro-tile at a time inside that product while the next tile's stored rows are
 /// fetched, so that the fetching overlaps its arithmetic; elsewhere `A` is made whole, in
