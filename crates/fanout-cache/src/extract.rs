@@ -206,7 +206,11 @@ impl Extractor for PlainExtractor {
         dst: &mut Vec<f32>,
         agg: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
-        let r = self.extract_sourced(input_nodes, num_dst, indptr, indices, dst)?;
+        let stats = match self.extract_sourced(input_nodes, num_dst, indptr, indices, dst)? {
+            Ok((stats, _)) => stats,
+            // The block is not aggregated: its ids or offsets are out of range.
+            Err(e) => return Some(Err(e)),
+        };
         if coeff.is_some_and(|c| c.len() != indices.len()) {
             return Some(Err(Error::Invalid(format!(
                 "feature aggregation: {} coefficients for {} edges",
@@ -216,7 +220,7 @@ impl Extractor for PlainExtractor {
         }
         let f = self.ds.features.as_ref().expect("checked in new");
         f.aggregate_into(input_nodes, indptr, indices, coeff, agg);
-        Some(r.map(|(stats, _)| stats))
+        Some(Ok(stats))
     }
 
     fn extract_sourced(

@@ -47,6 +47,61 @@ fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
+/// A block that does not fit its input nodes (an edge to no input node, offsets out of order
+/// or of the wrong count, coefficients of the wrong count) is an error from both aggregating
+/// paths, not a panic; a sound one gives the same stats and destination rows from both.
+#[test]
+fn aggregating_extractions_refuse_unsound_blocks() {
+    let ds = dataset(FeatDtype::F32);
+    let mut plain = PlainExtractor::new(ds.clone()).unwrap();
+    let input: Vec<u32> = (0..10).collect();
+    let (indptr, indices) = (vec![0u32, 2, 5], vec![3u32, 4, 0, 9, 2]);
+    let coeff = vec![0.5f32; 5];
+    let (mut dst, mut agg) = (Vec::new(), Vec::new());
+    let made = plain
+        .extract_aggregated(
+            &input,
+            2,
+            &indptr,
+            &indices,
+            Some(&coeff),
+            &mut dst,
+            &mut agg,
+        )
+        .unwrap()
+        .unwrap();
+    let mut dst2 = Vec::new();
+    let (left, store) = plain
+        .extract_sourced(&input, 2, &indptr, &indices, &mut dst2)
+        .unwrap()
+        .unwrap();
+    assert_eq!((made, bits(&dst)), (left, bits(&dst2)));
+    assert!(Arc::ptr_eq(&store, &ds));
+    let unsound: [(&[u32], &[u32], usize); 3] = [
+        (&[0, 2, 5], &[3, 4, 0, 10, 2], 5),
+        (&[0, 3, 2], &[3, 4, 0, 9, 2], 5),
+        (&[0, 2, 4], &[3, 4, 0, 9, 2], 5),
+    ];
+    for (indptr, indices, edges) in unsound {
+        let coeff = vec![0.5f32; edges];
+        let r =
+            plain.extract_aggregated(&input, 2, indptr, indices, Some(&coeff), &mut dst, &mut agg);
+        assert!(r.unwrap().is_err(), "{indptr:?} {indices:?}");
+        let r = plain.extract_sourced(&input, 2, indptr, indices, &mut dst2);
+        assert!(r.unwrap().is_err(), "{indptr:?} {indices:?}");
+    }
+    let r = plain.extract_aggregated(
+        &input,
+        2,
+        &indptr,
+        &indices,
+        Some(&coeff[..4]),
+        &mut dst,
+        &mut agg,
+    );
+    assert!(r.unwrap().is_err(), "four coefficients for five edges");
+}
+
 #[test]
 fn out_of_range_ids_are_errors_that_leave_the_extractor_as_it_was() {
     let ds = dataset(FeatDtype::F32);
