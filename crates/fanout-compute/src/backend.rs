@@ -378,12 +378,8 @@ pub trait Backend: Clone + Send + Sync + std::fmt::Debug + 'static {
         src: &dyn RowSource,
         w: &Self::Tensor,
     ) -> DeviceResult<(Self::Tensor, Self::Tensor)> {
-        let (m, k) = (src.rows(), src.cols());
-        let mut data = Vec::with_capacity(m * k);
-        src.fill(0..m, &mut data.spare_capacity_mut()[..m * k]);
-        // SAFETY: `fill` wrote every one of the m * k elements (its contract).
-        unsafe { data.set_len(m * k) };
-        let a = self.upload_owned(Tensor::new(m, k, data))?;
+        let m = src.rows();
+        let a = self.upload_owned(crate::source::made_whole(src))?;
         let mut c = match first {
             Some((x, wx)) => self.matmul(x, false, wx, false)?,
             None => self.zeros(m, self.shape(w).1)?,

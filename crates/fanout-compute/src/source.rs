@@ -5,10 +5,13 @@
 //! (stored rows read in random order) and the product after it a pass bound by arithmetic: on
 //! one core their times add up. Made a few rows at a time inside the product, with the stored
 //! rows of the next few fetched into cache while the current ones are multiplied, the fetching
-//! overlaps the arithmetic ([`crate::Backend::gemm_sourced`]).
+//! overlaps the arithmetic ([`crate::Backend::matmul_sourced`]).
 
+use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
+
+use crate::tensor::Tensor;
 
 /// The `rows() x cols()` rows of a left factor, made on request from stored rows whose
 /// addresses it can name in advance.
@@ -31,3 +34,26 @@ pub trait RowSource: Sync {
     /// bytes a few rows read on average.
     fn stored_reads(&self) -> usize;
 }
+
+/// Every row `src` makes, as a `rows() x cols()` tensor, made in parallel on the current
+/// rayon pool (`MADE_WHOLE_ROWS` rows a task): the factor where it is not made inside a
+/// product.
+pub fn made_whole(src: &dyn RowSource) -> Tensor {
+    let (m, k) = (src.rows(), src.cols());
+    let mut a: Vec<f32> = Vec::with_capacity(m * k);
+    if k > 0 {
+        a.spare_capacity_mut()[..m * k]
+            .par_chunks_mut(MADE_WHOLE_ROWS * k)
+            .enumerate()
+            .for_each(|(i, out)| {
+                let r0 = i * MADE_WHOLE_ROWS;
+                src.fill(r0..r0 + out.len() / k, out);
+            });
+    }
+    // SAFETY: the chunks cover all m * k elements and `fill` wrote every one (its contract).
+    unsafe { a.set_len(m * k) };
+    Tensor::new(m, k, a)
+}
+
+/// Rows per task of [`made_whole`].
+const MADE_WHOLE_ROWS: usize = 64;

@@ -19,7 +19,7 @@ use crate::error::{ExecError, Result};
 use crate::metrics::StageClock;
 pub use crate::store_input::StoreInput;
 use fanout_cache::{reorder_batches, CacheSplit, ExtractStats, Extractor};
-use fanout_compute::{Backend, CpuBackend, InputPlan};
+use fanout_compute::{Backend, CpuBackend, InputPlan, Tensor};
 use fanout_graph::Dataset;
 use fanout_sample::{BatchKey, BatchPlan, Loader, LoaderConfig, MiniBatch, Sampler};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -385,7 +385,10 @@ impl Pipeline {
                 return;
             };
             let dim = ex.dim();
+            // Whether the stored rows are mostly non-zero, sampled once for the stream.
+            let mut dense_rows = None;
             let mut extract = |batch: MiniBatch| {
+                let dense = &mut dense_rows;
                 let t = Instant::now();
                 let mut features = buffers.take();
                 let exr: &mut dyn Extractor = &mut **ex;
@@ -422,8 +425,14 @@ impl Pipeline {
                             ..ExtractStats::default()
                         });
                     }
-                    let first =
-                        extract_first_input(exr, input_plan, in_trainer, &batch, &mut features);
+                    let first = extract_first_input(
+                        exr,
+                        input_plan,
+                        in_trainer,
+                        dense,
+                        &batch,
+                        &mut features,
+                    );
                     if let Some(r) = first {
                         let (stats, input) = r?;
                         match input {
@@ -700,11 +709,13 @@ enum FirstInput {
 
 /// Block 0's destination rows into `features` and, where `plan` aggregates block 0 first and
 /// the extractor reads the stored rows, their aggregate (or, `in_trainer`, where to make it);
-/// `None` otherwise (the caller extracts every row).
+/// `None` otherwise (the caller extracts every row). `dense` caches, for the stream, whether
+/// the stored rows are mostly non-zero.
 fn extract_first_input(
     ex: &mut dyn Extractor,
     plan: Option<InputPlan>,
     in_trainer: bool,
+    dense: &mut Option<bool>,
     batch: &MiniBatch,
     features: &mut Vec<f32>,
 ) -> Option<fanout_graph::Result<(ExtractStats, FirstInput)>> {
@@ -718,7 +729,6 @@ fn extract_first_input(
     let block = cpu.prepare_block(&refs[0]).ok()?;
     // The CPU backend never fails; were it to, the batch is extracted the plain way.
     let coeff = cpu.edge_coefficients(&block, aggregation).ok()?;
-    let coeff = coeff.as_ref().map(|c| c.data());
     let (input, indptr, indices) = (&batch.input_nodes, &b0.indptr, &b0.indices);
     if in_trainer && plan.made_in_product {
         let r = ex.extract_sourced(input, b0.num_dst, indptr, indices, features)?;
@@ -726,25 +736,30 @@ fn extract_first_input(
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
-        let store = StoreInput {
-            store,
-            coeff: coeff.map(<[f32]>::to_vec),
-        };
-        let f = store.store.features.as_ref()?;
+        let ds = store.clone();
+        let f = ds.features.as_ref()?;
         // Mostly-zero features (bags of words) make mostly-zero aggregates, whose product
         // skips their zeros when the aggregate is made whole; inside the product it would not.
-        let made_in_product = f.nonzero_fraction(DENSITY_SAMPLE_ROWS) > 0.5
-            && store.rows_of(batch).is_ok_and(|src| {
-                fanout_compute::cpu::gemm::makes_rows_in_product(&src, plan.out_dim)
-            });
-        if made_in_product {
+        let dense = *dense.get_or_insert_with(|| f.nonzero_fraction(DENSITY_SAMPLE_ROWS) > 0.5);
+        let coeff = coeff.map(Tensor::into_data);
+        if !dense {
+            // Made whole here, where it overlaps the trainer's work.
+            let mut agg = Vec::new();
+            f.aggregate_into(input, indptr, indices, coeff.as_deref(), &mut agg);
+            return Some(Ok((stats, FirstInput::Aggregate(agg))));
+        }
+        let store = StoreInput { store, coeff };
+        let inside = store
+            .rows_of(batch)
+            .is_ok_and(|src| fanout_compute::cpu::gemm::makes_rows_in_product(&src, plan.out_dim));
+        if inside {
             return Some(Ok((stats, FirstInput::Store(store))));
         }
-        // Made whole either way: here, where it overlaps the trainer's work.
         let mut agg = Vec::new();
         f.aggregate_into(input, indptr, indices, store.coeff.as_deref(), &mut agg);
         return Some(Ok((stats, FirstInput::Aggregate(agg))));
     }
+    let coeff = coeff.as_ref().map(|c| c.data());
     let mut agg = Vec::new();
     let r = ex.extract_aggregated(
         input, b0.num_dst, indptr, indices, coeff, features, &mut agg,

@@ -417,12 +417,13 @@ impl Features {
     {
         let d = self.dim;
         let len = indptr.len().saturating_sub(1) * d;
+        let ops = RowOps::new();
         out.reserve(len);
         out.spare_capacity_mut()[..len]
             .par_chunks_mut(d)
             .enumerate()
             .with_min_len((2048 / d).max(1))
-            .for_each(|(r, o)| self.add_row(ids, indptr, indices, coeff, r, o, &add));
+            .for_each(|(r, o)| self.add_row(ids, indptr, indices, coeff, r, o, ops, &add));
         // SAFETY: the `rows` chunks of `d` elements cover all `len` elements and `add_row`
         // initialised each (a panic on a bad index unwinds before this line).
         unsafe { out.set_len(len) };
@@ -441,12 +442,12 @@ impl Features {
         coeff: Option<&[f32]>,
         r: usize,
         o: &mut [std::mem::MaybeUninit<f32>],
+        ops: RowOps,
         add: &A,
     ) where
         A: Fn(&mut [f32], usize, Option<f32>),
     {
         let (lo, hi) = (indptr[r] as usize, indptr[r + 1] as usize);
-        let ops = RowOps::new();
         if let (FeatData::F32(a), true) = (&self.data, ops.sums_in_registers()) {
             // The same sums, kept in registers across the edges (`add` is `add_f32` here).
             return ops.sum_f32(o, a, ids, indices, coeff, lo..hi);
@@ -525,12 +526,16 @@ impl Features {
         let ops = RowOps::new();
         for (r, o) in rows.zip(out.chunks_exact_mut(d)) {
             match &self.data {
-                FeatData::F32(a) => self.add_row(ids, indptr, indices, coeff, r, o, &|o, v, w| {
-                    ops.add_f32(o, &a[v * d..(v + 1) * d], w)
-                }),
-                FeatData::F16(a) => self.add_row(ids, indptr, indices, coeff, r, o, &|o, v, w| {
-                    ops.add_f16(o, &a[v * d..(v + 1) * d], w)
-                }),
+                FeatData::F32(a) => {
+                    self.add_row(ids, indptr, indices, coeff, r, o, ops, &|o, v, w| {
+                        ops.add_f32(o, &a[v * d..(v + 1) * d], w)
+                    })
+                }
+                FeatData::F16(a) => {
+                    self.add_row(ids, indptr, indices, coeff, r, o, ops, &|o, v, w| {
+                        ops.add_f16(o, &a[v * d..(v + 1) * d], w)
+                    })
+                }
             }
         }
     }

@@ -62,7 +62,6 @@ impl RowOps {
     /// edge. The row [`AHEAD`] edges later (past `edges` too) is fetched into L2 before each
     /// edge, and the id of the one twice as far. Only where [`RowOps::sums_in_registers`];
     /// panics elsewhere, or if an index, id or coefficient is out of range.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sum_f32(
         self,
         y: &mut [MaybeUninit<f32>],

@@ -352,26 +352,12 @@ pub fn matmul_sourced(
         w.shape(),
         first.map(|(x, wx)| (x.shape(), wx.shape()))
     );
-    let isa = rowmajor::sourced_suits(src).filter(|&isa| in_place(isa, m, k, n));
-    let Some(isa) = isa else {
-        // (`makes_rows_in_product` is false.)
+    let Some(isa) = sourced_isa(src, n) else {
         let mut c = match first {
             Some((x, wx)) => matmul(x, false, wx, false),
             None => Tensor::zeros(m, n),
         };
-        let mut a: Vec<f32> = Vec::with_capacity(m * k);
-        if k > 0 {
-            a.spare_capacity_mut()[..m * k]
-                .par_chunks_mut(SOURCED_FILL_ROWS * k)
-                .enumerate()
-                .for_each(|(i, out)| {
-                    let r0 = i * SOURCED_FILL_ROWS;
-                    src.fill(r0..r0 + out.len() / k, out);
-                });
-        }
-        // SAFETY: `fill` wrote every element of the m * k (its contract).
-        unsafe { a.set_len(m * k) };
-        let a = Tensor::new(m, k, a);
+        let a = crate::source::made_whole(src);
         gemm(
             1.0,
             &a,
@@ -430,7 +416,12 @@ pub fn matmul_sourced(
 /// Whether [`matmul_sourced`] makes the rows of `src` inside a product by a `W` of `n`
 /// columns on this CPU (rather than whole first).
 pub fn makes_rows_in_product(src: &dyn RowSource, n: usize) -> bool {
-    rowmajor::sourced_suits(src).is_some_and(|isa| in_place(isa, src.rows(), src.cols(), n))
+    sourced_isa(src, n).is_some()
+}
+
+/// The kernel [`matmul_sourced`] makes `src`'s rows inside, if any.
+fn sourced_isa(src: &dyn RowSource, n: usize) -> Option<rowmajor::Isa> {
+    rowmajor::sourced_suits(src).filter(|&isa| in_place(isa, src.rows(), src.cols(), n))
 }
 
 /// Whether [`gemm_into`] computes a row-major `A` (`m x k`) by a plain `B` (`k x n`) with
@@ -440,9 +431,6 @@ fn in_place(isa: rowmajor::Isa, m: usize, k: usize, n: usize) -> bool {
     let long_k = !serial && k >= K_SPLIT_MIN && k >= 4 * m;
     !long_k && k >= TRANSPOSE_MIN_K && n <= isa.max_n() && m > 0 && n > 0
 }
-
-/// Rows of `A` per task where [`matmul_sourced`] makes it whole.
-const SOURCED_FILL_ROWS: usize = 64;
 
 /// `op(A) * op(B)` as a new tensor (see [`gemm`]; a mostly-zero `A` skips its zeros, as
 /// there), written into fresh memory without zeroing it first (with `beta == 0` either kernel

@@ -113,7 +113,7 @@ pub trait Layer<B: Backend>: Send + Sync {
     /// [`Layer::forward_aggregated`] with the aggregate made by `src` (`num_dst x in_dim`)
     /// as the layer consumes it: the same output and cache, bit for bit. The default makes
     /// the whole aggregate first; a layer whose first product is by the aggregate makes it
-    /// inside that product ([`Backend::gemm_sourced`]). `Err` as `forward_aggregated`.
+    /// inside that product ([`Backend::matmul_sourced`]). `Err` as `forward_aggregated`.
     fn forward_sourced(
         &mut self,
         block: &B::Block,
@@ -121,7 +121,8 @@ pub trait Layer<B: Backend>: Send + Sync {
         src: &dyn RowSource,
         pass: Pass<'_>,
     ) -> Result<B::Tensor> {
-        let agg = made_rows(self.backend(), src)?;
+        let be = self.backend();
+        let agg = be.upload_owned(crate::source::made_whole(src))?;
         self.forward_aggregated(block, h_dst, agg, pass)
     }
     /// The backend this layer computes on.
@@ -378,16 +379,6 @@ pub(crate) fn check_aggregated<B: Backend>(
         }
     }
     Ok(be.edge_coefficients(block, aggregation)?)
-}
-
-/// All rows `src` makes, on the device.
-pub(crate) fn made_rows<B: Backend>(be: &B, src: &dyn RowSource) -> Result<B::Tensor> {
-    let (m, k) = (src.rows(), src.cols());
-    let mut data = Vec::with_capacity(m * k);
-    src.fill(0..m, &mut data.spare_capacity_mut()[..m * k]);
-    // SAFETY: `fill` wrote every one of the m * k elements (its contract).
-    unsafe { data.set_len(m * k) };
-    Ok(be.upload_owned(Tensor::new(m, k, data))?)
 }
 
 /// Checks a sourced input ([`Layer::forward_sourced`]) as [`check_aggregated`] does, `src`
