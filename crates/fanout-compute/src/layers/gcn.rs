@@ -4,7 +4,7 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, check_aggregated, check_grad, check_input, check_sourced, epilogue_backward_bias,
-    glorot, no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass,
+    glorot, no_cache, Activation, AggregateOrder, EdgeCoeff, InputPlan, Layer, Param, Pass,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -31,7 +31,7 @@ pub struct GcnLayer<B: Backend> {
 #[derive(Debug)]
 struct Cache<B: Backend> {
     block: B::Block,
-    coeff: Option<B::Tensor>,
+    coeff: EdgeCoeff<B>,
     /// `h_src` if the product came first, else the aggregated rows (`D x in`).
     input: B::Tensor,
     project_first: bool,
@@ -76,7 +76,7 @@ impl<B: Backend> GcnLayer<B> {
     fn forward_from_aggregate(
         &mut self,
         block: &B::Block,
-        coeff: Option<B::Tensor>,
+        coeff: EdgeCoeff<B>,
         agg: B::Tensor,
         pass: Pass<'_>,
     ) -> Result<B::Tensor> {
@@ -100,7 +100,7 @@ impl<B: Backend> GcnLayer<B> {
     fn finish(
         &mut self,
         block: &B::Block,
-        coeff: Option<B::Tensor>,
+        coeff: EdgeCoeff<B>,
         input: B::Tensor,
         project_first: bool,
         out: B::Tensor,
@@ -141,10 +141,10 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         if self.order.project_first(dims, self.in_dim, self.out_dim) {
             let z = be.matmul(&h_src, false, &self.weight.value, false)?;
             let out = be.spmm(block, coeff.as_ref(), &z)?;
-            self.finish(block, coeff, h_src, true, out, pass)
+            self.finish(block, EdgeCoeff::Made(coeff), h_src, true, out, pass)
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src)?;
-            self.forward_from_aggregate(block, coeff, agg, pass)
+            self.forward_from_aggregate(block, EdgeCoeff::Made(coeff), agg, pass)
         }
     }
 
@@ -198,7 +198,8 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
         let g = epilogue_backward_bias(be, grad_out, c.kept.as_ref(), &mut self.bias)?;
         let g = g.as_ref();
         if c.project_first {
-            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g)?;
+            let coeff = c.coeff.made(be, &c.block)?;
+            let gz = be.spmm_backward_x(&c.block, coeff.as_ref(), g)?;
             acc_at_b(be, &c.input, &gz, &mut self.weight)?;
             Ok(if need {
                 Some(be.matmul(&gz, false, &self.weight.value, true)?)
@@ -211,11 +212,8 @@ impl<B: Backend> Layer<B> for GcnLayer<B> {
                 return Ok(None);
             }
             let gagg = be.matmul(g, false, &self.weight.value, true)?;
-            Ok(Some(be.spmm_backward_x(
-                &c.block,
-                c.coeff.as_ref(),
-                &gagg,
-            )?))
+            let coeff = c.coeff.made(be, &c.block)?;
+            Ok(Some(be.spmm_backward_x(&c.block, coeff.as_ref(), &gagg)?))
         }
     }
 

@@ -352,16 +352,39 @@ pub(crate) fn check_input<B: Backend>(
     Ok(dims)
 }
 
+/// A block's edge coefficients as a layer keeps them for its backward: made already where the
+/// forward needed them, or only named where it did not (an aggregate made outside the layer),
+/// to be made by the backward if it reads them. A first layer's backward never does, so its
+/// coefficients are not made twice (once by whoever aggregated, once by the layer).
+#[derive(Debug)]
+pub(crate) enum EdgeCoeff<B: Backend> {
+    /// Made in the forward (`None` for a plain sum).
+    Made(Option<B::Tensor>),
+    /// Not made yet: the coefficients of this aggregation over the cached block.
+    Later(Aggregation),
+}
+
+impl<B: Backend> EdgeCoeff<B> {
+    /// The coefficients (`None` for a plain sum), made from `block` now if the forward did
+    /// not make them; the same values either way.
+    pub(crate) fn made(self, be: &B, block: &B::Block) -> Result<Option<B::Tensor>> {
+        Ok(match self {
+            EdgeCoeff::Made(coeff) => coeff,
+            EdgeCoeff::Later(aggregation) => be.edge_coefficients(block, aggregation)?,
+        })
+    }
+}
+
 /// Checks a pre-aggregated input ([`Layer::forward_aggregated`]): that `plan` aggregates
 /// `block` first, and that each named tensor is `num_dst x in_dim`. Returns the edge
-/// coefficients of that aggregation (`None` for a plain sum), to cache for backward.
+/// coefficients of that aggregation, unmade, to cache for backward ([`EdgeCoeff::Later`]).
 pub(crate) fn check_aggregated<B: Backend>(
     be: &B,
     kind: &str,
     block: &B::Block,
     plan: InputPlan,
     inputs: &[(&str, &B::Tensor)],
-) -> Result<Option<B::Tensor>> {
+) -> Result<EdgeCoeff<B>> {
     let dims = be.block_dims(block);
     let aggregation = plan.for_block(dims).ok_or_else(|| {
         ComputeError::State(format!(
@@ -378,7 +401,7 @@ pub(crate) fn check_aggregated<B: Backend>(
             ));
         }
     }
-    Ok(be.edge_coefficients(block, aggregation)?)
+    Ok(EdgeCoeff::Later(aggregation))
 }
 
 /// Checks a sourced input ([`Layer::forward_sourced`]) as [`check_aggregated`] does, `src`
@@ -390,7 +413,7 @@ pub(crate) fn check_sourced<B: Backend>(
     plan: InputPlan,
     h_dst: Option<&B::Tensor>,
     src: &dyn RowSource,
-) -> Result<Option<B::Tensor>> {
+) -> Result<EdgeCoeff<B>> {
     let dims = be.block_dims(block);
     let got = (src.rows(), src.cols());
     if got != (dims.num_dst, plan.in_dim) {
@@ -516,6 +539,65 @@ mod tests {
                 e.to_string().contains("projected before aggregating"),
                 "{kind}: {e}"
             );
+        }
+    }
+
+    /// The backward after a pre-aggregated forward (whose edge coefficients the layer makes
+    /// only if the backward reads them) gives the whole forward's gradients bit for bit: the
+    /// input gradient where it is asked for, and the parameter gradients either way.
+    #[test]
+    fn backward_after_an_aggregated_forward_equals_the_whole_forwards() {
+        let be = CpuBackend;
+        // 3 destinations, 6 sources, uneven degrees (the coefficients differ per edge).
+        let (indptr, indices) = ([0u32, 4, 5, 8], [1u32, 2, 3, 5, 0, 4, 5, 1]);
+        let block = be
+            .prepare_block(&BlockRef {
+                num_dst: 3,
+                num_src: 6,
+                indptr: &indptr,
+                indices: &indices,
+                weights: None,
+            })
+            .unwrap();
+        let x = Tensor::from_fn(6, 4, |i, j| ((i * 4 + j) as f32 * 0.37).sin());
+        let grad_out = Tensor::from_fn(3, 3, |i, j| ((i * 3 + j) as f32 * 0.71).cos());
+        for kind in ["sage", "gcn"] {
+            for need in [true, false] {
+                let make = || -> Box<dyn Layer<CpuBackend>> {
+                    let mut rng = Rng::new(11);
+                    match kind {
+                        "sage" => Box::new(
+                            super::SageLayer::new(be, 4, 3, Activation::None, &mut rng)
+                                .unwrap()
+                                .with_order(AggregateOrder::AggregateFirst),
+                        ),
+                        _ => Box::new(
+                            super::GcnLayer::new(be, 4, 3, Activation::None, &mut rng)
+                                .unwrap()
+                                .with_order(AggregateOrder::AggregateFirst),
+                        ),
+                    }
+                };
+                let mut whole = make();
+                whole.forward(&block, x.clone(), Pass::TRAIN).unwrap();
+                let want_dx = whole.backward(&grad_out, need).unwrap();
+                let mut aggregated = make();
+                let agg_kind = aggregated.input_plan().unwrap().for_block(be.block_dims(&block));
+                let coeff = be.edge_coefficients(&block, agg_kind.unwrap()).unwrap();
+                let agg = be.spmm(&block, coeff.as_ref(), &x).unwrap();
+                let h_dst = be.prefix_rows(&x, 3).unwrap();
+                aggregated
+                    .forward_aggregated(&block, h_dst, agg, Pass::TRAIN)
+                    .unwrap();
+                let got_dx = aggregated.backward(&grad_out, need).unwrap();
+                assert_eq!(got_dx.is_some(), need, "{kind}");
+                if let (Some(got), Some(want)) = (&got_dx, &want_dx) {
+                    assert_eq!(got.data(), want.data(), "{kind}: input gradient");
+                }
+                for (g, w) in aggregated.params().iter().zip(whole.params()) {
+                    assert_eq!(g.grad.data(), w.grad.data(), "{kind} {}", w.name());
+                }
+            }
         }
     }
 }

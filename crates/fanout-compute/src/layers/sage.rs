@@ -4,7 +4,8 @@ use fanout_rand::Rng;
 
 use super::{
     acc_at_b, check_aggregated, check_grad, check_input, check_sourced, epilogue_backward_bias,
-    glorot_gain, no_cache, Activation, AggregateOrder, InputPlan, Layer, Param, Pass, RELU_GAIN,
+    glorot_gain, no_cache, Activation, AggregateOrder, EdgeCoeff, InputPlan, Layer, Param, Pass,
+    RELU_GAIN,
 };
 use crate::backend::{Aggregation, Backend};
 use crate::error::Result;
@@ -32,7 +33,7 @@ pub struct SageLayer<B: Backend> {
 #[derive(Debug)]
 struct Cache<B: Backend> {
     block: B::Block,
-    coeff: Option<B::Tensor>,
+    coeff: EdgeCoeff<B>,
     h_dst: B::Tensor,
     /// `h_src` if the product came first, else the aggregated rows (`D x in`).
     neigh_in: B::Tensor,
@@ -85,7 +86,7 @@ impl<B: Backend> SageLayer<B> {
     fn forward_from_aggregate(
         &mut self,
         block: &B::Block,
-        coeff: Option<B::Tensor>,
+        coeff: EdgeCoeff<B>,
         h_dst: B::Tensor,
         agg: B::Tensor,
         pass: Pass<'_>,
@@ -113,7 +114,7 @@ impl<B: Backend> SageLayer<B> {
     fn finish(
         &mut self,
         block: &B::Block,
-        coeff: Option<B::Tensor>,
+        coeff: EdgeCoeff<B>,
         h_dst: B::Tensor,
         neigh_in: B::Tensor,
         project_first: bool,
@@ -159,10 +160,10 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             let z = be.matmul(&h_src, false, &self.w_neigh.value, false)?;
             let agg = be.spmm(block, coeff.as_ref(), &z)?;
             be.axpy(1.0, &agg, &mut out)?;
-            self.finish(block, coeff, h_dst, h_src, true, out, pass)
+            self.finish(block, EdgeCoeff::Made(coeff), h_dst, h_src, true, out, pass)
         } else {
             let agg = be.spmm(block, coeff.as_ref(), &h_src)?;
-            self.forward_from_aggregate(block, coeff, h_dst, agg, pass)
+            self.forward_from_aggregate(block, EdgeCoeff::Made(coeff), h_dst, agg, pass)
         }
     }
 
@@ -226,7 +227,8 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
         let g = g.as_ref();
         let mut dx = if c.project_first {
             acc_at_b(be, &c.h_dst, g, &mut self.w_self)?;
-            let gz = be.spmm_backward_x(&c.block, c.coeff.as_ref(), g)?;
+            let coeff = c.coeff.made(be, &c.block)?;
+            let gz = be.spmm_backward_x(&c.block, coeff.as_ref(), g)?;
             acc_at_b(be, &c.neigh_in, &gz, &mut self.w_neigh)?;
             if need {
                 Some(be.matmul(&gz, false, &self.w_neigh.value, true)?)
@@ -244,7 +246,8 @@ impl<B: Backend> Layer<B> for SageLayer<B> {
             )?;
             if need {
                 let gagg = be.matmul(g, false, &self.w_neigh.value, true)?;
-                Some(be.spmm_backward_x(&c.block, c.coeff.as_ref(), &gagg)?)
+                let coeff = c.coeff.made(be, &c.block)?;
+                Some(be.spmm_backward_x(&c.block, coeff.as_ref(), &gagg)?)
             } else {
                 None
             }
