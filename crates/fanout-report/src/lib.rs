@@ -310,6 +310,30 @@ mod tests {
         assert!(!svg.contains("its floor") && !svg.contains("against the floors"));
     }
 
+    /// The bytes panel says in words when no epoch had a cache hit or a reused byte, and only
+    /// then.
+    #[test]
+    fn a_run_without_cache_or_reuse_says_so_in_its_bytes_panel() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("run.svg");
+        let note = crate::train_chart::NO_SAVED_BYTES;
+        render(&run(true), &out).unwrap();
+        assert!(!std::fs::read_to_string(&out).unwrap().contains(note));
+        let Report::Train(mut r) = run(true) else {
+            unreachable!("run() is a training run")
+        };
+        for e in &mut r.epochs {
+            (e.cache_share, e.reuse_share) = (0.0, 0.0);
+        }
+        r.epochs[1].reuse_share = 0.01;
+        render(&Report::Train(r.clone()), &out).unwrap();
+        assert!(!std::fs::read_to_string(&out).unwrap().contains(note));
+        r.epochs[1].reuse_share = 0.0;
+        render(&Report::Train(r), &out).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.lines().any(|l| l.trim() == note), "the note");
+    }
+
     /// Renders `report` on another thread; `None` if it takes more than a minute (a hang).
     fn render_within_a_minute(report: Report, out: PathBuf) -> Option<Result<String, Error>> {
         let (tx, rx) = std::sync::mpsc::channel();

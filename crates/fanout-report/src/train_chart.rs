@@ -283,5 +283,20 @@ fn bytes<DB: DrawingBackend>(e: &[Epoch], area: &Area<DB>) -> DrawResult<DB> {
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
     }
+    if e.iter()
+        .all(|x| x.cache_share == 0.0 && x.reuse_share == 0.0)
+    {
+        // Two lines flat at zero read like a broken cache: say what they mean.
+        let r = epochs_axis(e);
+        chart.draw_series(std::iter::once(Text::new(
+            NO_SAVED_BYTES,
+            (r.start + 0.05 * (r.end - r.start), 55.0),
+            (FONT, 14),
+        )))?;
+    }
     legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
+
+/// The note in the bytes panel of a run that read every feature byte from the host store.
+pub(crate) const NO_SAVED_BYTES: &str =
+    "every feature byte was read from the host store (no cache hit, nothing reused)";

@@ -582,7 +582,10 @@ mod tests {
                 whole.forward(&block, x.clone(), Pass::TRAIN).unwrap();
                 let want_dx = whole.backward(&grad_out, need).unwrap();
                 let mut aggregated = make();
-                let agg_kind = aggregated.input_plan().unwrap().for_block(be.block_dims(&block));
+                let agg_kind = aggregated
+                    .input_plan()
+                    .unwrap()
+                    .for_block(be.block_dims(&block));
                 let coeff = be.edge_coefficients(&block, agg_kind.unwrap()).unwrap();
                 let agg = be.spmm(&block, coeff.as_ref(), &x).unwrap();
                 let h_dst = be.prefix_rows(&x, 3).unwrap();
