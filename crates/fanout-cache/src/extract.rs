@@ -105,17 +105,18 @@ pub trait Extractor: Send {
 
     /// For a trainer that aggregates block 0 where the rows are stored, inside its first
     /// product (`fanout_graph::Features::aggregate_rows`): gathers only the destinations' rows
-    /// (the first `num_dst` input nodes) into `dst`, checks the block as
-    /// [`Extractor::extract_aggregated`] does, and returns the stats that call reports for the
-    /// same block (the trainer reads those rows) and the dataset to read them from. `None`
-    /// where the extractor cannot (the default). Errors as [`Extractor::extract`].
+    /// (the first `num_dst` input nodes) into `dst`, or none where `dst` is `None` (a layer
+    /// that reads only the aggregate), checks the block as [`Extractor::extract_aggregated`]
+    /// does, and returns the stats of the rows the trainer will read (the destinations' if
+    /// gathered, and one per edge) and the dataset to read them from. `None` where the
+    /// extractor cannot (the default). Errors as [`Extractor::extract`].
     fn extract_sourced(
         &mut self,
         _input_nodes: &[u32],
         _num_dst: usize,
         _indptr: &[u32],
         _indices: &[u32],
-        _dst: &mut Vec<f32>,
+        _dst: Option<&mut Vec<f32>>,
     ) -> Option<Result<(ExtractStats, Arc<Dataset>)>> {
         None
     }
@@ -206,7 +207,7 @@ impl Extractor for PlainExtractor {
         dst: &mut Vec<f32>,
         agg: &mut Vec<f32>,
     ) -> Option<Result<ExtractStats>> {
-        let stats = match self.extract_sourced(input_nodes, num_dst, indptr, indices, dst)? {
+        let stats = match self.extract_sourced(input_nodes, num_dst, indptr, indices, Some(dst))? {
             Ok((stats, _)) => stats,
             // The block is not aggregated: its ids or offsets are out of range.
             Err(e) => return Some(Err(e)),
@@ -229,7 +230,7 @@ impl Extractor for PlainExtractor {
         num_dst: usize,
         indptr: &[u32],
         indices: &[u32],
-        dst: &mut Vec<f32>,
+        dst: Option<&mut Vec<f32>>,
     ) -> Option<Result<(ExtractStats, Arc<Dataset>)>> {
         let f = self.ds.features.as_ref().expect("checked in new");
         if num_dst > input_nodes.len() {
@@ -249,9 +250,12 @@ impl Extractor for PlainExtractor {
                 input_nodes.len()
             ))));
         }
-        f.gather_into(&input_nodes[..num_dst], dst);
-        // Rows read from the store: the destinations' and one per edge.
-        let rows = (num_dst + indices.len()) as u64;
+        // Rows read from the store: the destinations' (where gathered) and one per edge.
+        let mut rows = indices.len() as u64;
+        if let Some(dst) = dst {
+            f.gather_into(&input_nodes[..num_dst], dst);
+            rows += num_dst as u64;
+        }
         let bytes = rows * f.row_bytes() as u64;
         let stats = ExtractStats {
             rows,

@@ -72,11 +72,20 @@ fn aggregating_extractions_refuse_unsound_blocks() {
         .unwrap();
     let mut dst2 = Vec::new();
     let (left, store) = plain
-        .extract_sourced(&input, 2, &indptr, &indices, &mut dst2)
+        .extract_sourced(&input, 2, &indptr, &indices, Some(&mut dst2))
         .unwrap()
         .unwrap();
     assert_eq!((made, bits(&dst)), (left, bits(&dst2)));
     assert!(Arc::ptr_eq(&store, &ds));
+    // Without the destinations' rows: none gathered, and only the edges' rows counted.
+    let (alone, _) = plain
+        .extract_sourced(&input, 2, &indptr, &indices, None)
+        .unwrap()
+        .unwrap();
+    let row_bytes = (dst.len() / 2 * 4) as u64;
+    assert_eq!(alone.rows, made.rows - 2);
+    assert_eq!(alone.bytes_total, made.bytes_total - 2 * row_bytes);
+    assert_eq!(alone.bytes_from_host, alone.bytes_total);
     let unsound: [(&[u32], &[u32], usize); 3] = [
         (&[0, 2, 5], &[3, 4, 0, 10, 2], 5),
         (&[0, 3, 2], &[3, 4, 0, 9, 2], 5),
@@ -87,8 +96,13 @@ fn aggregating_extractions_refuse_unsound_blocks() {
         let r =
             plain.extract_aggregated(&input, 2, indptr, indices, Some(&coeff), &mut dst, &mut agg);
         assert!(r.unwrap().is_err(), "{indptr:?} {indices:?}");
-        let r = plain.extract_sourced(&input, 2, indptr, indices, &mut dst2);
+        let r = plain.extract_sourced(&input, 2, indptr, indices, Some(&mut dst2));
         assert!(r.unwrap().is_err(), "{indptr:?} {indices:?}");
+        let r = plain.extract_sourced(&input, 2, indptr, indices, None);
+        assert!(
+            r.unwrap().is_err(),
+            "{indptr:?} {indices:?}, no rows gathered"
+        );
     }
     let r = plain.extract_aggregated(
         &input,

@@ -707,7 +707,8 @@ enum FirstInput {
     Store(StoreInput),
 }
 
-/// Block 0's destination rows into `features` and, where `plan` aggregates block 0 first and
+/// Block 0's destination rows into `features` (none, `features` left empty, where the trainer
+/// makes the aggregate and the layer reads only that) and, where `plan` aggregates block 0 first and
 /// the extractor reads the stored rows, their aggregate (or, `in_trainer`, where to make it);
 /// `None` otherwise (the caller extracts every row). `dense` caches, for the stream, whether
 /// the stored rows are mostly non-zero.
@@ -731,7 +732,10 @@ fn extract_first_input(
     let coeff = cpu.edge_coefficients(&block, aggregation).ok()?;
     let (input, indptr, indices) = (&batch.input_nodes, &b0.indptr, &b0.indices);
     if in_trainer && plan.made_in_product {
-        let r = ex.extract_sourced(input, b0.num_dst, indptr, indices, features)?;
+        // A layer that reads only the aggregate (GCN) gets no destination rows.
+        features.clear();
+        let dst = plan.reads_dst.then_some(features);
+        let r = ex.extract_sourced(input, b0.num_dst, indptr, indices, dst)?;
         let (stats, store) = match r {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),

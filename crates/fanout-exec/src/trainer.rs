@@ -190,21 +190,25 @@ impl<B: Backend> Trainer<B> {
         // Dropout is keyed by vertex id, so data-parallel workers drop what the one-worker
         // union batch would.
         let ids = Some(&p.batch.input_nodes[..]);
+        // Block 0's destination rows, none where the first layer reads only their aggregate
+        // (`InputPlan::reads_dst`; a layer that reads them refuses a wrong count).
+        let dst_rows = match p.batch.blocks.first() {
+            Some(b) if !p.features.is_empty() => b.num_dst,
+            _ => 0,
+        };
         if let Some(store) = &p.input_store {
-            // Block 0's destination rows; the first layer makes their aggregate from the store
-            // inside its product.
-            let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
+            // The first layer makes the aggregate from the store inside its product.
             let src = store.rows_of(&p.batch)?;
-            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features))?;
+            let x_dst = be.upload_owned(Tensor::new(dst_rows, p.dim, p.features))?;
             return Ok(self
                 .model
                 .forward_rows_sourced(&blocks, x_dst, &src, mode, ids)?);
         }
         if let Some(agg) = p.input_agg {
-            // Block 0's destination rows and their aggregate (the extract stage aggregated).
-            let rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
-            let x_dst = be.upload_owned(Tensor::new(rows, p.dim, p.features))?;
-            let agg = be.upload_owned(Tensor::new(rows, p.dim, agg))?;
+            // The aggregate of block 0's destinations (the extract stage aggregated).
+            let agg_rows = p.batch.blocks.first().map_or(0, |b| b.num_dst);
+            let x_dst = be.upload_owned(Tensor::new(dst_rows, p.dim, p.features))?;
+            let agg = be.upload_owned(Tensor::new(agg_rows, p.dim, agg))?;
             return Ok(self
                 .model
                 .forward_rows_aggregated(&blocks, x_dst, agg, mode, ids)?);

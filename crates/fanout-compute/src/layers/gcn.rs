@@ -92,6 +92,7 @@ impl<B: Backend> GcnLayer<B> {
             in_dim: self.in_dim,
             out_dim: self.out_dim,
             made_in_product: true,
+            reads_dst: false,
         }
     }
 

@@ -87,6 +87,7 @@ impl<B: Backend> GinLayer<B> {
             in_dim: self.in_dim,
             out_dim: self.hidden,
             made_in_product: false,
+            reads_dst: true,
         }
     }
 

@@ -145,6 +145,10 @@ pub struct InputPlan {
     /// (`Backend::matmul_sourced`) rather than whole first: only then is it worth leaving the
     /// aggregate to the layer.
     pub made_in_product: bool,
+    /// Whether the layer reads the destinations' own rows (`h_dst`) besides their aggregate.
+    /// Where it does not, [`Layer::forward_aggregated`] and [`Layer::forward_sourced`] take an
+    /// `h_dst` of any number of rows (a loader may pass none rather than gather them).
+    pub reads_dst: bool,
 }
 
 impl InputPlan {

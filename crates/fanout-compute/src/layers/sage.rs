@@ -105,6 +105,7 @@ impl<B: Backend> SageLayer<B> {
             in_dim: self.in_dim,
             out_dim: self.out_dim,
             made_in_product: true,
+            reads_dst: true,
         }
     }
 
