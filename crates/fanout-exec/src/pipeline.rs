@@ -185,12 +185,16 @@ pub struct Prepared {
     pub split: Option<Box<crate::split::SplitBatch>>,
     /// `Some`: the extract stage aggregated block 0's input where the rows are stored
     /// ([`PipelineConfig::input_plan`]): `features` then holds only block 0's destination
-    /// rows and this their aggregate (same shape), which the trainer feeds to
+    /// rows (none where the trainer was to make the aggregate and the first layer reads only
+    /// that, [`fanout_compute::InputPlan::reads_dst`]) and this their aggregate, which the
+    /// trainer feeds to
     /// [`fanout_compute::Model::forward_rows_aggregated`].
     pub input_agg: Option<Vec<f32>>,
     /// `Some`: the extract stage left block 0's aggregate to the trainer
     /// ([`PipelineConfig::aggregate_in_trainer`]): `features` then holds only block 0's
-    /// destination rows, and the trainer makes their aggregate from this store inside the
+    /// destination rows (none where the first layer reads only the aggregate,
+    /// [`fanout_compute::InputPlan::reads_dst`]), and the trainer makes their aggregate from
+    /// this store inside the
     /// first layer's product ([`fanout_compute::Model::forward_rows_sourced`]).
     pub input_store: Option<StoreInput>,
     /// `Some`: the batch's rows are split between a cache on the trainer's device and the
