@@ -94,8 +94,9 @@ pub trait Layer<B: Backend>: Send + Sync {
         None
     }
     /// [`Layer::forward`] given, instead of `h_src`, its first `num_dst` rows and their
-    /// aggregate over `block` by [`Layer::input_plan`] (both `num_dst x in_dim`): the
-    /// same output and cache as `forward` on the whole `h_src`, bit for bit. `Err` for a layer
+    /// aggregate over `block` by [`Layer::input_plan`] (both `num_dst x in_dim`; `h_dst` of
+    /// any number of rows where the plan does not read it, [`InputPlan::reads_dst`]): the
+    /// same output and gradients as `forward` on the whole `h_src`, bit for bit. `Err` for a layer
     /// without an input aggregation for this block, or on a shape mismatch.
     fn forward_aggregated(
         &mut self,
