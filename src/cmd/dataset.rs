@@ -56,9 +56,9 @@ pub enum DatasetCommand {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum FormatArg {
-    /// Directory with edge_index.npy [2,E] and optional node_feat/node_label/*_idx .npy files.
+    /// Directory with `edge_index.npy` `[2,E]` and optional node_feat/node_label/*_idx .npy files.
     Npy,
-    /// OGB raw node-property layout: raw/edge.csv[.gz], raw/num-node-list.csv[.gz], split/<scheme>/.
+    /// OGB raw node-property layout: raw/edge.csv[.gz], raw/num-node-list.csv[.gz], `split/<scheme>/`.
     Ogb,
     /// Text file of `src dst` lines (# or % comments; optionally gzip-compressed).
     Edgelist,

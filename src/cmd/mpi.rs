@@ -1,5 +1,5 @@
 //! `fanout train` as one rank of an MPI job (`mpirun -np N fanout train ...`, `srun`): each
-//! process is one data-parallel worker joined to the others by [`fanout_comm::MpiComm`]. With
+//! process is one data-parallel worker joined to the others by `fanout_comm::MpiComm`. With
 //! `--device cuda[:N]` each rank computes on a GPU of its machine, the `r`-th rank there on
 //! GPU `N + r` (modulo the GPUs it has): one process per GPU, gradients summed through MPI.
 

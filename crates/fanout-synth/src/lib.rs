@@ -1,5 +1,5 @@
 //! Synthetic data for fanout: graphs shaped like the papers' datasets with planted, learnable
-//! classes ([`Preset`], [`generate`]), and learnable vertex data for topology-only graphs
+//! classes ([`Preset`], [`generate()`]), and learnable vertex data for topology-only graphs
 //! ([`write_class_features`], [`split_vertices`]).
 
 mod calibrate;

@@ -205,7 +205,7 @@ impl std::str::FromStr for Preset {
 }
 
 /// Every knob of the generator. [`Preset::config`] fills it; callers may change any field before
-/// calling [`crate::generate`], which validates it (see [`PresetConfig::validate`]).
+/// calling [`crate::generate()`], which validates it (see [`PresetConfig::validate`]).
 ///
 /// The model is a degree-corrected stochastic block model (Chung-Lu weights inside planted
 /// communities): each edge picks one end with probability proportional to its weight, then the

@@ -476,7 +476,7 @@ pub fn acc_at_b_shared(g: &Tensor, pairs: &mut [(&Tensor, &mut Tensor)]) {
 }
 
 /// [`acc_at_b_shared`] of `g = grad * factor` (elementwise: the gradient through an epilogue
-/// that kept `factor`), returning `g`'s column sums as [`dense::mul_sum_rows`] gives them
+/// that kept `factor`), returning `g`'s column sums as `dense::mul_sum_rows` gives them
 /// (`1 x n`, the same bits). Where the zeros of `g` are skipped (the test of
 /// [`skips_zeros`], on the product), `g` is made inside the marking pass of
 /// [`sparse_grad::gemm_tn_sparse_product`] and never written out; otherwise it is
@@ -555,7 +555,7 @@ fn sparse_rows_max_density(n: usize) -> Option<f64> {
 /// True when [`gemm`] and [`matmul`] compute `a * op(b)` (`op(b)` of `n` columns, `a` not
 /// transposed) by skipping `a`'s zeros: at least 512 rows and 64 columns in `a`, a CPU with
 /// the kernel, and `a`, sampled every 16th row, at most as dense as
-/// [`sparse_rows_max_density`] allows for `n` (45% from 128 columns, 30% from 64). That is the
+/// `sparse_rows_max_density` allows for `n` (45% from 128 columns, 30% from 64). That is the
 /// input gradient `G W^T` of a hidden layer behind ReLU and dropout, or such a layer's
 /// output multiplied by the next layer.
 pub fn skips_zeros_of_a(a: &Tensor, n: usize) -> bool {

@@ -196,7 +196,7 @@ fn gemm_tn_sparse_with(
 /// [`gemm_tn_sparse`] of `G = grad * factor` (elementwise, each entry one f32 multiply: the
 /// gradient through an epilogue that kept `factor`), which is made as its non-zeros are
 /// marked and never written out whole. Returns the entries used, and `G`'s column sums as
-/// [`super::dense::mul_sum_rows`] gives them (f64, the same bits), so that one pass over
+/// `dense::mul_sum_rows` gives them (f64, the same bits), so that one pass over
 /// `grad` and `factor` does what `mul_sum_rows` and [`gemm_tn_sparse`] did in three.
 ///
 /// Panics on mismatched shapes, or if [`available`] is false.

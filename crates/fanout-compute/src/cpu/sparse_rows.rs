@@ -6,10 +6,10 @@
 //! can be such an output too (GIN's inner ReLU, a hidden layer's rows). A dense product
 //! multiplies all of those zeros. This one computes each row of `C` as the sum, over the
 //! non-zeros `A[i, p]` of row `i`, of `A[i, p] * B[p, :]`, with the machinery of the weight
-//! gradients turned around: per task of [`ROWS_PER_TASK`] rows of `A`, each block of
-//! [`ROW_BLOCK`] of `A`'s columns gets a 64-bit mask per row marking its non-zeros (no copy
+//! gradients turned around: per task of `ROWS_PER_TASK` rows of `A`, each block of
+//! `ROW_BLOCK` of `A`'s columns gets a 64-bit mask per row marking its non-zeros (no copy
 //! and no transpose: a row's block of `A` is contiguous, and the kernel reads the values
-//! where they lie), and for each strip of up to [`STRIP`] columns of `C` the block's rows of
+//! where they lie), and for each strip of up to `STRIP` columns of `C` the block's rows of
 //! `B` are copied into a contiguous buffer (32 KiB, in L1) and `sparse_grad`'s micro-kernel
 //! adds `A[i, p] * B[p, strip]` over the marked `p` into the row's strip held in registers.
 //! The task's strips of `C` (at most 256 KiB) stay in L2 across the blocks; they are `C`
