@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA benchmark of issue 21, run on the GPU machine (GUIDE §5) from the repository root.
-# That machine has no Rust toolchain: build here first, carrying the binaries in one ignored
-# folder (default .gpu/):
-#
-#   cargo build --release --features cuda && cargo build --release --features cuda -p fanout-cuda --example cuda_kernels
-#   mkdir -p .gpu && cp target/release/fanout target/release/examples/cuda_kernels .gpu/
-#
+# That machine has no Rust toolchain: build here first with `SKIP_WHL=1 bash bench/gpu_prepare.sh`,
+# which puts `fanout` and `cuda_kernels` (built with --features cuda) in the ignored folder .gpu/,
+# and carry that folder;
 # then, there: `bash bench/cuda_bench.sh` (environment: GPU_DIR=.gpu, OUT=directory for the
 # metrics JSON, NODES=vertices of the products preset (default: the preset's own small scale;
 # 2449029 is ogbn-products' size), EPOCHS=3, THREADS=CPU threads of the CPU runs (default: all
@@ -20,9 +17,10 @@
 # final loss and test accuracy; then the graph kernels and the device feature gather against
 # the device's copy rate (examples/cuda_kernels.rs) and torch.index_select on the same shapes.
 #
-# What it does not measure yet: sampling runs on the CPU in this version, so there is no GPU
-# SEPS; PyTorch Geometric's NeighborLoader needs pyg-lib or torch-sparse, which the GPU
-# machine's image does not have.
+# Sampling placement is the default, `auto`, which samples k-hop batches on the GPU when the
+# topology fits there (since stop 35), so the GPU runs' sample column is the GPU sampler's
+# time. Not measured here: the sampler alone, in seeds and edges per second (`cuda_sampling` in
+# bench/gpu_check.sh), and PyTorch Geometric (bench/pyg_vs_fanout_gpu.sh).
 set -euo pipefail
 GPU_DIR=${GPU_DIR:-.gpu}
 OUT=${OUT:-/tmp/cuda-bench}

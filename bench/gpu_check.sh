@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks of docs/cuda.md ("GPU sampling, the device cache and Python, measured"), run on
-# the GPU machine from the repository root (GUIDE §5). Build here first and carry GPU_DIR:
-#
-#   cargo build --release --features cuda
-#   cargo build --release --features cuda -p fanout-cuda --example cuda_sampling --example cuda_kernels
-#   cargo build --release -p fanout-cache --example split_speed
-#   cargo test --release --features cuda -p fanout-cuda --no-run   # then copy the three test binaries
-#   (cd python && maturin build --release --features cuda -o ../.gpu)
-#   mkdir -p .gpu; cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} .gpu/
-#
-# with the test binaries copied as .gpu/sampler_matches_cpu, .gpu/backend_matches_cpu,
-# .gpu/device_group (NCCL) and .gpu/cuda_lib_tests (the crate's unit tests). Optionally, where the GPU machine has Open MPI
-# (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two ranks
-# sharing the GPU (one process per GPU on a machine with several).
+# the GPU machine from the repository root (GUIDE §5). Build GPU_DIR (default .gpu) here first
+# with `SKIP_WHL=1 bash bench/gpu_prepare.sh` and carry it: the CLI, the examples
+# cuda_sampling, cuda_kernels and split_speed, fanout-cuda's test executables
+# (sampler_matches_cpu, backend_matches_cpu, device_group for NCCL, cuda_lib_tests for its unit
+# tests) and the Python wheel, all with `--features cuda`. Optionally, where the GPU machine has
+# Open MPI (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two
+# ranks sharing the GPU (one process per GPU on a machine with several).
 # ONLY_TESTS=1 stops after the tests and two short runs of the embedded default (cuda, cpu).
 # Output: the log on stdout and in $OUT/gpu_check.log as it goes (a call cut off at its limit
 # still returns what ran), the metrics JSON of every run in $OUT/metrics.tgz.

@@ -11,24 +11,21 @@
 #           only, from the sdists in WHL_DIR), the model on the GPU, features on the host
 #           (sliced by the loader and copied per batch, PyG's usual set-up) or on the GPU.
 #
-# Carry GPU_DIR (default .gpu, with `fanout`) and WHL_DIR (default .whl; keep it out of git with
-# .git/info/exclude). WHL_DIR/site, if present, holds torch_scatter and torch_sparse already
-# built on the CPU VM (copied from a venv of torch 2.11, the GPU image's torch, where pip built
-# them with FORCE_ONLY_CPU=1); their libraries carry no Python version tag and are loaded by
-# torch.ops.load_library, so they are used wherever `import torch_sparse` works with them.
-# Otherwise the two sdists in WHL_DIR (torch-scatter 2.1.2 and torch-sparse 0.6.18, unmodified;
-# `pip download` cannot fetch them without torch installed, so take them from PyPI's simple
-# index) are built here, each build's whole log in $OUT/build-NAME.log:
-#
-#   mkdir -p .whl && for p in torch-scatter:2.1.2 torch-sparse:0.6.18; do
-#     u=$(curl -s https://pypi.org/simple/${p%%:*}/ | grep -o "https://[^\"#]*-${p##*:}.tar.gz" | head -1)
-#     curl -sL -o .whl/${p%%:*}-${p##*:}.tar.gz "$u"; done
+# Build both folders on the CPU VM first with `bash bench/gpu_prepare.sh`, and carry GPU_DIR
+# (default .gpu, with `fanout`) and WHL_DIR (default .whl). WHL_DIR/site holds torch_scatter and
+# torch_sparse built there, CPU only, in a venv of the GPU image's Python 3.12 and torch 2.11
+# (KINDS.md); their libraries are loaded by torch.ops.load_library but call CPython's private
+# `_Py*` functions through pybind11, so they are built for that same minor Python (stop 51's
+# copy was built with 3.11). Where `import torch_sparse, torch_scatter` fails with them anyway, the two sdists
+# in WHL_DIR (torch-scatter 2.1.2 and torch-sparse 0.6.18, unmodified, from PyPI) are built here
+# instead, each build's whole log in $OUT/build-NAME.log, within BUILD_TIMEOUT seconds.
 #
 # Output: the log in $OUT/pyg_vs_fanout.log, every run's JSON in $OUT/pyg.tgz, and a table
 # (bench/pyg_table.py).
 #
 # Time: in stop 51 the build on the GPU machine (16 cores) failed for torch-sparse and had not
-# finished torch-scatter after six minutes, hence the prebuilt copy. torch-sparse's sampler is
+# finished torch-scatter after six minutes, hence the prebuilt copy (on the 2-core VM the two
+# took 157 s and 644 s in stop 60). torch-sparse's sampler is
 # single-threaded and took 1.6-1.8 s a batch at 10,25 and 4.3-5.2 s at 15,10,5 on the products
 # preset at full size (CPU VM), so each PyG run takes a minute or more; give the call two of
 # the device's 10-minute limits (MODELS="gcn" and MODELS="sage gat", the dataset kept in /tmp on
