@@ -58,7 +58,8 @@ if [ -z "${SKIP_GPU:-}" ]; then
   cargo build --release -q --features cuda -p fanout-cuda --example cuda_sampling --example cuda_kernels
   cargo build --release -q -p fanout-cache --example split_speed
   mkdir -p "$G"
-  cp target/release/fanout target/release/examples/{cuda_sampling,cuda_kernels,split_speed} "$G/"
+  T=${CARGO_TARGET_DIR:-target}/release
+  cp "$T/fanout" "$T"/examples/{cuda_sampling,cuda_kernels,split_speed} "$G/"
   step "fanout-cuda's test executables"
   # cargo names test executables with a hash; its JSON messages say which file is which target.
   cargo test --release -q --features cuda -p fanout-cuda --no-run --message-format=json \
