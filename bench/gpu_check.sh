@@ -2,9 +2,9 @@
 # The GPU checks of docs/cuda.md ("GPU sampling, the device cache and Python, measured"), run on
 # the GPU machine from the repository root (GUIDE §5). Build GPU_DIR (default .gpu) here first
 # with `SKIP_WHL=1 bash bench/gpu_prepare.sh` and carry it: the CLI, the examples
-# cuda_sampling, cuda_kernels and split_speed, fanout-cuda's test executables
-# (sampler_matches_cpu, backend_matches_cpu, device_group for NCCL, cuda_lib_tests for its unit
-# tests) and the Python wheel, all with `--features cuda`. Optionally, where the GPU machine has
+# cuda_sampling and cuda_kernels, fanout-cuda's test executables (sampler_matches_cpu,
+# backend_matches_cpu, device_group for NCCL, cuda_lib_tests for its unit tests) and the Python
+# wheel, all with `--features cuda`, and the CPU example split_speed. Optionally, where the GPU machine has
 # Open MPI (`mpirun`), a build with `--features cuda,mpi` copied as .gpu/fanout-mpi runs two
 # ranks sharing the GPU (one process per GPU on a machine with several).
 # ONLY_TESTS=1 stops after the tests and two short runs of the embedded default (cuda, cpu).

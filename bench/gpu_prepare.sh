@@ -7,7 +7,8 @@
 #
 #   GPU_DIR (default .gpu), what bench/gpu_check.sh and the other gpu_*.sh scripts run:
 #     fanout                  the CLI, --features cuda
-#     cuda_sampling, cuda_kernels, split_speed        the examples the scripts time
+#     cuda_sampling, cuda_kernels, split_speed        the examples the scripts time (the last
+#                             is fanout-cache's, the extract split on the CPU)
 #     sampler_matches_cpu, backend_matches_cpu, device_group, cuda_lib_tests
 #                             fanout-cuda's test executables (the last: its unit tests)
 #     fanout-*.whl            the Python package with --features cuda (abi3, any Python >= 3.9)
