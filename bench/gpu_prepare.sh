@@ -23,9 +23,10 @@
 # Environment: PY312 (a Python 3.12 interpreter; default the first of python3.12 and pyenv's
 # 3.12 that runs), PYG_VENV (the venv that builds WHL_DIR/site, about 5 GB with torch's CUDA
 # runtime wheels; default target/pyg-venv; the wheel is built with maturin from a small venv of
-# its own, target/maturin-venv), SKIP_GPU=1 or SKIP_WHL=1 to build one folder only. Both steps are idempotent. Time on the 2-core VM: about
-# 5 minutes for the cargo builds and the wheel from a warm target; a first run then takes
-# 11 more for the rest (649 s in stop 60: 77 s for the venv, 545 s for the two sdists).
+# its own, target/maturin-venv), SKIP_GPU=1 or SKIP_WHL=1 to build one folder only. Both
+# steps are idempotent. Time on the 2-core VM: about 5 minutes for the cargo builds and the
+# wheel from a warm target; a first run then takes 11 more for the rest (649 s in stop 60:
+# 77 s for the venv, 545 s for the two sdists).
 # Then check the carry size (`du -sh .gpu .whl`; the limit is 64 MiB a call) and run, e.g.,
 # `ONLY_TESTS=1 bash bench/gpu_check.sh` with carry [".gpu"] and
 # `MODELS=gcn bash bench/pyg_vs_fanout_gpu.sh` with carry [".gpu", ".whl"].
